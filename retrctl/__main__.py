@@ -1,0 +1,3 @@
+from retrctl.cli import main
+
+main()

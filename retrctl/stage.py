@@ -1,0 +1,205 @@
+"""The shared stage base: common flags (each defined once) and the run wrapper.
+
+A stage module holds its method as a plain function and a few-line click command. ``stage()`` turns that
+command into a full subcommand: it adds the input argument and the common flags, opens and shards the input,
+shows progress on stderr, writes the output atomically, and copies the function's defaults onto the
+matching options so ``--help`` shows them (defaults are written once, in the function's signature).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+
+import click
+
+from retrctl import records
+
+log = logging.getLogger("retrctl")
+STATE = {"debug": False, "quiet": False}
+
+
+# ---------------------------------------------------------------- logging and progress
+
+
+def setup_logging(level: str = "info", quiet: bool = False) -> None:
+    STATE["debug"] = level == "debug"
+    STATE["quiet"] = quiet
+    lvl = logging.WARNING if quiet else getattr(logging, level.upper())
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(lvl)
+    for noisy in ("transformers", "sentence_transformers", "bm25s", "DeepSpeed", "torch.distributed"):
+        logging.getLogger(noisy).setLevel(max(lvl, logging.WARNING))
+
+
+def progress(iterable: Iterable, desc: str = "", total: int | None = None, unit: str = "rec"):
+    """tqdm on stderr, off with --quiet or when stderr is not a terminal."""
+    from tqdm.auto import tqdm
+
+    disable = STATE["quiet"] or not sys.stderr.isatty()
+    return tqdm(iterable, desc=desc, total=total, unit=unit, file=sys.stderr, disable=disable, dynamic_ncols=True)
+
+
+# ---------------------------------------------------------------- sharding
+
+
+def shard_of(key: str, shard_num: int) -> int:
+    """Stable shard of a record id: the same on any machine, in any order."""
+    return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "big") % shard_num
+
+
+def shard(recs: Iterable[dict], shard_id: int, shard_num: int, key: str) -> Iterator[dict]:
+    if shard_num == 1:
+        yield from recs
+        return
+    for r in recs:
+        if shard_of(r[key], shard_num) == shard_id:
+            yield r
+
+
+def check_shard(shard_id: int, shard_num: int) -> None:
+    if shard_num < 1 or not 0 <= shard_id < shard_num:
+        raise click.UsageError(f"--shard-id must be in [0, {shard_num}) and --shard-num >= 1")
+
+
+# ---------------------------------------------------------------- shared options (each spelled once)
+
+
+def _opt(*decls, **kw):
+    return click.option(*decls, **kw)
+
+
+OPTIONS: dict[str, Callable] = {
+    "output": _opt("-o", "--output", default="-", show_default=True, help="Output path ('-' = stdout); written atomically."),
+    "output_dir": _opt("-o", "--output", required=True, help="Output directory; built beside it and renamed on success."),
+    "input_format": _opt(
+        "--input-format", type=click.Choice(["jsonl", "parquet"]), default=None, help="Input container (default: from the extension)."
+    ),
+    "shard": lambda f: _opt("--shard-id", type=int, default=0, show_default=True, help="This shard's index.")(
+        _opt("--shard-num", type=int, default=1, show_default=True, help="Number of shards (stable hash of the record id).")(f)
+    ),
+    "batch_size": _opt("--batch-size", type=int, help="Texts per forward pass."),
+    "seed": _opt("--seed", type=int, help="Random seed."),
+    "model": _opt("--model", help="Encoder: directory (sentence-transformers or Hugging Face), GGUF file, or 'minilm' / 'smollm2'."),
+    "corpus": _opt("--corpus", help="Corpus (JSONL/Parquet/BEIR folder) beside the main input."),
+    "qrels": _opt("--qrels", help="Judgments: TREC, BEIR TSV, JSONL, or a BEIR folder."),
+    "retriever": _opt("--retriever", help="Retriever: an index dir, 'bm25', a model (see --model), or a run file."),
+    "llm": lambda f: _opt("--llm", help="Language model: a directory, GGUF file, 'smollm2', or a served model name.")(
+        _opt("--backend", type=click.Choice(["hf", "openai"]), help="Generation backend.")(
+            _opt("--base-url", help="OpenAI-compatible server URL (backend openai).")(f)
+        )
+    ),
+    "encoder": lambda f: functools.reduce(
+        lambda g, o: o(g),
+        [
+            _opt("--pooling", type=click.Choice(["mean", "cls", "eos", "last"]), help="Pooling (default: the model's own)."),
+            _opt("--bidirectional/--causal", default=None, help="Bidirectional attention for decoders (default: the model's own)."),
+            _opt("--query-prompt", help="Prefix for queries, e.g. 'query: '."),
+            _opt("--passage-prompt", help="Prefix for passages, e.g. 'passage: '."),
+            _opt("--query-max-len", type=int, help="Query length cap in tokens (default: the model's own)."),
+            _opt("--passage-max-len", type=int, help="Passage length cap in tokens (default: the model's own)."),
+            _opt("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), help="Compute dtype."),
+            _opt("--device", help="Device (default: cuda when present, else cpu)."),
+        ],
+        f,
+    ),
+}
+
+
+def options(*names: str):
+    """Attach shared options by name: ``@options("model", "encoder", "batch_size")``."""
+
+    def deco(f):
+        for name in reversed(names):
+            f = OPTIONS[name](f)
+        return f
+
+    return deco
+
+
+ENCODER_FLAGS = ("pooling", "bidirectional", "query_prompt", "passage_prompt", "query_max_len", "passage_max_len", "dtype", "device")
+
+
+def encoder_overrides(opts: dict) -> dict:
+    """Pop the encoder flags from a command's options, keeping only those the user set."""
+    return {k: v for k in ENCODER_FLAGS if (v := opts.pop(k, None)) is not None}
+
+
+# ---------------------------------------------------------------- the stage wrapper
+
+
+def _copy_defaults(cmd: click.Command, func: Callable | None) -> None:
+    if func is None:
+        return
+    sig = inspect.signature(func).parameters
+    for p in cmd.params:
+        if isinstance(p, click.Option) and p.name in sig and p.default is None:
+            default = sig[p.name].default
+            if default is not inspect.Parameter.empty and default is not None:
+                p.default = default
+                p.show_default = True
+
+
+def stage(func: Callable | None = None, *, reads: str | None = None, writes: str | None = None, name: str | None = None):
+    """Make a click command of a stage.
+
+    reads:  a record kind: adds an INPUT argument ('-' = stdin, the default), passes a record iterator as
+            the command's first argument, sharded by ``--shard-id/--shard-num``.
+    writes: a record kind: the command returns records, written to ``-o`` (default stdout) atomically;
+            'run' writes TREC/JSONL/Parquet runs; 'dir': ``-o`` is a directory the command builds itself.
+    """
+
+    def deco(body: Callable) -> click.Command:
+        @functools.wraps(body)
+        def run(**kw):
+            setup_logging(kw.pop("log_level"), kw.pop("quiet"))
+            args = []
+            if reads:
+                path, fmt = kw.pop("input"), kw.pop("input_format")
+                shard_id, shard_num = kw.pop("shard_id"), kw.pop("shard_num")
+                check_shard(shard_id, shard_num)
+                recs = shard(records.read(path, reads, fmt), shard_id, shard_num, records.ID_FIELD[reads])
+                args.append(progress(recs, desc=cmd.name, unit=reads))
+            if writes in ("doc", "query", "group"):
+                out = kw.pop("output")
+                result = body(*args, **kw)
+                n = records.write(result, out)
+                log.info("wrote %d %s records to %s", n, writes, "stdout" if out == "-" else out)
+                return n
+            return body(*args, **kw)
+
+        if writes == "dir":
+            run = OPTIONS["output_dir"](run)
+        elif writes in ("doc", "query", "group"):
+            run = OPTIONS["output"](run)
+        if reads:
+            run = OPTIONS["shard"](OPTIONS["input_format"](run))
+            run = click.argument("input", default="-", required=False)(run)
+        run = click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on stderr; no progress bars.")(run)
+        run = click.option(
+            "--log-level",
+            type=click.Choice(["debug", "info", "warning", "error"]),
+            default="info",
+            show_default=True,
+            help="Logging on stderr; 'debug' also shows tracebacks.",
+        )(run)
+        doc = body.__doc__ or (func.__doc__ if func is not None else "") or ""
+        cmd = click.command(name=name or (func.__name__ if func else body.__name__), help=doc.strip())(run)
+        _copy_defaults(cmd, func)
+        return cmd
+
+    return deco
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")

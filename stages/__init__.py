@@ -1,0 +1,1 @@
+"""retrctl stages: one module per subcommand, each exposing its click command as `command`."""
