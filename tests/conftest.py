@@ -46,6 +46,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _minilm_dir() -> Path:
+    """The all-MiniLM tokenizer; RETRCTL_TOKENIZER_DIR points elsewhere (e.g. on a GPU box without the package)."""
+    if os.environ.get("RETRCTL_TOKENIZER_DIR"):
+        return Path(os.environ["RETRCTL_TOKENIZER_DIR"])
     from retrctl.models import locate_shipped
 
     return locate_shipped("minilm")
