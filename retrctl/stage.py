@@ -94,6 +94,8 @@ OPTIONS: dict[str, Callable] = {
     "corpus": _opt("--corpus", help="Corpus (JSONL/Parquet/BEIR folder) beside the main input."),
     "qrels": _opt("--qrels", help="Judgments: TREC, BEIR TSV, JSONL, or a BEIR folder."),
     "retriever": _opt("--retriever", help="Retriever: an index dir, 'bm25', a model (see --model), or a run file."),
+    "per_doc": _opt("--per-doc", type=int, help="Queries to make per document."),
+    "top_k": _opt("--top-k", type=int, help="Candidates retrieved (or reranked) per query."),
     "llm": lambda f: _opt("--llm", help="Language model: a directory, GGUF file, 'smollm2', or a served model name.")(
         _opt("--backend", type=click.Choice(["hf", "openai"]), help="Generation backend.")(
             _opt("--base-url", help="OpenAI-compatible server URL (backend openai).")(f)
@@ -143,7 +145,8 @@ def _copy_defaults(cmd: click.Command, func: Callable | None) -> None:
         return
     sig = inspect.signature(func).parameters
     for p in cmd.params:
-        if isinstance(p, click.Option) and p.name in sig and p.default is None:
+        # click >= 8.3 marks "no default" with a sentinel instead of None
+        if isinstance(p, click.Option) and p.name in sig and (p.default is None or p.default is getattr(click.core, "UNSET", None)):
             default = sig[p.name].default
             if default is not inspect.Parameter.empty and default is not None:
                 p.default = default
