@@ -91,26 +91,82 @@ def open_text(path, mode: str = "r"):
     return open(path, mode, encoding="utf-8", newline="\n")
 
 
+class _ZstdReader(io.RawIOBase):
+    """Raw zstd decompressing reader that notices a truncated stream (zstandard's stream_reader stays silent)."""
+
+    def __init__(self, raw):
+        import zstandard
+
+        self._zstd, self._raw, self._pending = zstandard, raw, b""
+        self._dobj, self._started = zstandard.ZstdDecompressor().decompressobj(), False
+
+    def readable(self):
+        return True
+
+    def readinto(self, buf):
+        while not self._pending:
+            chunk = self._raw.read(1 << 16)
+            if not chunk:
+                if self._started and not self._dobj.eof:
+                    raise EOFError("zstd stream ended before the end of its frame (truncated file?)")
+                return 0
+            self._started = True
+            try:
+                out = self._dobj.decompress(chunk)
+                while self._dobj.eof and self._dobj.unused_data:  # concatenated frames
+                    rest, self._dobj = self._dobj.unused_data, self._zstd.ZstdDecompressor().decompressobj()
+                    out += self._dobj.decompress(rest)
+            except self._zstd.ZstdError as e:
+                raise OSError(str(e)) from None
+            self._pending = out
+        n = min(len(buf), len(self._pending))
+        buf[:n], self._pending = self._pending[:n], self._pending[n:]
+        return n
+
+    def close(self):
+        self._raw.close()
+        super().close()
+
+
+def _open_binary(path: str):
+    if path == "-":
+        return contextlib.nullcontext(sys.stdin.buffer)  # never close the process's stdin
+    comp = _compression(path)
+    if comp == "gz":
+        return gzip.open(path, "rb")
+    if comp == "zst":
+        return io.BufferedReader(_ZstdReader(open(path, "rb")), 1 << 16)
+    return open(path, "rb")
+
+
 def _lines(path) -> Iterator[tuple[int, str]]:
-    """(line number, text) for each non-blank line; undecodable bytes name their line."""
+    """(line number, text) for each non-blank line.
+
+    Lines are decoded one at a time so that bytes that are not UTF-8 name their own line (a text wrapper
+    decodes whole chunks and would blame an earlier line); truncated gzip/zstd streams name the line reached.
+    """
     path = str(path)
     if path != "-" and not os.path.exists(path):
         raise RecordError(path, message="no such file")
-    with open_text(path, "r") as f:
-        # read bytes-safe: decode errors surface as RecordError with the line number
-        lineno = 0
-        while True:
-            lineno += 1
-            try:
-                line = f.readline()
-            except UnicodeDecodeError as e:
-                raise RecordError(path, lineno, None, f"not UTF-8 ({e.reason} at byte {e.start})") from None
-            except (OSError, EOFError) as e:  # truncated gzip/zstd
-                raise RecordError(path, lineno, None, f"unreadable compressed stream: {e}") from None
-            if not line:
-                return
-            if line.strip():
-                yield lineno, line
+    try:
+        opened = _open_binary(path)
+    except OSError as e:
+        raise RecordError(path, message=f"cannot open: {e.strerror or e}") from None
+    lineno = 0
+    try:
+        with opened as f:
+            for raw in f:
+                lineno += 1
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise RecordError(path, lineno, None, f"not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
+                if lineno == 1:
+                    line = line.removeprefix("\ufeff")  # UTF-8 byte order mark
+                if line.strip():
+                    yield lineno, line
+    except (OSError, EOFError) as e:  # truncated or corrupt gzip/zstd
+        raise RecordError(path, lineno + 1, None, f"unreadable compressed stream: {e}") from None
 
 
 def read_jsonl(path) -> Iterator[tuple[int, dict]]:
@@ -400,6 +456,8 @@ def read_run(path, fmt: str | None = None) -> dict[str, list[tuple[str, float]]]
     run: dict[str, dict[str, float]] = {}
 
     def add(qid, docid, score, line):
+        if score != score:  # NaN has no place in a ranking (trec_eval would order it arbitrarily)
+            raise RecordError(path, line, "score", "NaN score")
         docs = run.setdefault(qid, {})
         if docid in docs:
             raise RecordError(path, line, "doc_id", f"doc {docid!r} appears twice for query {qid!r}")
@@ -421,14 +479,18 @@ def read_run(path, fmt: str | None = None) -> dict[str, list[tuple[str, float]]]
             add(parts[0], parts[2], score, line)
     if not run:
         raise RecordError(path, message="empty input: no run rows")
-    return {q: sorted(d.items(), key=lambda x: (-x[1], _desc(x[0]))) for q, d in run.items()}
+    return {q: trec_order(d) for q, d in run.items()}
 
 
-class _desc(str):
-    """String that sorts in reverse, for trec_eval's docno-descending tie break."""
+def trec_order(docs) -> list[tuple[str, float]]:
+    """(doc_id, score) pairs in trec_eval's order: score descending, ties by doc id descending.
 
-    def __lt__(self, other):
-        return str.__gt__(self, other)
+    trec_eval (form_res_rels.c, comp_sim_docno) breaks ties with strcmp on the docno, reversed; Python's
+    str order is code-point order, which is the byte order of UTF-8. Two stable passes: doc id, then score.
+    """
+    items = sorted(docs.items() if isinstance(docs, dict) else docs, key=lambda x: x[0], reverse=True)
+    items.sort(key=lambda x: x[1], reverse=True)
+    return items
 
 
 def _looks_jsonl(path) -> bool:
