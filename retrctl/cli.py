@@ -8,6 +8,7 @@ errors exit 2 with one line; anything else exits 1 with one line (the traceback 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import signal
 import sys
@@ -55,8 +56,9 @@ def cli():
 
 
 def main(argv=None) -> None:
-    # `retrctl search … | head` ends quietly instead of raising BrokenPipeError
-    if hasattr(signal, "SIGPIPE"):
+    # `retrctl search … | head` ends quietly instead of raising BrokenPipeError. Only as the program itself
+    # (argv None): called in-process (tests, notebooks) it must not change the host's signal handling.
+    if argv is None and hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     args = sys.argv[1:] if argv is None else argv
     name = args[0] if args and not args[0].startswith("-") else ""
@@ -65,9 +67,9 @@ def main(argv=None) -> None:
         cli.main(args=args, prog_name="retrctl", standalone_mode=False)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as e:  # click turns Ctrl-C into Abort when not standalone
         click.echo("Aborted!", err=True)
-        sys.exit(1)
+        sys.exit(130 if isinstance(e.__cause__, KeyboardInterrupt) else 1)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
