@@ -101,6 +101,11 @@ OPTIONS: dict[str, Callable] = {
             _opt("--base-url", help="OpenAI-compatible server URL (backend openai).")(f)
         )
     ),
+    "llm_server": lambda f: _opt("--concurrency", type=int, help="Parallel requests to the server (backend openai; default 4).")(
+        _opt("--timeout", type=float, help="Seconds per request (backend openai; default 120).")(
+            _opt("--max-retries", type=int, help="Retries with exponential backoff on connection errors, 429, 5xx (default 5).")(f)
+        )
+    ),
     "encoder": lambda f: functools.reduce(
         lambda g, o: o(g),
         [
