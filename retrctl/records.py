@@ -241,7 +241,7 @@ def _missing(path, line, kind, canonical):
 def normalize_doc(obj, path="<input>", line=None) -> dict:
     al = ALIASES["doc"]
     id_name, docid = _pick(obj, al["docid"])
-    if docid is None:
+    if docid is None and id_name not in obj:  # present but null is a wrong type, reported by _as_id
         raise _missing(path, line, "doc", "docid")
     text_name, text = _pick(obj, al["text"])
     if text is None and text_name not in obj:
@@ -259,7 +259,7 @@ def normalize_doc(obj, path="<input>", line=None) -> dict:
 def normalize_query(obj, path="<input>", line=None) -> dict:
     al = ALIASES["query"]
     id_name, qid = _pick(obj, al["query_id"])
-    if qid is None:
+    if qid is None and id_name not in obj:
         raise _missing(path, line, "query", "query_id")
     text_name, text = _pick(obj, al["query_text"])
     if text is None and text_name not in obj:
@@ -358,6 +358,8 @@ def _normalize_row(kind, obj, path, line) -> dict:
         if value is None:
             if kind == "run" and canonical == "rank":
                 continue
+            if name in obj:
+                raise RecordError(path, line, name, "expected a value, got null")
             raise _missing(path, line, kind, canonical)
         out[canonical] = value
     ids = ("query_id", "doc_id")
