@@ -1,0 +1,476 @@
+"""mine: hard negatives for queries, written as training groups.
+
+Method: retrieve top-k candidates per query, keep known positives (and optionally ranks 1..m as positives), sample
+negatives from a rank range, and drop likely false negatives. As in DRAMA (Ma et al. 2025, arXiv:2502.18460,
+§3.2: top-ranked docs of a strong retriever as positives, negatives sampled further down the list), FlagEmbedding's
+hn_mine (`range_for_sampling`, Xiao et al. 2023, C-Pack, arXiv:2309.07597) and sentence-transformers'
+`mine_hard_negatives` (absolute/relative margin to the positive's score; Moreira et al. 2024, NV-Retriever,
+arXiv:2407.15831, "positive-aware" mining).
+
+| knob (source)                                          | flag                         | default |
+|--------------------------------------------------------|------------------------------|---------|
+| retriever: dense model, `bm25`, `hybrid`, index, run   | `--retriever` (+ `--model`)  | —       |
+| retrieval depth                                        | `--top-k`                    | end of the negative range |
+| positives = ranks 1..m (DRAMA m=10)                    | `--positive-ranks`           | 0 (known positives only) |
+| known positives: crop/qgen `source_docid`, judgments   | `--source-positives`, `--qrels` | on   |
+| rank range negatives are sampled from (FlagEmbedding)  | `--negative-range`           | 30-100  |
+| negatives per group (FlagEmbedding/Tevatron: 7)        | `--num-negatives`            | 7       |
+| absolute margin: drop neg if s_neg > s_pos - margin    | `--margin`                   | off     |
+| relative margin: drop if s_neg > s_pos * (1 - rel)     | `--relative-margin`          | off     |
+| sampling                                               | `--seed`                     | 0       |
+
+False-negative guards, in this order (the first that applies is the skip reason counted on stderr): a candidate
+that is a positive of the query (judged, source or rank positive) by id; one missing from the corpus; one whose
+normalized text (NFKC, casefolded, whitespace collapsed) equals a positive's (the same passage under another id,
+FlagEmbedding#464); a text duplicate of a better-ranked candidate (negatives are deduped); then the margins. s_pos is the lowest score among the query's positives: a candidate scoring near any positive is suspect.
+A positive the retriever did not return within top-k is scored exactly when the backend can (dense: the query
+vector against the cached doc vector); otherwise its score is unknown and the score at rank top-k, an upper bound
+on it, is the margin reference, and the group's `positive_scores` is null.
+
+Determinism: candidates are ordered by (score desc, docid asc) whatever the backend returned (TREC runs order
+ties by docid descending), the depth is exactly top-k for every backend (ST#3872), and the negatives of a query
+are sampled with a generator seeded from (seed, query_id), then listed in rank order. Sharding by query id
+(`--shard-id/--shard-num`) therefore concatenates to the output of one run.
+
+Memory: queries are processed `--batch-size` at a time (ST#3164 materialized queries x corpus); score statistics
+are kept in bounded reservoirs. Dense corpus vectors are cached under `<cache>/mine/<model key>-<corpus key>`
+as a DenseIndex kept in sync by content hash, so a sweep of mining settings encodes the corpus once and an edited
+corpus re-encodes only changed docs (ST#3338). `hybrid` fuses dense and BM25 top-k lists with reciprocal rank
+fusion (Cormack et al. 2009, k=60); fused scores are RRF scores, so margins apply to them.
+
+Output (`--output-format`): `tevatron` = the canonical group {query_id, query_text, positive_document_ids,
+negative_document_ids, positive_scores, negative_scores}; `tevatron-legacy` ({docid,title,text} passages);
+`flagembedding` ({query, pos, neg} texts); `triplets` (sentence-transformers {anchor, positive, negative}, one
+row per positive x negative). Passage text is "title text" as the dense index encodes it.
+
+Deviations: FlagEmbedding's range "2-200" is a 0-based slice (ranks 3..200); ours is 1-based inclusive ranks.
+Groups that fall short of --num-negatives are written anyway (counted exactly, per group, ST#3504); no random
+fill-up from the corpus (FlagEmbedding#464 showed it picks positives). No cross-encoder check yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import random
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import click
+import numpy as np
+
+from retrctl import records
+from retrctl.stage import encoder_overrides, options, shard_of, stage
+
+log = logging.getLogger("retrctl.mine")
+
+FORMATS = ("tevatron", "tevatron-legacy", "flagembedding", "triplets")
+REASONS = ("positive", "positive_text", "not_in_corpus", "duplicate", "margin", "relative_margin")
+RRF_K = 60
+
+
+def passage_text(doc: dict) -> str:
+    """Title and text as one passage, as the dense index encodes it."""
+    return f"{doc['title']} {doc['text']}" if doc.get("title") else doc["text"]
+
+
+def norm_text(doc: dict) -> str:
+    text = doc["text"] if doc["text"].strip() else doc.get("title", "")
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+def parse_range(value: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in str(value).split("-"))
+    except ValueError:
+        raise ValueError(f"negative range must look like 30-100, got {value!r}") from None
+    if not 1 <= lo <= hi:
+        raise ValueError(f"negative range needs 1 <= start <= end, got {value!r}")
+    return lo, hi
+
+
+class Dist:
+    """Count, exact min/max and quartiles from a bounded, seeded reservoir (memory does not grow with queries)."""
+
+    def __init__(self, cap: int = 100_000):
+        self.n, self.cap, self.sample, self.rng = 0, cap, [], random.Random(0)
+        self.lo, self.hi = float("inf"), float("-inf")
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        self.lo, self.hi = min(self.lo, x), max(self.hi, x)
+        if len(self.sample) < self.cap:
+            self.sample.append(x)
+        elif (j := self.rng.randrange(self.n)) < self.cap:
+            self.sample[j] = x
+
+    def __str__(self) -> str:
+        if not self.n:
+            return "n=0"
+        q1, med, q3 = np.percentile(self.sample, [25, 50, 75])
+        return f"n={self.n} min={self.lo:.4g} q1={q1:.4g} median={med:.4g} q3={q3:.4g} max={self.hi:.4g}"
+
+
+def _rng(seed: int, qid: str) -> random.Random:
+    return random.Random(int.from_bytes(hashlib.blake2b(f"{seed}\x1f{qid}".encode(), digest_size=8).digest(), "big"))
+
+
+def _chunks(it: Iterable, n: int) -> Iterator[list]:
+    buf = []
+    for x in it:
+        buf.append(x)
+        if len(buf) >= n:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
+def mine(queries: Iterable[dict], *, corpus: dict[str, dict], retriever, qrels: dict | None = None,
+         top_k: int | None = None, positive_ranks: int = 0, source_positives: bool = True,
+         negative_range: str = "30-100", num_negatives: int = 7, margin: float | None = None,
+         relative_margin: float | None = None, seed: int = 0, batch_size: int = 64, output_format: str = "tevatron",
+         stats: dict | None = None) -> Iterator[dict]:
+    """Yield one training group per query with a positive. ``stats`` (a dict), when given, receives the counters."""
+    lo, hi = parse_range(negative_range)
+    depth = top_k or max(hi, positive_ranks)
+    if depth < hi:
+        log.warning("--top-k %d is shorter than the negative range %s: sampling from ranks %d-%d", depth, negative_range, lo, depth)
+    if output_format not in FORMATS:
+        raise ValueError(f"output format must be one of {FORMATS}, got {output_format!r}")
+    if num_negatives < 0 or positive_ranks < 0 or batch_size < 1:
+        raise ValueError("num_negatives and positive_ranks must be >= 0, batch_size >= 1")
+    qrels = qrels or {}
+    st = stats if stats is not None else {}
+    st.update(Counter(queries=0, groups=0, no_positive=0, empty_query=0, short_groups=0, missing_negatives=0,
+                      positives_not_retrieved=0, positives_unscored=0, positive_not_in_corpus=0, eligible=0,
+                      kept=0, **{f"skip_{r}": 0 for r in REASONS}))
+    dists = {"positive": Dist(), "kept": Dist(), "skipped": Dist(), **{r: Dist() for r in ("margin", "relative_margin")}}
+    seen_q: set[str] = set()
+    for chunk in _chunks(queries, batch_size):
+        st["queries"] += len(chunk)
+        seen_q.update(q["query_id"] for q in chunk)
+        live = [q for q in chunk if q["query_text"].strip()]
+        st["empty_query"] += len(chunk) - len(live)
+        ranked = retriever.search(live, depth) if live else {}
+        for q in live:
+            qid = q["query_id"]
+            cands = sorted(ranked.get(qid, [])[:depth], key=lambda c: (-c[1], c[0]))
+            group = _group(q, cands, retriever, corpus, qrels.get(qid, {}), source_positives, positive_ranks,
+                           lo, hi, num_negatives, margin, relative_margin, _rng(seed, qid), st, dists)
+            if group is not None:
+                st["groups"] += 1
+                yield from _format(group, corpus, output_format)
+    unknown = set(qrels) - seen_q
+    if unknown:
+        log.warning("%d query ids in the judgments are not among the queries (e.g. %s)", len(unknown), min(unknown))
+    st["qrels_unknown_queries"] = len(unknown)
+    _report(st, dists, num_negatives)
+
+
+def _group(q, cands, retriever, corpus, judged, source_positives, positive_ranks, lo, hi, num_negatives,
+           margin, relative_margin, rng, st, dists) -> dict | None:
+    known = []
+    if source_positives and q.get("source_docid"):
+        known.append(q["source_docid"])
+    known += sorted((d for d, rel in judged.items() if rel > 0), key=lambda d: (-judged[d], d))
+    excluded = set(known)  # judged positives missing from the corpus are still excluded by id
+    pos = []
+    for d in dict.fromkeys(known):
+        if d in corpus:
+            pos.append(d)
+        else:
+            st["positive_not_in_corpus"] += 1
+    pos += [d for d, _ in cands[:positive_ranks] if d in corpus and d not in pos]
+    if not pos:
+        st["no_positive"] += 1
+        return None
+    excluded.update(pos)
+    score_of = dict(cands)
+    missing = [d for d in pos if d not in score_of]
+    st["positives_not_retrieved"] += len(missing)
+    exact = retriever.score(q["query_id"], missing) if missing and hasattr(retriever, "score") else {}
+    pscores = [score_of.get(d, exact.get(d)) for d in pos]
+    known_scores = [s for s in pscores if s is not None]
+    if len(known_scores) < len(pscores):
+        st["positives_unscored"] += len(pscores) - len(known_scores)
+        # the retriever ranked every candidate above the unscored positive: rank top-k's score bounds it
+        known_scores.append(cands[-1][1] if cands else float("-inf"))
+    for s in pscores:
+        if s is not None:
+            dists["positive"].add(s)
+    ref = min(known_scores)
+    pos_texts = {norm_text(corpus[d]) for d in pos}
+    seen_texts: set[str] = set()
+    pool = []
+    for rank, (d, s) in enumerate(cands, 1):
+        if rank < lo or rank > hi:
+            continue
+        doc = corpus.get(d)
+        text = norm_text(doc) if doc is not None else None
+        if d in excluded:
+            reason = "positive"
+        elif doc is None:
+            reason = "not_in_corpus"
+        elif text in pos_texts:
+            reason = "positive_text"
+        elif text in seen_texts:
+            reason = "duplicate"
+        elif margin is not None and s > ref - margin:
+            reason = "margin"
+        elif relative_margin is not None and s > ref * (1 - relative_margin):
+            reason = "relative_margin"
+        else:
+            seen_texts.add(text)
+            pool.append((rank, d, s))
+            continue
+        if text is not None:
+            seen_texts.add(text)  # a later copy of a skipped candidate's text is a duplicate too
+        st[f"skip_{reason}"] += 1
+        dists["skipped"].add(s)
+        if reason in dists:
+            dists[reason].add(s)
+    st["eligible"] += len(pool)
+    negs = sorted(rng.sample(pool, num_negatives)) if len(pool) > num_negatives else pool
+    for _, _, s in negs:
+        dists["kept"].add(s)
+    st["kept"] += len(negs)
+    if len(negs) < num_negatives:
+        st["short_groups"] += 1
+        st["missing_negatives"] += num_negatives - len(negs)
+    return {"query_id": q["query_id"], "query_text": q["query_text"], "positive_document_ids": pos,
+            "negative_document_ids": [d for _, d, _ in negs],
+            "positive_scores": None if None in pscores else [float(s) for s in pscores],
+            "negative_scores": [float(s) for _, _, s in negs]}
+
+
+def _format(g: dict, corpus: dict, fmt: str) -> Iterator[dict]:
+    if fmt == "tevatron":
+        yield g
+        return
+    pos, neg = g["positive_document_ids"], g["negative_document_ids"]
+    if fmt == "tevatron-legacy":
+        def passages(ids):
+            return [{"docid": d, "title": corpus[d]["title"], "text": corpus[d]["text"]} for d in ids]
+        yield {"query_id": g["query_id"], "query": g["query_text"], "positive_passages": passages(pos),
+               "negative_passages": passages(neg)}
+    elif fmt == "flagembedding":
+        yield {"query": g["query_text"], "pos": [passage_text(corpus[d]) for d in pos],
+               "neg": [passage_text(corpus[d]) for d in neg]}
+    else:  # sentence-transformers triplets
+        for p in pos:
+            for n in neg:
+                yield {"anchor": g["query_text"], "positive": passage_text(corpus[p]), "negative": passage_text(corpus[n])}
+
+
+def _report(st: dict, dists: dict, num_negatives: int) -> None:
+    log.info("%d queries -> %d groups; %d without a positive, %d empty", st["queries"], st["groups"], st["no_positive"], st["empty_query"])
+    if st["positive_not_in_corpus"]:
+        log.warning("%d known positives are not in the corpus (excluded from negatives, not written)", st["positive_not_in_corpus"])
+    if st["positives_not_retrieved"]:
+        log.info("%d positives were not in the top-k; %d of them could not be scored (margin reference: the "
+                 "score at rank top-k, an upper bound)", st["positives_not_retrieved"], st["positives_unscored"])
+    skips = ", ".join(f"{r} {st[f'skip_{r}']}" for r in REASONS)
+    log.info("candidates in the negative range: %d eligible, %d kept; skipped: %s", st["eligible"], st["kept"], skips)
+    log.info("scores of positives: %s", dists["positive"])
+    log.info("scores of kept negatives: %s", dists["kept"])
+    log.info("scores of skipped candidates: %s", dists["skipped"])
+    for r in ("margin", "relative_margin"):
+        if dists[r].n:
+            log.info("scores of candidates skipped by %s: %s", r, dists[r])
+    log.info("%d of %d groups have fewer than %d negatives (%d negatives short in total)",
+             st["short_groups"], st["groups"], num_negatives, st["missing_negatives"])
+
+
+# ---------------------------------------------------------------- retrievers
+
+
+class RunRetriever:
+    """Candidates from an existing run (TREC or JSONL); scores of unretrieved docs are unknown."""
+
+    def __init__(self, run: dict[str, list[tuple[str, float]]]):
+        self.run = run
+
+    def search(self, queries: list[dict], k: int) -> dict:
+        return {q["query_id"]: sorted(self.run.get(q["query_id"], []), key=lambda c: (-c[1], c[0]))[:k] for q in queries}
+
+
+class IndexRetriever:
+    """Any retrctl index. Positives outside the top-k are scored exactly: dense = query vector . doc vector,
+    BM25 = bm25s's score of that doc for the query (0 when no query term matches, which search leaves out)."""
+
+    def __init__(self, index):
+        self.index = index
+        self.dense = hasattr(index, "search_vectors") and getattr(index, "encoder", None) is not None
+        self.bm25 = getattr(index, "name", "") == "bm25"
+        self._chunk: dict[str, object] = {}  # this chunk's query vectors (dense) or texts (bm25)
+        self._rows: dict[str, int] | None = None
+
+    def search(self, queries: list[dict], k: int) -> dict:
+        if not self.dense:
+            self._chunk = {q["query_id"]: q["query_text"] for q in queries}
+            return self.index.search(queries, k)
+        qv = self.index.encoder.encode([q["query_text"] for q in queries], kind="query", batch_size=self.index.batch_size)
+        self._chunk = {q["query_id"]: v for q, v in zip(queries, qv, strict=True)}
+        scores, ids = self.index.search_vectors(qv, k)
+        return {q["query_id"]: [(d, float(s)) for d, s in zip(row_ids, row, strict=False)]
+                for q, row_ids, row in zip(queries, ids, scores, strict=True)}
+
+    def score(self, qid: str, docids: list[str]) -> dict[str, float]:
+        if qid not in self._chunk or not (self.dense or self.bm25):
+            return {}
+        if self._rows is None or len(self._rows) != len(self.index.docids):
+            self._rows = {d: i for i, d in enumerate(self.index.docids)}
+        docids = [d for d in docids if d in self._rows]
+        if not docids:
+            return {}
+        if self.dense:
+            return dict(zip(docids, (self.index.get_vectors(docids) @ self._chunk[qid]).tolist(), strict=True))
+        tok = self.index.tokenizer
+        ids = [i for i in next(iter(tok.streaming_tokenize([self._chunk[qid]], update_vocab=False))) if i != tok.word_to_id.get("")]
+        if not ids or self.index.retriever is None:
+            return dict.fromkeys(docids, 0.0)
+        scores = self.index.retriever.get_scores_from_ids(ids)
+        return {d: float(scores[self._rows[d]]) for d in docids}
+
+
+class HybridRetriever:
+    """Dense + BM25 fused with reciprocal rank fusion (Cormack et al. 2009): score = sum 1/(60 + rank)."""
+
+    def __init__(self, *parts):
+        self.parts = parts
+
+    def search(self, queries: list[dict], k: int) -> dict:
+        fused: dict[str, Counter] = {q["query_id"]: Counter() for q in queries}
+        for part in self.parts:
+            for qid, ranked in part.search(queries, k).items():
+                for rank, (d, _) in enumerate(ranked, 1):
+                    fused[qid][d] += 1.0 / (RRF_K + rank)
+        return {qid: sorted(c.items(), key=lambda x: (-x[1], x[0]))[:k] for qid, c in fused.items()}
+
+
+def _fingerprint(model) -> dict:
+    """What identifies the weights: the resolved dir and its weight files' sizes and mtimes."""
+    from retrctl.models import resolve
+
+    root = resolve(model)
+    files = sorted(p for p in root.rglob("*") if p.suffix in (".safetensors", ".bin", ".pt", ".gguf") and p.is_file())
+    return {"dir": str(root.resolve()), "files": [[str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as f:
+        try:
+            import fcntl
+
+            fcntl.flock(f, fcntl.LOCK_EX)
+        except ImportError:  # no flock (Windows): concurrent miners may re-encode, never corrupt (atomic swap)
+            pass
+        yield
+
+
+def dense_index(model, docs: dict[str, dict], corpus_path: str | None, batch_size: int = 64, cache: bool = True,
+                **overrides):
+    """A Flat (exact) DenseIndex of the corpus; with ``cache`` it lives under cache_dir()/mine and is synced."""
+    from retrctl.indexes.dense import DenseIndex
+    from retrctl.models import Encoder, cache_dir
+
+    device, dtype = overrides.pop("device", None), overrides.pop("dtype", None)
+    enc = Encoder.load(model, device=device, dtype=dtype, **overrides)
+    stream = ({"docid": d, **doc} for d, doc in docs.items())
+    if not cache or corpus_path is None:
+        idx = DenseIndex(enc, "Flat", batch_size)
+        idx.build(stream)
+        log.info("encoded %d corpus docs (no cache)", idx.encoded)
+        return idx
+    desc = {k: v for k, v in enc.describe().items() if k != "model"}
+    ident = {"encoder": desc, "weights": _fingerprint(model), "dtype": dtype or "fp32",
+             "corpus": os.path.realpath(corpus_path)}
+    key = hashlib.blake2b(json.dumps(ident, sort_keys=True).encode(), digest_size=10).hexdigest()
+    where = cache_dir() / "mine" / f"{Path(str(model)).name}-{key}"
+    with _locked(where):
+        if (where / "index.json").exists():
+            idx = DenseIndex.load(where, encoder=enc)
+            idx.batch_size = batch_size
+        else:
+            idx = DenseIndex(enc, "Flat", batch_size)
+        changes = idx.sync(stream, delete=True)
+        if changes["added"] or changes["updated"] or changes["removed"] or not (where / "index.json").exists():
+            idx.meta = {"source": ident}
+            idx.save(where)
+    log.info("corpus vectors: %d encoded, %d reused, %d dropped (cache %s)", idx.encoded, changes["unchanged"], changes["removed"], where)
+    return idx
+
+
+def open_retriever(spec: str | None, *, model: str | None, docs: dict, corpus_path: str | None, batch_size: int = 64,
+                   cache: bool = True, **overrides):
+    """--retriever: 'bm25', 'hybrid' (with --model), an index dir, a run file, or a model (shipped name, dir, GGUF)."""
+    from retrctl.models import SHIPPED
+
+    spec = spec or model
+    if spec is None:
+        raise click.UsageError("give --retriever (bm25, hybrid, a model, an index dir or a run file) or --model")
+    stream = ({"docid": d, **doc} for d, doc in docs.items())
+    if spec in ("bm25", "hybrid"):
+        from retrctl.indexes.bm25 import BM25Index
+
+        bm25 = BM25Index()
+        bm25.build(stream)
+        if spec == "bm25":
+            return IndexRetriever(bm25)
+        if not model:
+            raise click.UsageError("--retriever hybrid needs --model (the dense half)")
+        dense = dense_index(model, docs, corpus_path, batch_size, cache, **overrides)
+        return HybridRetriever(IndexRetriever(dense), IndexRetriever(bm25))
+    path = Path(spec)
+    if path.is_dir() and (path / "index.json").exists():
+        from retrctl.indexes import open_index
+
+        return IndexRetriever(open_index(path))
+    if path.is_file() and path.suffix != ".gguf":
+        return RunRetriever(records.read_run(path))
+    if spec in SHIPPED or path.exists():
+        return IndexRetriever(dense_index(spec, docs, corpus_path, batch_size, cache, **overrides))
+    raise click.UsageError(f"--retriever {spec!r}: not bm25/hybrid, a shipped model ({', '.join(SHIPPED)}), or an existing path")
+
+
+def _check_range(ctx, param, value):
+    if value is not None:
+        try:
+            parse_range(value)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+    return value
+
+
+@stage(mine, reads="query", writes="group")
+@options("corpus", "qrels", "retriever", "model", "encoder", "top_k", "batch_size", "seed")
+@click.option("--positive-ranks", type=int, help="Also take ranks 1..m as positives (DRAMA: m=10).")
+@click.option("--source-positives/--no-source-positives", default=None, help="Use a query's source_docid as a positive.")
+@click.option("--negative-range", callback=_check_range, help="Ranks negatives are sampled from, 1-based inclusive (e.g. 30-100).")
+@click.option("--num-negatives", type=int, help="Negatives per group.")
+@click.option("--margin", type=float, help="Drop candidates with score > positive score - MARGIN.")
+@click.option("--relative-margin", type=float, help="Drop candidates with score > positive score * (1 - REL).")
+@click.option("--output-format", type=click.Choice(FORMATS), help="Group format written.")
+@click.option("--cache/--no-cache", default=True, show_default=True, help="Cache dense corpus vectors by (model, content hash).")
+def command(queries, corpus, qrels, retriever, model, cache, **opts):
+    """Hard negatives for queries (DRAMA / FlagEmbedding / sentence-transformers): training groups."""
+    if not corpus:
+        raise click.UsageError("mine needs --corpus (the documents candidates come from)")
+    overrides = encoder_overrides(opts)
+    opts = {k: v for k, v in opts.items() if v is not None}
+    docs = records.read_corpus(corpus)
+    judged = records.read_qrels(qrels) if qrels else None
+    params = click.get_current_context().params
+    if judged and params.get("shard_num", 1) > 1:  # judgments of other shards' queries are not "unknown"
+        judged = {q: v for q, v in judged.items() if shard_of(q, params["shard_num"]) == params["shard_id"]}
+    ret = open_retriever(retriever, model=model, docs=docs, corpus_path=corpus, batch_size=opts.get("batch_size", 64),
+                         cache=cache, **overrides)
+    return mine(queries, corpus=docs, retriever=ret, qrels=judged, **opts)
