@@ -15,8 +15,9 @@ Measures the C trec_eval lacks are routed so the semantics stay trec_eval's:
 
 | name      | computed as                                                                                 |
 |-----------|---------------------------------------------------------------------------------------------|
-| RR@k      | trec_eval ``recip_rank`` on the ranking cut at k (= ``trec_eval -M k -m recip_rank``). ir_measures' |
-|           | default provider for RR@k (msmarco) breaks ties by doc id ascending, which disagrees on ties |
+| RR@k      | trec_eval's ``recip_rank`` where the first relevant doc (in trec_eval's order) is within k, else 0: |
+|           | the same as ``trec_eval -M k -m recip_rank``. ir_measures' default provider for RR@k (msmarco) |
+|           | breaks ties by doc id ascending and disagreed on 1/3 of the queries of tie-heavy test runs |
 | R_cap@k   | BEIR's capped recall, hits@k / min(k, #relevant) (beir#4): trec_eval's R@k where #relevant <= k, |
 |           | else its P@k. ``capped_recall=True`` turns every plain R@k into R_cap@k                     |
 | others    | ir_measures' default pipeline (its provider's own conventions), e.g. ERR@20, Judged@10       |
@@ -122,30 +123,41 @@ def _clean_qrels(qrels: Mapping) -> tuple[dict[str, dict[str, int]], int]:
     return clean, skipped
 
 
-def _clean_run(run: Mapping, qrels: dict, ignore_self: bool, counts: dict) -> dict[str, list[tuple[str, float]]]:
-    """The judged queries of a run, each ranked in trec_eval order; checks duplicates and NaN."""
-    from retrctl.records import trec_order
+def _clean_run(run: Mapping, qrels: dict, ignore_self: bool, counts: dict) -> dict[str, dict[str, float]]:
+    """The judged queries of a run as {doc_id: score}; checks repeated docs and NaN in every query.
 
+    No sorting here: pytrec_eval orders each ranking itself, in trec_eval's order.
+    """
     out = {}
     for qid, docs in run.items():
         qid = str(qid)
-        pairs = list(docs.items()) if isinstance(docs, Mapping) else [(d, s) for d, s in docs]
-        seen = set()
-        for docid, score in pairs:
-            if docid in seen:
-                raise ValueError(f"doc {docid!r} appears twice for query {qid!r}")
-            seen.add(docid)
-            if isinstance(score, bool) or not isinstance(score, (int, float)) or math.isnan(score):
-                raise ValueError(f"query {qid!r}, doc {docid!r}: score must be a number, got {score!r}")
+        if isinstance(docs, Mapping):
+            scores = docs
+        else:
+            pairs = list(docs)
+            scores = dict(pairs)
+            if len(scores) != len(pairs):
+                seen = set()
+                dup = next(d for d, _ in pairs if d in seen or seen.add(d))
+                raise ValueError(f"doc {dup!r} appears twice for query {qid!r}")
+        try:
+            nan = any(map(math.isnan, scores.values()))
+        except TypeError:
+            nan = True
+        if nan:
+            bad = next(s for s in scores.values() if not isinstance(s, (int, float)) or math.isnan(s))
+            raise ValueError(f"query {qid!r}: score must be a number, got {bad!r}")
         if qid not in qrels:
             counts["ignored"] += 1
             continue
-        self_hit = qid in seen
-        counts["self_hits"] += self_hit
-        if ignore_self and self_hit:
-            pairs = [(d, s) for d, s in pairs if d != qid]
-        if pairs:
-            out[qid] = trec_order([(str(d), float(s)) for d, s in pairs])
+        if qid in scores:
+            counts["self_hits"] += 1
+            if ignore_self:
+                scores = {d: v for d, v in scores.items() if d != qid}
+        if scores:
+            if not all(type(d) is str and type(v) is float for d, v in scores.items()):
+                scores = {str(d): float(v) for d, v in scores.items()}  # pytrec_eval wants str -> float
+            out[qid] = scores
     return out
 
 
@@ -153,6 +165,11 @@ def _calc(provider, measures, qrels, run_dd) -> Iterable:
     if not measures:
         return []
     return provider.evaluator(list(measures), qrels).iter_calc(run_dd)
+
+
+def _whole_rr(measure):
+    """RR without its cutoff, other parameters kept (plain ``RR`` when there are none, so ``-m RR`` shares it)."""
+    return ir_measures.RR(**{k: v for k, v in measure.params.items() if k != "cutoff"})
 
 
 def evaluate(run: Mapping, qrels: Mapping, measures: Iterable[str] = DEFAULT_MEASURES, *, ignore_self: bool = False,
@@ -168,28 +185,24 @@ def evaluate(run: Mapping, qrels: Mapping, measures: Iterable[str] = DEFAULT_MEA
     qrels, skipped = _clean_qrels(qrels)
     counts = dict(evaluated=len(qrels), missing=0, ignored=0, skipped=skipped, no_relevant=0, docs=0, unjudged=0,
                   self_hits=0)
-    ranked = _clean_run(run, qrels, ignore_self, counts)
-    counts["missing"] = sum(1 for q in qrels if q not in ranked)
+    run_dd = _clean_run(run, qrels, ignore_self, counts)
+    counts["missing"] = sum(1 for q in qrels if q not in run_dd)
     counts["no_relevant"] = sum(1 for j in qrels.values() if not any(r > 0 for r in j.values()))
-    counts["docs"] = sum(len(r) for r in ranked.values())
-    counts["unjudged"] = sum(1 for q, r in ranked.items() for d, _ in r if d not in qrels[q])
-    run_dd = {q: dict(r) for q, r in ranked.items()}
+    counts["docs"] = sum(len(r) for r in run_dd.values())
+    counts["unjudged"] = sum(1 for q, r in run_dd.items() for d in r if d not in qrels[q])
 
-    # one pytrec_eval pass for everything it computes directly (plus the parts of capped recall)
+    # one pytrec_eval pass for everything it computes (with the parts of R_cap@k and RR@k)
     trec = {s.measure for s in specs if s.route == "trec"}
     for s in specs:
         if s.route == "capped":
             trec |= {ir_measures.R @ s.cutoff, ir_measures.P @ s.cutoff, ir_measures.NumRel}
+        if s.route == "rr_cut":
+            trec.add(_whole_rr(s.measure))
     values: dict[object, dict[str, float]] = {}
     for metric in _calc(ir_measures.pytrec_eval, trec, qrels, run_dd):
         values.setdefault(metric.measure, {})[metric.query_id] = metric.value
     for metric in _calc(ir_measures.DefaultPipeline, {s.measure for s in specs if s.route == "other"}, qrels, run_dd):
         values.setdefault(metric.measure, {})[metric.query_id] = metric.value
-    for s in specs:
-        if s.route == "rr_cut":  # trec_eval's recip_rank on the ranking cut at k, in trec_eval order
-            whole = ir_measures.RR(rel=s.measure["rel"], judged_only=s.measure["judged_only"])
-            cut = {q: dict(r[: s.cutoff]) for q, r in ranked.items()}
-            values[s.measure] = {m.query_id: m.value for m in _calc(ir_measures.pytrec_eval, [whole], qrels, cut)}
 
     per_query: dict[str, dict[str, float]] = {q: {} for q in qrels}
     mean = {}
@@ -197,6 +210,9 @@ def evaluate(run: Mapping, qrels: Mapping, measures: Iterable[str] = DEFAULT_MEA
         if s.route == "capped":
             rec, prec, nrel = values[ir_measures.R @ s.cutoff], values[ir_measures.P @ s.cutoff], values[ir_measures.NumRel]
             got = {q: rec.get(q, 0.0) if nrel.get(q, 0) <= s.cutoff else prec.get(q, 0.0) for q in qrels}
+        elif s.route == "rr_cut":  # 1/rank of the first relevant doc (trec_eval order) when that rank <= k
+            whole = values[_whole_rr(s.measure)]
+            got = {q: rr if rr * s.cutoff >= 1 - 1e-9 else 0.0 for q, rr in whole.items()}
         else:
             got = values.get(s.measure, {})
         agg = s.measure.aggregator()

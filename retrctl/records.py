@@ -23,6 +23,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator
+from operator import itemgetter
 from pathlib import Path
 
 KINDS = ("doc", "query", "group", "run", "qrels")
@@ -490,8 +491,8 @@ def trec_order(docs) -> list[tuple[str, float]]:
     trec_eval (form_res_rels.c, comp_sim_docno) breaks ties with strcmp on the docno, reversed; Python's
     str order is code-point order, which is the byte order of UTF-8. Two stable passes: doc id, then score.
     """
-    items = sorted(docs.items() if isinstance(docs, dict) else docs, key=lambda x: x[0], reverse=True)
-    items.sort(key=lambda x: x[1], reverse=True)
+    items = sorted(docs.items() if isinstance(docs, dict) else docs, key=itemgetter(0), reverse=True)
+    items.sort(key=itemgetter(1), reverse=True)
     return items
 
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from retrctl import metrics
+from retrctl import metrics, records
 from stages.eval import eval as eval_runs
 
 TREC = {"nDCG@10": "ndcg_cut_10", "R@100": "recall_100", "R@1000": "recall_1000", "AP": "map", "P@10": "P_10",
@@ -20,20 +20,17 @@ TREC = {"nDCG@10": "ndcg_cut_10", "R@100": "recall_100", "R@1000": "recall_1000"
 
 def reference(run, qrels, names, rel_level=1):
     """trec_eval -c straight from pytrec_eval: mean over every judged query, missing queries score 0.
-    RR@k is trec_eval's recip_rank when the first relevant doc is within k (the same as `-M k`), else 0."""
-    want = {TREC[n] for n in names if n in TREC} | {"recip_rank"}
+    RR@k as `trec_eval -M k -m recip_rank`: the ranking cut at k in trec_eval's order (score desc, doc id desc)."""
+    want = {TREC[n] for n in names if n in TREC}
     per = pytrec_eval.RelevanceEvaluator(qrels, want, relevance_level=rel_level).evaluate(run)
     out, per_query = {}, {q: {} for q in qrels}
     for n in names:
+        if n.startswith("RR@"):
+            cut = {q: dict(records.trec_order(d)[: int(n[3:])]) for q, d in run.items()}
+            rr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}, relevance_level=rel_level).evaluate(cut)
         for q in qrels:
-            got = per.get(q, {})
-            if n.startswith("RR@"):
-                k = int(n[3:])
-                rr = got.get("recip_rank", 0.0)
-                v = rr if rr >= 1 / k - 1e-12 else 0.0
-            else:
-                v = got.get(TREC[n], 0.0)
-            per_query[q][n] = v
+            got = rr.get(q, {}).get("recip_rank", 0.0) if n.startswith("RR@") else per.get(q, {}).get(TREC[n], 0.0)
+            per_query[q][n] = got
         out[n] = sum(per_query[q][n] for q in qrels) / len(qrels)
     return out, per_query
 
@@ -183,8 +180,6 @@ def scifact_run(tmp_path_factory):
     """bm25s on a 500-doc slice of SciFact (all test positives + the first other docs), test queries, top 100."""
     import bm25s
     from conftest import shared_data
-
-    from retrctl import records
 
     root = shared_data("scifact")
     qrels = records.read_qrels(root)
