@@ -292,8 +292,6 @@ def test_cli_per_query_text_rows(two_runs, runner):
 
 
 def test_cli_reads_jsonl_and_parquet_runs(two_runs, runner, tmp_path):
-    from retrctl import records
-
     good, _, qrels = two_runs
     rows = list(records.run_rows(records.read_run(good)))
     records.write_run(rows, tmp_path / "good.jsonl")
@@ -364,3 +362,12 @@ def test_usage_errors_exit_2(tmp_path, runner, qrels_file):
     bad = runner("eval", run, "--qrels", qrels_file, "-m", "nDCG@ten")
     assert bad.exit_code == 2 and "unknown measure" in bad.stderr
     assert runner("eval", "--qrels", qrels_file).exit_code == 2  # no run
+
+
+def test_cli_reads_runs_from_stdin(two_runs, runner):
+    good, _, qrels = two_runs
+    trec = runner("eval", "-", "--qrels", qrels, "--json", input=good.read_text())
+    lines = "".join(records.dumps(r) + "\n" for r in records.run_rows(records.read_run(good)))
+    as_jsonl = runner("eval", "-", "--qrels", qrels, "--json", "--input-format", "jsonl", input=lines)
+    assert trec.exit_code == as_jsonl.exit_code == 0, trec.stderr + as_jsonl.stderr
+    assert json.loads(trec.stdout)["nDCG@10"] == json.loads(as_jsonl.stdout)["nDCG@10"] == 1.0
