@@ -4,45 +4,235 @@ An index directory always holds ``index.json`` (the manifest: format version, ba
 count, encoder description for dense backends) and the backend's files; doc ids and per-doc content hashes
 are stored as Parquet, vectors as arrays, never pickles. ``open_index(dir)`` reads the manifest to pick
 the class.
+
+Updates are by content hash (``records.content_hash(title, text)``): ``sync(docs)`` adds new docs,
+re-processes changed ones, leaves unchanged ones alone and (with ``delete=True``) drops docs that are no
+longer in the stream — the incremental update peers lack (pyserini#1964, faiss#3339). ``save(dir)``
+writes a sibling directory and swaps it in, so a reader never sees a half-written index.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
+
+from retrctl import records
+
 FORMAT_VERSION = 1
+MANIFEST = "index.json"
+DOCIDS = "docids.parquet"
 
 
 class Index:
-    """Backends subclass this. ``name`` is the key in ``retrctl.indexes.BACKENDS``."""
+    """Backends subclass this. ``name`` is the key in ``retrctl.indexes.BACKENDS``.
+
+    Shared bookkeeping: ``docids`` (row order of the backend's storage), the content hash of each row,
+    and ``meta`` (free-form provenance the caller wants in the manifest: source corpus, shard).
+    """
 
     name = "base"
 
-    def build(self, docs: Iterable[dict]) -> None:
-        """Index doc records ({docid, title, text}) from a stream."""
+    def __init__(self) -> None:
+        self._clear_ids()
+        self.meta: dict = {}
+
+    # ------------------------------------------------------------ the interface
+
+    def build(self, docs: Iterable[dict]) -> dict:
+        """Index doc records ({docid, title, text}) from a stream, replacing any content."""
+        self._clear()
+        return self.sync(docs, delete=False)
+
+    def add(self, docs: Iterable[dict]) -> dict:
+        """Add or replace docs (by docid); docs whose content hash is unchanged are skipped."""
+        return self.sync(docs, delete=False)
+
+    def sync(self, docs: Iterable[dict], delete: bool = True) -> dict:
+        """Make the index hold exactly ``docs`` (or, with delete=False, at least them).
+
+        Returns counts {"added", "updated", "unchanged", "removed"}.
+        """
         raise NotImplementedError
 
-    def add(self, docs: Iterable[dict]) -> None:
-        """Add or replace docs (by docid)."""
+    def remove(self, docids: Iterable[str]) -> int:
+        """Drop docs by id (unknown ids are ignored); returns how many were removed."""
         raise NotImplementedError
 
-    def remove(self, docids: Iterable[str]) -> None:
+    def search(self, queries: list[dict], k: int) -> dict[str, list[tuple[str, float]]]:
+        """query records ({query_id, query_text}) -> {query_id: [(docid, score)] best first}.
+
+        Ties are broken by docid ascending so every backend returns the same order for equal scores.
+        """
+        raise NotImplementedError
+
+    def config(self) -> dict:
+        """Exactly the constructor's arguments (saved under "settings" in the manifest)."""
         raise NotImplementedError
 
     def save(self, directory: str | Path) -> None:
         raise NotImplementedError
 
     @classmethod
-    def load(cls, directory: str | Path) -> Index:
+    def load(cls, directory: str | Path, **kw) -> Index:
         raise NotImplementedError
 
-    def search(self, queries: list[dict], k: int) -> dict[str, list[tuple[str, float]]]:
-        """query records ({query_id, query_text}) -> {query_id: [(docid, score)] best first}.
-
-        Ties are broken by docid so every backend returns the same order for equal scores.
-        """
+    @classmethod
+    def merge(cls, parts: list[Index]) -> Index:
+        """One index holding the docs of several (e.g. shard indexes built with --shard-id/--shard-num)."""
         raise NotImplementedError
 
     def __len__(self) -> int:
-        raise NotImplementedError
+        return len(self.docids)
+
+    # ------------------------------------------------------------ doc id bookkeeping
+
+    def _clear(self) -> None:
+        self._clear_ids()
+
+    def _clear_ids(self) -> None:
+        self.docids: list[str] = []
+        self._hash: list[str] = []
+        self._pos: dict[str, int] = {}
+
+    @property
+    def hashes(self) -> dict[str, str]:
+        return dict(zip(self.docids, self._hash, strict=True))
+
+    def _set_ids(self, docids: list[str], hashes: list[str]) -> None:
+        self.docids, self._hash = list(docids), list(hashes)
+        self._pos = {d: i for i, d in enumerate(self.docids)}
+        if len(self._pos) != len(self.docids):
+            raise ValueError("duplicate docids in index")
+
+    def _append_ids(self, docids: list[str], hashes: list[str]) -> None:
+        for d, h in zip(docids, hashes, strict=True):
+            self._pos[d] = len(self.docids)
+            self.docids.append(d)
+            self._hash.append(h)
+
+    def _keep_rows(self, keep: np.ndarray) -> None:
+        """Keep only the rows where ``keep`` is True (order preserved)."""
+        idx = np.flatnonzero(keep)
+        self._set_ids([self.docids[i] for i in idx], [self._hash[i] for i in idx])
+
+    def _classify(self, docs: Iterable[dict], seen: set, stats: dict) -> Iterator[tuple[dict, str, int | None]]:
+        """Yield (doc, content hash, old row or None) for docs that need work; count the unchanged ones."""
+        for doc in docs:
+            docid = doc["docid"]
+            if docid in seen:
+                raise ValueError(f"duplicate docid {docid!r} in the input")
+            seen.add(docid)
+            h = records.content_hash(doc.get("title") or "", doc["text"])
+            pos = self._pos.get(docid)
+            if pos is not None and self._hash[pos] == h:
+                stats["unchanged"] += 1
+                continue
+            stats["updated" if pos is not None else "added"] += 1
+            yield doc, h, pos
+
+    def _missing_rows(self, seen: set) -> list[int]:
+        return [i for i, d in enumerate(self.docids) if d not in seen]
+
+    def _order_key(self) -> np.ndarray:
+        """Rank of each row's docid in ascending docid order: the tie-break key."""
+        key = getattr(self, "_order_cache", None)
+        if key is None or len(key) != len(self.docids):
+            order = np.argsort(np.asarray(self.docids, dtype=object), kind="stable")
+            key = np.empty(len(order), dtype=np.int64)
+            key[order] = np.arange(len(order))
+            self._order_cache = key
+        return key
+
+    def _invalidate(self) -> None:
+        self._order_cache = None
+
+
+def new_stats() -> dict:
+    return {"added": 0, "updated": 0, "unchanged": 0, "removed": 0}
+
+
+def top_k(scores: np.ndarray, key: np.ndarray, k: int) -> np.ndarray:
+    """Row positions of the k best scores, best first, ties by ``key`` ascending (exact, deterministic)."""
+    n = len(scores)
+    if k >= n:
+        cand = np.arange(n)
+    else:
+        kth = np.partition(scores, n - k)[n - k]
+        cand = np.flatnonzero(scores >= kth)
+    order = np.lexsort((key[cand], -scores[cand]))
+    return cand[order[:k]]
+
+
+# ---------------------------------------------------------------- files
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+
+    out = {}
+    for pkg in ("retrctl", "faiss-cpu", "faiss-gpu-cu12", "bm25s", "torch", "transformers"):
+        with contextlib.suppress(md.PackageNotFoundError):
+            out[pkg] = md.version(pkg)
+    return out
+
+
+def write_manifest(directory: Path, manifest: dict) -> None:
+    manifest = {"format_version": FORMAT_VERSION, **manifest, "versions": versions()}
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+
+
+def read_manifest(directory: str | Path) -> dict:
+    path = Path(directory) / MANIFEST
+    if not path.exists():
+        raise records.RecordError(directory, message=f"not an index directory (no {MANIFEST})")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise records.RecordError(path, e.lineno, None, f"invalid JSON ({e.msg})") from None
+    if manifest.get("format_version", 0) > FORMAT_VERSION:
+        raise records.RecordError(path, None, "format_version", f"{manifest['format_version']} is newer than this retrctl reads ({FORMAT_VERSION})")
+    return manifest
+
+
+def write_docids(directory: Path, docids: list[str], hashes: list[str]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"docid": pa.array(docids, pa.string()), "hash": pa.array(hashes, pa.string())})
+    pq.write_table(table, directory / DOCIDS)
+
+
+def read_docids(directory: Path) -> tuple[list[str], list[str]]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(directory / DOCIDS)
+    return table.column("docid").to_pylist(), table.column("hash").to_pylist()
+
+
+@contextlib.contextmanager
+def swap_into(directory: str | Path):
+    """Yield an empty sibling directory; on success it replaces ``directory`` (rename, not copy)."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if directory.exists():
+        old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(directory, old)
+        os.replace(tmp, directory)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, directory)

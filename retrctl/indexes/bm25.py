@@ -1,0 +1,245 @@
+"""BM25 index built and scored by bm25s (Lù 2024, arXiv:2407.03618).
+
+BM25: Robertson & Zaragoza 2009; the default variant is Lucene's (Kamphuis et al. 2020, ECIR, "Which BM25
+do you mean?"), with k1=0.9, b=0.4 — Pyserini's BEIR "flat" setting: one field, title + " " + text.
+Tokens: bm25s's tokenizer (lower-case, ``\\w\\w+``), English stopwords by default, no stemming. This is the
+setting of the reference in shared/data/README.md (SciFact nDCG@10 0.6569). The whole variant is written into
+``index.json`` (BM25 numbers are only comparable with the variant named, beir#197, pyserini#1211).
+
+Memory: docs are tokenized as they stream in (``Tokenizer.streaming_tokenize``) into one flat int32 array
+plus offsets — the JSON records are never held. bm25s then builds its sparse score matrix from that array
+through a lazy sequence, so peak memory grows with the index (tokens + score matrix), not with the corpus
+text. The token arrays are saved too (``tokens.npy``, ``offsets.npy``): an update tokenizes only new or
+changed docs and recomputes the statistics (idf, average length) from the stored tokens, so an updated
+index is identical to a fresh build. The vocabulary is re-numbered in sorted word order at every build,
+for the same reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from retrctl.indexes import base
+from retrctl.indexes.dense import _chunks, _passage
+
+log = logging.getLogger("retrctl.index")
+METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
+
+
+def _bm25s():
+    """bm25s, imported on first use; it sets its logger to DEBUG at import, which we undo (stderr is for our logs)."""
+    import bm25s
+
+    logging.getLogger("bm25s").setLevel(max(logging.getLogger().getEffectiveLevel(), logging.WARNING))
+    return bm25s
+
+
+class _TokenLists:
+    """A read-only sequence of per-doc token id lists over flat arrays (what bm25s iterates)."""
+
+    def __init__(self, tokens: np.ndarray, offsets: np.ndarray):
+        self.tokens, self.offsets = tokens, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __iter__(self):
+        t, o = self.tokens, self.offsets
+        for i in range(len(o) - 1):
+            yield t[o[i] : o[i + 1]].tolist()
+
+
+class BM25Index(base.Index):
+    name = "bm25"
+
+    def __init__(self, k1: float = 0.9, b: float = 0.4, stopwords: str | None = "en", method: str = "lucene"):
+        if method not in METHODS:
+            raise ValueError(f"BM25 method must be one of {', '.join(METHODS)}, got {method!r}")
+        super().__init__()
+        self.k1, self.b, self.stopwords, self.method = float(k1), float(b), stopwords or None, method
+        self._dir: Path | None = None
+        self._clear()
+
+    def config(self) -> dict:
+        return {"k1": self.k1, "b": self.b, "stopwords": self.stopwords, "method": self.method}
+
+    def variant(self) -> str:
+        return (f"bm25s {self.method}, k1={self.k1}, b={self.b}; flat doc = title + ' ' + text; "
+                f"lower-case \\w\\w+ tokens; stopwords {self.stopwords or 'none'}; no stemming")
+
+    def _clear(self) -> None:
+        bm25s = _bm25s()
+        super()._clear()
+        self._invalidate()
+        self.tokenizer = bm25s.tokenization.Tokenizer(stopwords=self.stopwords or [], stemmer=None)
+        self.tokenizer.word_to_id = {"": 0}
+        self._tokens = np.zeros(0, np.int32)
+        self._offsets = np.zeros(1, np.int64)
+        self._new: list[tuple[np.ndarray, np.ndarray]] = []  # (flat tokens, lengths) of appended docs
+        self.retriever = None
+        self._dirty = False
+
+    # ------------------------------------------------------------ tokens
+
+    def _load_tokens(self) -> None:
+        if self._dir is not None:  # opened from disk: token arrays are read only when an update needs them
+            self._tokens = np.load(self._dir / "tokens.npy")
+            self._offsets = np.load(self._dir / "offsets.npy")
+            self._dir = None
+
+    def _tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        ids = list(self.tokenizer.streaming_tokenize(texts, update_vocab=True))
+        lens = np.fromiter(map(len, ids), np.int64, count=len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, count=int(lens.sum()))
+        return flat, lens
+
+    def sync(self, docs: Iterable[dict], delete: bool = True) -> dict:
+        self._load_tokens()
+        stats, seen, dead = base.new_stats(), set(), []
+        for chunk in _chunks(self._classify(docs, seen, stats), 4096):
+            self._new.append(self._tokenize([_passage(d) for d, _, _ in chunk]))
+            dead += [pos for _, _, pos in chunk if pos is not None]  # a changed doc: old row out, new row appended
+            self._append_ids([d["docid"] for d, _, _ in chunk], [h for _, h, _ in chunk])
+            self._dirty = True
+        removed = self._missing_rows(seen) if delete else []
+        stats["removed"] = len(removed)
+        if dead or removed or self._dirty:
+            self._reindex(dead + removed)
+        return stats
+
+    def remove(self, docids: Iterable[str]) -> int:
+        rows = sorted({self._pos[d] for d in docids if d in self._pos})
+        if rows:
+            self._load_tokens()
+            self._reindex(rows)
+        return len(rows)
+
+    def _reindex(self, drop: list[int]) -> None:
+        """Fold appended docs in, drop rows, renumber the vocabulary, and let bm25s build the score matrix."""
+        bm25s = _bm25s()
+        self._invalidate()
+        lens = np.concatenate([np.diff(self._offsets), *(n for _, n in self._new)])
+        tokens = np.concatenate([self._tokens, *(t for t, _ in self._new)]) if self._new else self._tokens
+        self._new = []
+        if drop:
+            keep = np.ones(len(lens), dtype=bool)
+            keep[drop] = False
+            tokens = tokens[np.repeat(keep, lens)]
+            lens = lens[keep]
+            self._keep_rows(keep)
+        # vocabulary: the words still used, numbered in sorted order (same ids however the index was built)
+        id_to_word = np.empty(max(self.tokenizer.word_to_id.values(), default=0) + 1, dtype=object)
+        for w, i in self.tokenizer.word_to_id.items():
+            id_to_word[i] = w
+        used = np.union1d(np.unique(tokens), [self.tokenizer.word_to_id[""]]).astype(np.int64)
+        words = id_to_word[used]
+        order = np.argsort(words.astype(str), kind="stable")
+        remap = np.full(len(id_to_word), -1, np.int32)
+        remap[used[order]] = np.arange(len(used), dtype=np.int32)
+        self._tokens = remap[tokens] if len(tokens) else tokens
+        self._offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        self.tokenizer.word_to_id = {str(w): i for i, w in enumerate(words[order])}
+        self._dirty = False
+        if len(self) == 0:
+            self.retriever = None
+            return
+        retriever = bm25s.BM25(k1=self.k1, b=self.b, method=self.method)
+        vocab = dict(self.tokenizer.word_to_id)
+        retriever.index(bm25s.tokenization.Tokenized(ids=_TokenLists(self._tokens, self._offsets), vocab=vocab), show_progress=False)
+        self.retriever = retriever
+
+    # ------------------------------------------------------------ search
+
+    def search(self, queries: list[dict], k: int) -> dict[str, list[tuple[str, float]]]:
+        """Top k docs per query that match at least one query term (Lucene semantics), ties by docid."""
+        if self._dirty:
+            self._reindex([])
+        out: dict[str, list[tuple[str, float]]] = {}
+        empty = self.tokenizer.word_to_id.get("")
+        qids = self.tokenizer.streaming_tokenize([q["query_text"] for q in queries], update_vocab=False)
+        key = self._order_key() if self.retriever is not None else None
+        for q, ids in zip(queries, qids, strict=True):
+            ids = [i for i in ids if i != empty]
+            if not ids or self.retriever is None:
+                out[q["query_id"]] = []
+                continue
+            scores = self.retriever.get_scores_from_ids(ids)
+            rows = base.top_k(scores, key, k)
+            rows = rows[scores[rows] > 0]
+            out[q["query_id"]] = [(self.docids[r], float(scores[r])) for r in rows]
+        return out
+
+    # ------------------------------------------------------------ files
+
+    def manifest(self) -> dict:
+        return {"backend": self.name, "settings": self.config(), "variant": self.variant(), "doc_count": len(self),
+                "vocab_size": len(self.tokenizer.word_to_id),
+                "files": {"bm25s": "bm25s", "tokens": "tokens.npy", "offsets": "offsets.npy", "docids": base.DOCIDS},
+                **self.meta}
+
+    def save(self, directory: str | Path) -> None:
+        self._load_tokens()
+        if self._dirty:
+            self._reindex([])
+        with base.swap_into(directory) as tmp:
+            if self.retriever is not None:
+                self.retriever.save(str(tmp / "bm25s"), show_progress=False)
+            else:
+                import json
+
+                (tmp / "bm25s").mkdir()
+                (tmp / "bm25s" / "vocab.index.json").write_text(json.dumps(self.tokenizer.word_to_id))
+            np.save(tmp / "tokens.npy", self._tokens)
+            np.save(tmp / "offsets.npy", self._offsets)
+            base.write_docids(tmp, self.docids, self._hash)
+            base.write_manifest(tmp, self.manifest())
+
+    @classmethod
+    def load(cls, directory: str | Path, **_ignored) -> BM25Index:
+        import json
+
+        bm25s = _bm25s()
+        directory = Path(directory)
+        manifest = base.read_manifest(directory)
+        idx = cls(**manifest["settings"])
+        idx.meta = {k: manifest[k] for k in ("source", "shard") if k in manifest}
+        docids, hashes = base.read_docids(directory)
+        idx._set_ids(docids, hashes)
+        if docids:
+            idx.retriever = bm25s.BM25.load(str(directory / "bm25s"), mmap=True, show_progress=False, verbosity=0)
+            idx.tokenizer.word_to_id = dict(idx.retriever.vocab_dict)
+        else:
+            idx.tokenizer.word_to_id = json.loads((directory / "bm25s" / "vocab.index.json").read_text())
+        idx._dir = directory
+        return idx
+
+    @classmethod
+    def merge(cls, parts: list[BM25Index]) -> BM25Index:
+        first = parts[0]
+        if any(p.config() != first.config() for p in parts):
+            raise ValueError("cannot merge BM25 indexes with different settings")
+        out = cls(**first.config())
+        vocab: dict[str, int] = {"": 0}
+        docids, hashes, toks, lens = [], [], [], []
+        for p in parts:
+            p._load_tokens()
+            if p._dirty:
+                p._reindex([])
+            remap = np.empty(max(p.tokenizer.word_to_id.values(), default=0) + 1, np.int32)
+            for w, i in p.tokenizer.word_to_id.items():
+                remap[i] = vocab.setdefault(w, len(vocab))
+            toks.append(remap[p._tokens] if len(p._tokens) else p._tokens)
+            lens.append(np.diff(p._offsets))
+            docids += p.docids
+            hashes += p._hash
+        out._set_ids(docids, hashes)
+        out.tokenizer.word_to_id = vocab
+        out._tokens = np.concatenate(toks)
+        out._offsets = np.concatenate([[0], np.cumsum(np.concatenate(lens))]).astype(np.int64)
+        out._reindex([])
+        return out

@@ -1,0 +1,205 @@
+"""index: a dense (faiss) or BM25 (bm25s) index of a corpus, updated in place by content hash.
+
+Methods: dense retrieval with a bi-encoder (Karpukhin et al. 2020, "Dense Passage Retrieval for Open-Domain
+Question Answering", arXiv:2004.04906), searched with faiss (Douze et al. 2024, "The Faiss library",
+arXiv:2401.08281); lexical BM25 (Robertson & Zaragoza 2009) in its Lucene variant, computed by bm25s (Lù 2024,
+arXiv:2407.03618). A doc is "title text" in both (BEIR's convention, Thakur et al. 2021, arXiv:2104.08663).
+
+| knob                                       | flag                                    | default |
+|--------------------------------------------|-----------------------------------------|---------|
+| dense or lexical                           | `--method dense|bm25`                   | dense (an existing index keeps its own) |
+| encoder and its settings (pooling, prompts, lengths) | `--model`, `--pooling`, `--passage-prompt`, … | the model's own |
+| faiss structure (factory string, inner product) | `--index-type Flat|HNSW32|IVF1024,PQ32…` | Flat |
+| BM25 k1, b (Pyserini's BEIR "flat" setting) | `--k1`, `--b`                           | 0.9, 0.4 |
+| BM25 variant (Kamphuis et al. 2020)        | `--bm25-method lucene|robertson|atire|bm25l|bm25+` | lucene |
+| stopwords (bm25s lists)                    | `--stopwords en|none|de|…`              | en |
+| encode batch                               | `--batch-size`                          | 32 |
+| shard of the corpus (stable hash of docid) | `--shard-id/--shard-num`, then `--merge` | one shard |
+
+Updates (pyserini#1964, faiss#3339): run again on an existing IDX and it is brought in line with the corpus by
+content hash — new docs are added, changed docs re-encoded, docs no longer in the corpus deleted (`--no-delete`
+keeps them); nothing is rewritten when nothing changed. Changing a setting that the stored data depends on
+(model or its settings, index type, BM25 settings) rebuilds from scratch, with a warning; `--rebuild` forces it.
+The new index is written beside IDX and renamed into place, so searchers never see a half-built one (cron-safe).
+
+Resume: dense encoding goes in chunks of 4096 docs saved under `IDX.partial/`; a killed run restarted on the same
+corpus reuses the chunks whose docids and content hashes match, and the directory is removed on success.
+
+Shards: `--shard-id i --shard-num n` indexes the docs whose docid hashes to shard i (e.g. one per GPU/machine);
+`retrctl index --merge IDX.0 IDX.1 … -o IDX` joins them (an IVF is re-trained on the merged vectors, BM25
+statistics are recomputed over the union).
+
+Truncation: passages cut at the passage max length are counted and reported on stderr (ST#4060).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+import click
+
+from retrctl import records
+from retrctl.stage import check_shard, encoder_overrides, options, progress, shard, stage
+
+log = logging.getLogger("retrctl.index")
+
+
+class SettingsError(ValueError):
+    """Inputs that cannot be indexed together (different encoders, overlapping shards)."""
+
+
+def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None = None, method: str | None = None,
+          index_type: str = "Flat", batch_size: int = 32, k1: float = 0.9, b: float = 0.4, stopwords: str | None = "en",
+          bm25_method: str = "lucene", delete: bool = True, rebuild: bool = False, meta: dict | None = None,
+          encoder_settings: dict | None = None) -> dict:
+    """Build the index at ``output`` from doc records, or bring an existing one in line with them.
+
+    Returns the counts {"added", "updated", "unchanged", "removed"} and "rebuilt"/"written" flags.
+    """
+    from retrctl.indexes import BM25Index, DenseIndex, open_index
+
+    output = Path(output)
+    workdir = output.with_name(output.name + ".partial")
+    old_manifest = _manifest_or_none(output)
+    method = method or (old_manifest or {}).get("backend") or "dense"
+    stopwords = None if stopwords in (None, "", "none") else stopwords
+    meta = meta or {}
+
+    if method == "bm25":
+        if model or encoder_settings:
+            log.warning("--model and encoder flags are ignored by --method bm25")
+        fresh = BM25Index(k1=k1, b=b, stopwords=stopwords, method=bm25_method)
+        idx = _reuse(output, old_manifest, fresh, rebuild, lambda: open_index(output))
+    elif method == "dense":
+        from retrctl.models import Encoder
+
+        settings = dict(encoder_settings or {})
+        if model is None:
+            if not old_manifest or old_manifest.get("backend") != "dense":
+                raise SettingsError("a dense index needs --model (or --method bm25)")
+            model = old_manifest["encoder"]["model"]
+            for k in ("pooling", "normalize", "query_prompt", "passage_prompt", "query_max_len", "passage_max_len",
+                      "bidirectional", "dims", "temperature"):
+                if k in old_manifest["encoder"]:
+                    settings.setdefault(k, old_manifest["encoder"][k])
+        device, dtype = settings.pop("device", None), settings.pop("dtype", None)
+        encoder = Encoder.load(model, device=device, dtype=dtype, **settings)
+        fresh = DenseIndex(encoder, index_type=index_type, batch_size=batch_size)
+        idx = _reuse(output, old_manifest, fresh, rebuild, lambda: DenseIndex.load(output, encoder=encoder))
+        idx.batch_size = batch_size
+        idx.workdir = workdir
+    else:
+        raise SettingsError(f"unknown method {method!r}")
+
+    before = dict(idx.meta)
+    stats = idx.sync(docs, delete=delete) if idx is not fresh else idx.build(docs)
+    if method == "dense":
+        idx.encoder.report_truncation({"passage": idx.encoded})
+    idx.meta = {**idx.meta, **meta}
+    changed = stats["added"] or stats["updated"] or stats["removed"] or idx is fresh or idx.meta != before
+    log.info("%s index %s: %d docs (%d added, %d updated, %d unchanged, %d removed)", method, output, len(idx),
+             stats["added"], stats["updated"], stats["unchanged"], stats["removed"])
+    if changed:
+        idx.save(output)
+    else:
+        log.info("%s is up to date; left as it is", output)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return {**stats, "rebuilt": idx is fresh, "written": bool(changed)}
+
+
+def _manifest_or_none(output: Path) -> dict | None:
+    from retrctl.indexes.base import read_manifest
+
+    if not (output / "index.json").exists():
+        if output.exists() and any(output.iterdir()):
+            raise SettingsError(f"{output} exists and is not an index (no index.json): choose another -o")
+        return None
+    return read_manifest(output)
+
+
+def _reuse(output: Path, old: dict | None, fresh, rebuild: bool, load):
+    """The existing index when its stored settings equal the requested ones; else the fresh one (a rebuild)."""
+    if old is None or rebuild:
+        return fresh
+    want = {"backend": fresh.name, **_content_settings(fresh.name, fresh.config(), getattr(fresh, "encoder_desc", None))}
+    have = {"backend": old.get("backend"), **_content_settings(old.get("backend"), old.get("settings", {}), old.get("encoder"))}
+    if want != have:
+        diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+        log.warning("%s was built with other settings (%s): rebuilding from scratch", output,
+                    ", ".join(f"{k}: {have.get(k)!r} -> {want.get(k)!r}" for k in diff))
+        return fresh
+    return load()
+
+
+def _content_settings(backend: str | None, settings: dict, encoder: dict | None) -> dict:
+    """The settings the stored vectors/statistics depend on (batch size and search-time knobs do not count)."""
+    if backend == "dense":
+        return {"index_type": settings.get("index_type"), **{f"encoder.{k}": v for k, v in (encoder or {}).items()}}
+    return dict(settings)
+
+
+def merge(parts: list[str | os.PathLike], output: str | os.PathLike) -> int:
+    """Join shard indexes into one at ``output``; returns the doc count."""
+    from retrctl.indexes import BACKENDS, open_index
+    from retrctl.indexes.base import read_manifest
+
+    manifests = [read_manifest(p) for p in parts]
+    backends = {m.get("backend") for m in manifests}
+    if len(backends) != 1:
+        raise SettingsError(f"cannot merge different backends: {', '.join(sorted(map(str, backends)))}")
+    shards = [m.get("shard") for m in manifests if m.get("shard")]
+    if shards:
+        nums = {s["num"] for s in shards}
+        ids = sorted(s["id"] for s in shards)
+        if len(nums) == 1 and ids != list(range(nums.pop())):
+            log.warning("merging shards %s of %d: the merged index is not the whole corpus", ids, shards[0]["num"])
+    first = open_index(parts[0])
+    rest = [open_index(p, encoder=first.encoder) if first.name == "dense" else open_index(p) for p in parts[1:]]
+    try:
+        merged = BACKENDS[first.name].merge([first, *rest])
+    except ValueError as e:
+        raise SettingsError(str(e)) from None
+    merged.meta = {k: v for k, v in first.meta.items() if k != "shard"}
+    merged.save(output)
+    log.info("merged %d indexes (%d docs) into %s", len(parts), len(merged), output)
+    return len(merged)
+
+
+@stage(index, writes="dir")
+@options("model", "encoder", "batch_size", "shard", "input_format")
+@click.argument("inputs", nargs=-1)
+@click.option("--method", type=click.Choice(["dense", "bm25"]), help="Dense (faiss) or BM25 (bm25s). [default: dense, or the existing index's]")
+@click.option("--index-type", help="faiss factory string, inner product: Flat, HNSW32, IVF1024,PQ32, …")
+@click.option("--k1", type=float, help="BM25 term-frequency saturation.")
+@click.option("--b", type=float, help="BM25 length normalization.")
+@click.option("--stopwords", help="BM25 stopword list (bm25s: en, de, fr, …) or 'none'.")
+@click.option("--bm25-method", type=click.Choice(["lucene", "robertson", "atire", "bm25l", "bm25+"]), help="BM25 variant.")
+@click.option("--delete/--no-delete", default=True, show_default=True, help="On update, delete docs no longer in the corpus.")
+@click.option("--rebuild", is_flag=True, help="Build from scratch even if -o holds an up-to-date-able index.")
+@click.option("--merge", "merge_", is_flag=True, help="INPUTS are index dirs (e.g. shards) to merge into -o.")
+def command(inputs, output, merge_, shard_id, shard_num, input_format, **opts):
+    """Build (or update) a dense or BM25 index of a corpus (JSONL/Parquet/BEIR folder, '-' = stdin)."""
+    try:
+        if merge_:
+            if len(inputs) < 2:
+                raise click.UsageError("--merge needs two or more index directories")
+            merge(list(inputs), output)
+            return
+        if len(inputs) > 1:
+            raise click.UsageError("give one corpus (or --merge with index directories)")
+        check_shard(shard_id, shard_num)
+        path = inputs[0] if inputs else "-"
+        meta = {}
+        if path != "-":
+            meta["source"] = os.path.abspath(records.resolve(path, "doc"))
+        if shard_num > 1:
+            meta["shard"] = {"id": shard_id, "num": shard_num}
+        docs = progress(shard(records.read(path, "doc", input_format), shard_id, shard_num, "docid"), desc="index", unit="doc")
+        settings = encoder_overrides(opts)
+        index(docs, output, meta=meta, encoder_settings=settings, **opts)
+    except SettingsError as e:
+        raise click.UsageError(str(e)) from None

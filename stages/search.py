@@ -1,0 +1,132 @@
+"""search: top-k retrieval from an index built by `retrctl index`; writes a run.
+
+Methods: dense retrieval (Karpukhin et al. 2020, arXiv:2004.04906) — queries are encoded with the settings the
+index manifest recorded for its encoder (query prompt, pooling, max lengths; FlagEmbedding#402: inference
+must use the training-time instructions) and searched with faiss by inner product; or BM25 (bm25s, the variant
+recorded in the manifest). The flag vocabulary is Pyserini's (`--hits`, `--batch-size`, `--remove-query`,
+`--output-format`), so a BM25 run and a dense run differ only in the index.
+
+| knob                                             | flag                       | default |
+|--------------------------------------------------|----------------------------|---------|
+| results per query                                | `--hits`                   | 1000    |
+| drop the doc whose id is the query's (BEIR ArguAna) | `--remove-query`        | off     |
+| query encoder settings (override the manifest)   | `--query-prompt`, `--query-max-len`, `--pooling`, … | the manifest's |
+| HNSW search breadth / IVF lists probed           | `--ef-search`, `--nprobe`  | the manifest's (128 / 32) |
+| query batch                                      | `--batch-size`             | the manifest's |
+| output                                           | `--output-format trec|jsonl|parquet`, `--run-tag` | by `-o` extension, else TREC |
+| doc text in the output (for `rerank` in a pipe)  | `--with-text` (+ `--corpus`) | off   |
+
+Order: score descending, ties by docid ascending, in every backend. BM25 returns only docs that match at least
+one query term (Lucene's semantics), so a query can get fewer than `--hits` results. Queries are read and
+searched in bounded chunks, and rows are written as each chunk finishes.
+
+`--with-text` adds `query_text`, `title` and `text` to each JSONL row (pyserini#2057: a dense index holds no
+text). Texts come from `--corpus`, by default the corpus the index was built from (recorded in its manifest);
+the corpus is streamed once per chunk of queries, keeping only the retrieved docs.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable, Iterator
+
+import click
+
+from retrctl import records
+from retrctl.indexes.dense import _chunks
+from retrctl.stage import encoder_overrides, options, progress, stage
+
+log = logging.getLogger("retrctl.search")
+
+
+def search(queries: Iterable[dict], index, *, hits: int = 1000, remove_query: bool = False,
+           texts: Callable[[set], dict] | None = None) -> Iterator[dict]:
+    """Run rows {query_id, doc_id, score, rank} for each query, best first; with ``texts`` (docids -> {docid:
+    {title, text}}) rows also carry query_text, title and text."""
+    chunk_size = max(16, min(4096, 1_000_000 // max(hits, 1)))  # bounds the results held at once
+    k = hits + 1 if remove_query else hits
+    for chunk in _chunks(queries, chunk_size):
+        results = index.search(chunk, k)
+        found = texts({d for q in chunk for d, _ in results[q["query_id"]]}) if texts else None
+        for q in chunk:
+            qid = q["query_id"]
+            ranked = results[qid]
+            if remove_query:
+                ranked = [(d, s) for d, s in ranked if d != qid]
+            for rank, (docid, score) in enumerate(ranked[:hits], 1):
+                row = {"query_id": qid, "doc_id": docid, "score": score, "rank": rank}
+                if found is not None:
+                    doc = found.get(docid, {})
+                    row.update(query_text=q["query_text"], title=doc.get("title", ""), text=doc.get("text", ""))
+                yield row
+
+
+def corpus_lookup(path: str, fmt: str | None = None) -> Callable[[set], dict]:
+    """docids -> {docid: {title, text}}, streaming the corpus and keeping only the wanted docs."""
+
+    def lookup(wanted: set) -> dict:
+        found = {d["docid"]: {"title": d["title"], "text": d["text"]} for d in records.read(path, "doc", fmt) if d["docid"] in wanted}
+        if len(found) < len(wanted):
+            log.warning("%d retrieved docs are not in %s: their text is empty", len(wanted) - len(found), path)
+        return found
+
+    return lookup
+
+
+def default_tag(manifest: dict) -> str:
+    """A run tag naming the retriever (TREC tags cannot hold spaces)."""
+    if manifest.get("backend") == "bm25":
+        s = manifest.get("settings", {})
+        tag = f"bm25s-{s.get('method')}-k1={s.get('k1')}-b={s.get('b')}-sw={s.get('stopwords') or 'none'}"
+    else:
+        model = str(manifest.get("encoder", {}).get("model", "dense")).rstrip("/").rsplit("/", 1)[-1]
+        tag = f"{model}-{manifest.get('settings', {}).get('index_type', 'Flat')}"
+    return re.sub(r"\s+", "_", tag)
+
+
+@stage(search)
+@options("output", "input_format", "batch_size", "corpus", "encoder")
+@click.argument("index_dir")
+@click.argument("queries", default="-", required=False)
+@click.option("--hits", type=int, help="Results per query.")
+@click.option("--remove-query", is_flag=True, help="Drop a doc whose id equals the query id (BEIR ArguAna convention).")
+@click.option("--output-format", type=click.Choice(["trec", "jsonl", "parquet"]), help="Run format. [default: by -o extension, else trec]")
+@click.option("--run-tag", help="TREC tag column. [default: names the retriever]")
+@click.option("--with-text", is_flag=True, help="Add query_text, title and text to each row (JSONL/Parquet), for rerank in a pipe.")
+@click.option("--ef-search", type=int, help="HNSW: candidates explored per query (default: the index's).")
+@click.option("--nprobe", type=int, help="IVF: inverted lists probed per query (default: the index's).")
+def command(index_dir, queries, output, input_format, batch_size, corpus, hits, remove_query, output_format, run_tag,
+            with_text, ef_search, nprobe, **opts):
+    """Search an index (from `retrctl index`) with queries (JSONL/Parquet/BEIR folder, '-' = stdin); write a run."""
+    from retrctl.indexes import open_index
+    from retrctl.indexes.base import read_manifest
+
+    manifest = read_manifest(index_dir)
+    overrides = encoder_overrides(opts)
+    if manifest.get("backend") == "dense":
+        idx = open_index(index_dir, device=overrides.pop("device", None), **overrides)
+        log.info("dense index %s: %d docs, %s, encoder %s (pooling %s, query prompt %r)", index_dir, len(idx),
+                 manifest["settings"]["index_type"], manifest["encoder"]["model"], idx.encoder.config.pooling, idx.encoder.config.query_prompt)
+    else:
+        if overrides:
+            log.warning("encoder flags are ignored by a %s index", manifest.get("backend"))
+        idx = open_index(index_dir)
+        log.info("bm25 index %s: %d docs, %s", index_dir, len(idx), manifest.get("variant"))
+    for name, value in (("batch_size", batch_size), ("ef_search", ef_search), ("nprobe", nprobe)):
+        if value is not None and hasattr(idx, name):
+            setattr(idx, name, value)
+    fmt = output_format
+    if with_text:
+        if fmt == "trec":
+            raise click.UsageError("--with-text needs --output-format jsonl or parquet (TREC runs have no text column)")
+        fmt = fmt or ("parquet" if records.is_parquet(output) else "jsonl")
+        corpus = corpus or manifest.get("source")
+        if not corpus or not isinstance(corpus, str):
+            raise click.UsageError("--with-text needs --corpus (the index does not record where its corpus is)")
+    recs = progress(records.read(queries, "query", input_format), desc="search", unit="query")
+    rows = search(recs, idx, hits=hits, remove_query=remove_query, texts=corpus_lookup(corpus) if with_text else None)
+    n = records.write_run(rows, output, fmt, tag=run_tag or default_tag(manifest))
+    if hasattr(idx, "encoder") and idx.encoder is not None:
+        idx.encoder.report_truncation()
+    log.info("wrote %d run rows to %s", n, "stdout" if output == "-" else output)

@@ -1,0 +1,162 @@
+"""`retrctl index`: the Python function and the CLI — build, incremental update, shards + merge, bad input."""
+
+import json
+
+import pytest
+from conftest import DOCS, QUERIES
+
+from retrctl.indexes import open_index
+from stages.index import SettingsError, index
+
+
+def write_jsonl(path, recs):
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+def results(idx_dir, k=4):
+    return open_index(idx_dir).search(QUERIES, k)
+
+
+def assert_same(a, b):
+    assert a.keys() == b.keys()
+    for q in a:
+        assert [d for d, _ in a[q]] == [d for d, _ in b[q]]
+        assert [s for _, s in a[q]] == pytest.approx([s for _, s in b[q]], abs=1e-5)
+
+
+# ---------------------------------------------------------------- Python API
+
+
+def test_update_in_place_equals_fresh_build(tiny_bert, tmp_path):
+    out = tmp_path / "idx"
+    assert index(DOCS[:4], out, model=str(tiny_bert))["added"] == 4
+    step2 = DOCS  # add d5, d6
+    assert index(step2, out)["added"] == 2  # model comes from the manifest
+    step3 = [{**DOCS[0], "text": "Cats sleep a lot."}, *DOCS[2:]]  # change d1, delete d2
+    stats = index(step3, out)
+    assert (stats["updated"], stats["removed"], stats["rebuilt"]) == (1, 1, False)
+    index(step3, tmp_path / "fresh", model=str(tiny_bert))
+    assert_same(results(out), results(tmp_path / "fresh"))
+    assert not (tmp_path / "idx.partial").exists()
+
+
+def test_no_change_leaves_the_index_untouched(tmp_path):
+    out = tmp_path / "bm"
+    index(DOCS, out, method="bm25")
+    mtime = (out / "index.json").stat().st_mtime_ns
+    stats = index(DOCS, out)
+    assert stats["written"] is False and stats["unchanged"] == len(DOCS)
+    assert (out / "index.json").stat().st_mtime_ns == mtime
+
+
+def test_no_delete_keeps_docs_missing_from_the_corpus(tmp_path):
+    out = tmp_path / "bm"
+    index(DOCS, out, method="bm25")
+    index(DOCS[:2], out, delete=False)
+    assert len(open_index(out)) == len(DOCS)
+    index(DOCS[:2], out)
+    assert len(open_index(out)) == 2
+
+
+def test_changed_settings_rebuild(tiny_bert, tmp_path, caplog):
+    out = tmp_path / "idx"
+    index(DOCS, out, model=str(tiny_bert))
+    stats = index(DOCS, out, model=str(tiny_bert), index_type="HNSW32")
+    assert stats["rebuilt"] and "rebuilding from scratch" in caplog.text
+    assert json.loads((out / "index.json").read_text())["settings"]["index_type"] == "HNSW32"
+
+
+def test_dense_without_model_is_a_usage_error(tmp_path):
+    with pytest.raises(SettingsError, match="--model"):
+        index(DOCS, tmp_path / "idx")
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def test_cli_builds_dense_index_with_manifest(runner, tiny_bert, corpus_file, tmp_path):
+    out = tmp_path / "idx"
+    r = runner("index", corpus_file, "--model", tiny_bert, "--query-prompt", "query: ", "-o", out)
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == ""  # an artifact stage writes nothing on stdout
+    assert "6 docs (6 added" in r.stderr
+    m = json.loads((out / "index.json").read_text())
+    assert m["backend"] == "dense" and m["doc_count"] == 6 and m["metric"] == "inner_product"
+    assert m["encoder"]["query_prompt"] == "query: " and m["encoder"]["pooling"] == "mean" and m["dim"] == 32
+    assert m["source"] == str(corpus_file)
+    assert {p.name for p in out.iterdir()} == {"index.json", "index.faiss", "docids.parquet"}
+
+
+def test_cli_reports_truncated_passages(runner, tiny_bert, corpus_file, tmp_path):
+    r = runner("index", corpus_file, "--model", tiny_bert, "--passage-max-len", "8", "-o", tmp_path / "idx")
+    assert r.exit_code == 0, r.stderr
+    assert "passage texts were cut at 8 tokens" in r.stderr
+
+
+def test_cli_incremental_bm25_from_stdin(runner, tmp_path):
+    out = tmp_path / "bm"
+    lines = "".join(json.dumps(d) + "\n" for d in DOCS)
+    assert runner("index", "-", "--method", "bm25", "-o", out, input=lines).exit_code == 0
+    edited = "".join(json.dumps(d) + "\n" for d in DOCS[1:] + [{"docid": "d9", "text": "cats purr"}])
+    r = runner("index", "--method", "bm25", "-o", out, input=edited)
+    assert r.exit_code == 0, r.stderr
+    assert "(1 added, 0 updated, 5 unchanged, 1 removed)" in r.stderr
+    assert set(open_index(out).docids) == {"d2", "d3", "d4", "d5", "d6", "d9"}
+
+
+@pytest.mark.parametrize("bad, where", [
+    ('{"docid": "d7", "text": null}\n', "corpus.jsonl:7: field 'text'"),
+    ("not json\n", "corpus.jsonl:7: invalid JSON"),
+    ('{"docid": "d1", "text": "again"}\n', "corpus.jsonl:7: field 'docid': duplicate"),
+])
+def test_cli_bad_corpus_line_exits_2_and_leaves_no_index(runner, tiny_bert, corpus_file, tmp_path, bad, where):
+    corpus_file.write_text(corpus_file.read_text() + bad)
+    out = tmp_path / "idx"
+    r = runner("index", corpus_file, "--model", tiny_bert, "-o", out)
+    assert r.exit_code == 2
+    assert where in r.stderr and r.stdout == ""
+    assert not out.exists()
+
+
+def test_cli_bad_corpus_on_update_keeps_the_old_index(runner, corpus_file, tmp_path):
+    out = tmp_path / "bm"
+    assert runner("index", corpus_file, "--method", "bm25", "-o", out).exit_code == 0
+    before = (out / "docids.parquet").read_bytes()
+    corpus_file.write_text(corpus_file.read_text() + '{"docid": 5}\n')
+    r = runner("index", corpus_file, "-o", out)
+    assert r.exit_code == 2 and "corpus.jsonl:7" in r.stderr
+    assert (out / "docids.parquet").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bm", "corpus.jsonl"]  # no temp dirs left
+
+
+def test_cli_shards_then_merge_equal_one_build(runner, tiny_bert, corpus_file, tmp_path):
+    for s in range(3):
+        r = runner("index", corpus_file, "--model", tiny_bert, "--shard-id", s, "--shard-num", 3, "-o", tmp_path / f"s{s}")
+        assert r.exit_code == 0, r.stderr
+        assert json.loads((tmp_path / f"s{s}" / "index.json").read_text())["shard"] == {"id": s, "num": 3}
+    sizes = [len(open_index(tmp_path / f"s{s}")) for s in range(3)]
+    assert sum(sizes) == len(DOCS)
+    r = runner("index", "--merge", *(tmp_path / f"s{s}" for s in range(3)), "-o", tmp_path / "merged")
+    assert r.exit_code == 0, r.stderr
+    assert runner("index", corpus_file, "--model", tiny_bert, "-o", tmp_path / "whole").exit_code == 0
+    assert_same(results(tmp_path / "merged"), results(tmp_path / "whole"))
+    assert "shard" not in json.loads((tmp_path / "merged" / "index.json").read_text())
+
+
+def test_cli_merge_refuses_overlapping_or_mixed_inputs(runner, tiny_bert, corpus_file, tmp_path):
+    assert runner("index", corpus_file, "--method", "bm25", "-o", tmp_path / "a").exit_code == 0
+    r = runner("index", "--merge", tmp_path / "a", tmp_path / "a", "-o", tmp_path / "m")
+    assert r.exit_code == 2 and "duplicate" in r.stderr
+    assert runner("index", corpus_file, "--model", tiny_bert, "-o", tmp_path / "d").exit_code == 0
+    r = runner("index", "--merge", tmp_path / "a", tmp_path / "d", "-o", tmp_path / "m")
+    assert r.exit_code == 2 and "different backends" in r.stderr
+    assert not (tmp_path / "m").exists()
+
+
+def test_cli_refuses_to_overwrite_a_non_index_dir(runner, corpus_file, tmp_path):
+    (tmp_path / "stuff").mkdir()
+    (tmp_path / "stuff" / "keep.txt").write_text("mine")
+    r = runner("index", corpus_file, "--method", "bm25", "-o", tmp_path / "stuff")
+    assert r.exit_code == 2 and "not an index" in r.stderr
+    assert (tmp_path / "stuff" / "keep.txt").read_text() == "mine"
