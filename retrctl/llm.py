@@ -67,12 +67,13 @@ def load_llm(name_or_path, backend: str = "hf", base_url: str | None = None, **o
 
 
 def llm_from_flags(name, opts: dict) -> LLM:
-    """Pop the shared LLM flags (--backend, --base-url, --concurrency, --timeout, --max-retries, --batch-size) from a
-    command's options and load the LLM with those that apply to its backend."""
+    """Pop the shared LLM flags (--backend, --base-url, --concurrency, --timeout, --max-retries) from a command's
+    options and load the LLM with those that apply to its backend; --batch-size (left for the stage) also sets
+    the hf backend's batch."""
     backend = opts.pop("backend", None) or "hf"
     base_url = opts.pop("base_url", None)
     server = {k: opts.pop(k, None) for k in ("concurrency", "timeout", "max_retries")}
-    batch_size = opts.pop("batch_size", None)
+    batch_size = opts.get("batch_size")
     if backend == "openai":
         kw = {k: v for k, v in server.items() if v is not None}
     else:
@@ -148,6 +149,12 @@ class LLM:
     @property
     def has_chat_template(self) -> bool:
         return False
+
+    @property
+    def prefers_chat(self) -> bool:
+        """Whether generation prompts should be chat messages: the model has a chat template, or it is served
+        and we cannot tell (servers apply their model's template to /v1/chat/completions)."""
+        return self.has_chat_template or (self.backend == "openai" and getattr(self, "tokenizer", None) is None)
 
     def render(self, prompt) -> str:
         if isinstance(prompt, str):
@@ -607,30 +614,31 @@ class CheckpointMismatch(ValueError):
 class Checkpoint:
     """Append-only JSONL of finished work for resumable LLM jobs.
 
-    The first line records the settings that produced the rows; resuming with other settings is refused, so a
-    file never mixes two configurations. A line torn by a kill mid-write is cut off on load."""
+    ``resume(settings)`` returns the rows already done; the file's first line records the settings that produced
+    them, and resuming with other settings is refused, so a file never mixes two configurations. A line torn by
+    a kill mid-write is cut off. ``append(rows)`` writes and flushes."""
 
-    def __init__(self, path, settings: dict):
+    def __init__(self, path):
         self.path = Path(path)
-        self.settings = json.loads(json.dumps(settings, default=str))
+        self.settings: dict | None = None
         self._f = None
 
-    def load(self) -> list[dict]:
-        """Rows already done ([] for a new checkpoint)."""
+    def resume(self, settings: dict) -> list[dict]:
+        self.settings = json.loads(json.dumps(settings, default=str))
         if not self.path.exists() or self.path.stat().st_size == 0:
             return []
         rows, good = [], 0
         with open(self.path, "rb") as f:
             for n, line in enumerate(f):
                 if not line.endswith(b"\n"):
-                    break  # killed mid-write: the line may parse yet the next append would join it
+                    break  # killed mid-write: the line may parse, yet the next append would join it
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError:
                     break
                 if n == 0:
-                    if not isinstance(obj, dict) or obj.get("settings") != self.settings:
-                        old = obj.get("settings") if isinstance(obj, dict) else None
+                    old = obj.get("settings") if isinstance(obj, dict) else None
+                    if old != self.settings:
                         diff = sorted(k for k in set(old or {}) | set(self.settings)
                                       if (old or {}).get(k) != self.settings.get(k))
                         raise CheckpointMismatch(f"{self.path} was made with other settings (differ in: "
@@ -645,6 +653,8 @@ class Checkpoint:
         return rows
 
     def append(self, rows: list[dict]) -> None:
+        if self.settings is None:
+            raise RuntimeError("call resume(settings) before append")
         if self._f is None:
             fresh = not self.path.exists() or self.path.stat().st_size == 0
             self.path.parent.mkdir(parents=True, exist_ok=True)
