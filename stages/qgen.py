@@ -1,0 +1,326 @@
+"""qgen: LLM-written queries for documents, filtered, with the document as the known positive.
+
+Method: InPars (Bonifacio et al. 2022, "InPars: Data Augmentation for Information Retrieval using Large Language
+Models", arXiv:2202.05144): few-shot prompt "Document: … Relevant Query: …", then keep the queries the LM itself
+finds most likely (mean token log-prob of the query given the document; the top K of the pairs). Promptagator (Dai
+et al. 2022, arXiv:2209.11755): few-shot generation plus round-trip consistency filtering (keep a query only if
+a retriever ranks its source document in the top k). DRAMA (Ma et al. 2025, arXiv:2502.18460, §3.1) prompts a
+chat LLM with 3 shots for one query per document.
+
+| paper knob                                         | flag                              | default          |
+|----------------------------------------------------|-----------------------------------|------------------|
+| generator LM (InPars: GPT-3 Curie; DRAMA: Llama)   | `--llm`, `--backend`, `--base-url`| smollm2, hf      |
+| prompt: zero-shot / few-shot (InPars 3, DRAMA 3)   | `--examples FILE`, `--shots`      | zero-shot, 3     |
+| chat template (DRAMA) or plain prompt (InPars)     | `--prompt-style auto|chat|plain`  | auto             |
+| queries per document                               | `--per-doc`                       | 1                |
+| sampling (InPars: greedy; DRAMA: sampled)          | `--temperature`, `--top-p`        | 0.8, 0.9         |
+| query length cap, stop at newline/EOS              | `--max-new-tokens`                | 32               |
+| InPars score filter: top fraction by mean log-prob | `--keep-top`                      | 1.0 (off)        |
+| Promptagator consistency: source doc in top k      | `--retriever`, `--consistency-k`  | off              |
+| length bounds, dedupe                              | `--min-words/--max-words`, `--dedupe/--no-dedupe` | 2 / 32, on |
+
+Filters run in that order (length, dedupe, score, consistency) and each one removes rows; the kept/dropped
+counts go to stderr and the kept count is the number of rows written (ARES#77: a filter that filtered nothing).
+The score is the mean raw log-prob of the query's tokens given the prompt, taken from the generation pass itself
+(no second forward); the score filter needs every score, so it ranks within one run: with
+`--shard-id/--shard-num` each shard keeps its own top fraction. The consistency index is `--retriever` (an index
+dir over the whole corpus), or `bm25` / a model built over the docs of this run (of this shard, when sharded).
+
+Resumable (PEER 6): every generated query, with its score, is appended to `<output>.candidates.jsonl` as soon as
+its batch is done; a re-run with the same `-o` skips the docs found there and the output is rewritten atomically
+from all candidates. Re-running with other filter settings therefore regenerates nothing; other generation
+settings are refused (the checkpoint records them). Sampling is seeded per (seed, docid, i), so a document's query
+does not depend on the batch it lands in nor on an interruption. Throughput goes to stderr. A manifest
+`<output>.manifest.json` records the model (path, fingerprint, backend, versions), the prompt template and its
+hash, the decoding parameters, the seed, the filter thresholds and the counts (InPars#21: scripts and papers
+disagreed and nobody could tell which setting made the data).
+
+Deviations: InPars keeps a fixed number of pairs (10k of 100k); we keep a fraction, which works at any corpus
+size. Documents are cut to `--doc-max-words` words in the prompt (counted on stderr). Labels the model sometimes
+writes ("Query:", quotes, list markers) are stripped. Output: `{query_id, query_text, source_docid}` with
+query_id `<docid>#qgen<i>`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import click
+
+from retrctl import records
+from retrctl.llm import LLM, Checkpoint, CheckpointMismatch, llm_from_flags, load_llm, sha
+from retrctl.stage import options, stage
+
+log = logging.getLogger("retrctl.qgen")
+
+# prompts: InPars' "vanilla" format for plain LMs; an instruction turn (few-shot as earlier turns) for chat LMs
+PLAIN_SHOT = "Example {n}:\nDocument: {document}\nRelevant Query: {query}\n\n"
+PLAIN_ZERO = "Document: {document}\nRelevant Query:"
+PLAIN_LAST = "Example {n}:\nDocument: {document}\nRelevant Query:"
+CHAT_USER = ("Write one short search query that a user could type to find this document. Reply with the query "
+             "only.\n\nDocument: {document}")
+
+_LABEL = re.compile(r"^\s*(?:(?:relevant\s+|search\s+)?query\s*[:：]\s*|[-*•]\s+|\d+[.)]\s+)", re.I)
+_QUOTES = "\"'“”‘’«»`"
+
+
+def document_text(doc: dict, max_words: int) -> tuple[str, bool]:
+    """Title and text, cut to max_words words; whether it was cut."""
+    text = f"{doc['title']}. {doc['text']}" if doc.get("title") else doc["text"]
+    words = text.split()
+    return (" ".join(words[:max_words]), True) if len(words) > max_words else (" ".join(words), False)
+
+
+def build_prompt(document: str, examples: list[dict], chat: bool):
+    """A chat message list or a plain string for one document."""
+    if chat:
+        msgs = []
+        for ex in examples:
+            msgs += [{"role": "user", "content": CHAT_USER.format(document=ex["document"])},
+                     {"role": "assistant", "content": ex["query"]}]
+        return msgs + [{"role": "user", "content": CHAT_USER.format(document=document)}]
+    if not examples:
+        return PLAIN_ZERO.format(document=document)
+    shots = "".join(PLAIN_SHOT.format(n=i + 1, **ex) for i, ex in enumerate(examples))
+    return shots + PLAIN_LAST.format(n=len(examples) + 1, document=document)
+
+
+def clean(text: str) -> str:
+    """The query without labels, list markers or wrapping quotes the model sometimes adds."""
+    prev = None
+    while prev != text:
+        prev, text = text, _LABEL.sub("", text).strip().strip(_QUOTES).strip()
+    return " ".join(text.split())
+
+
+def _seed(seed: int, docid: str, i: int) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{seed}\x1f{docid}\x1f{i}".encode(), digest_size=7).digest(), "big")
+
+
+def _norm(text: str) -> str:
+    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
+
+
+def qgen(docs: Iterable[dict], llm: LLM | str = "smollm2", *, per_doc: int = 1, examples: list[dict] | None = None,
+         shots: int = 3, prompt_style: str = "auto", temperature: float = 0.8, top_p: float = 0.9,
+         max_new_tokens: int = 32, seed: int = 0, batch_size: int = 8, doc_max_words: int = 256, min_words: int = 2,
+         max_words: int = 32, dedupe: bool = True, keep_top: float = 1.0, retriever=None, consistency_k: int = 0,
+         checkpoint: Checkpoint | None = None, stats: dict | None = None) -> Iterator[dict]:
+    """Yield query records {query_id, query_text, source_docid}: per_doc generated queries per doc, filtered.
+
+    llm: an LLM (retrctl.llm) or a name for the hf backend. retriever: for the consistency filter, an index
+    (``.search(queries, k)``) or a callable building one from the list of docs. checkpoint: resume from and append
+    to it. stats: filled with the settings, template and counts (for the manifest)."""
+    if per_doc < 1 or not 0 < keep_top <= 1 or min_words < 0 or max_words < min_words or batch_size < 1:
+        raise ValueError("need per_doc >= 1, 0 < keep_top <= 1, 0 <= min_words <= max_words, batch_size >= 1")
+    if prompt_style not in ("auto", "chat", "plain"):
+        raise ValueError(f"prompt_style must be auto, chat or plain, got {prompt_style!r}")
+    if (retriever is None) != (consistency_k < 1):
+        raise ValueError("the consistency filter needs both a retriever and consistency_k >= 1")
+    llm = load_llm(llm) if isinstance(llm, str) else llm
+    chat = prompt_style == "chat" or (prompt_style == "auto" and llm.prefers_chat)
+    shots_used = list(examples or [])[:shots]
+    template = {"style": "chat" if chat else "plain", "user": CHAT_USER if chat else None,
+                "plain": None if chat else [PLAIN_SHOT, PLAIN_ZERO, PLAIN_LAST], "examples": shots_used}
+    template["sha"] = sha(json.dumps(template, sort_keys=True))
+    desc = llm.describe()
+    settings = {"model": {k: desc.get(k) for k in ("backend", "model", "path", "revision", "base_url", "chat_template")},
+                "template_sha": template["sha"], "per_doc": per_doc, "temperature": temperature, "top_p": top_p,
+                "max_new_tokens": max_new_tokens, "stop": ["\n"], "seed": seed, "doc_max_words": doc_max_words}
+    st = stats if stats is not None else {}
+    st.update(settings=settings, template=template, llm=desc, counts={})
+    counts = st["counts"]
+
+    done: dict[str, dict] = {}
+    for c in checkpoint.resume(settings) if checkpoint is not None else []:
+        done[c["query_id"]] = c
+    by_doc: dict[str, list[dict]] = {}
+    for c in done.values():
+        by_doc.setdefault(c["source_docid"], []).append(c)
+    finished = {d for d, cs in by_doc.items() if len(cs) == per_doc}
+
+    order: list[str] = []
+    keep_docs = [] if retriever is not None and not hasattr(retriever, "search") else None
+    cands: dict[str, list[dict]] = {}
+    n_new = n_cut = 0
+    t0 = time.perf_counter()
+    gen_before = llm.usage["generated_tokens"]
+
+    def flush(batch: list[tuple[dict, str]]):
+        nonlocal n_new
+        jobs = [(doc, text, i) for doc, text in batch for i in range(per_doc)]
+        prompts = [build_prompt(text, shots_used, chat) for _, text, _ in jobs]
+        outs = llm.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                            stop=["\n"], seed=[_seed(seed, d["docid"], i) for d, _, i in jobs], details=True)
+        rows = [{"query_id": f"{d['docid']}#qgen{i}", "query_text": clean(o["text"]), "source_docid": d["docid"],
+                 "score": o["logprob"], "tokens": o["tokens"]} for (d, _, i), o in zip(jobs, outs, strict=True)]
+        if checkpoint is not None:
+            checkpoint.append(rows)
+        for r in rows:
+            cands.setdefault(r["source_docid"], []).append(r)
+        n_new += len(batch)
+
+    pending: list[tuple[dict, str]] = []
+    for doc in docs:
+        order.append(doc["docid"])
+        if keep_docs is not None:
+            keep_docs.append(doc)
+        if doc["docid"] in finished:
+            cands[doc["docid"]] = sorted(by_doc[doc["docid"]], key=lambda c: c["query_id"])
+            continue
+        text, cut = document_text(doc, doc_max_words)
+        n_cut += cut
+        pending.append((doc, text))
+        if len(pending) == batch_size:
+            flush(pending)
+            pending = []
+    if pending:
+        flush(pending)
+    secs = time.perf_counter() - t0
+    toks = llm.usage["generated_tokens"] - gen_before
+    if finished:
+        log.info("resumed: %d of %d docs were already done in the checkpoint", len(finished & set(order)), len(order))
+    if n_cut:
+        log.info("%d docs were cut to %d words in the prompt", n_cut, doc_max_words)
+    if n_new:
+        log.info("generated %d queries for %d docs in %.1fs: %.2f queries/s, %d tokens, %.1f tok/s", n_new * per_doc,
+                 n_new, secs, n_new * per_doc / max(secs, 1e-9), toks, toks / max(secs, 1e-9))
+    st["throughput"] = {"docs": n_new, "seconds": round(secs, 3), "generated_tokens": toks}
+
+    alive = [c for d in order for c in cands.get(d, [])]
+    counts["generated"] = len(alive)
+
+    def drop(name: str, keep) -> None:
+        nonlocal alive
+        kept = [c for c in alive if keep(c)]
+        counts[name] = len(alive) - len(kept)
+        alive = kept
+
+    drop("too_short", lambda c: len(c["query_text"].split()) >= max(min_words, 1))
+    drop("too_long", lambda c: len(c["query_text"].split()) <= max_words)
+    if dedupe:
+        seen: set[str] = set()
+        drop("duplicate", lambda c: not (_norm(c["query_text"]) in seen or seen.add(_norm(c["query_text"]))))
+    if keep_top < 1:
+        n = math.ceil(keep_top * len(alive))
+        ranked = sorted(alive, key=lambda c: (-(c["score"] if c["score"] is not None else -math.inf), c["query_id"]))
+        top = {c["query_id"] for c in ranked[:n]}
+        st["score_threshold"] = ranked[n - 1]["score"] if n else None
+        drop("low_score", lambda c: c["query_id"] in top)
+    if retriever is not None and alive:
+        index = retriever if hasattr(retriever, "search") else retriever(keep_docs)
+        hits = index.search([{"query_id": c["query_id"], "query_text": c["query_text"]} for c in alive], consistency_k)
+        drop("inconsistent", lambda c: c["source_docid"] in {d for d, _ in hits.get(c["query_id"], [])})
+    counts["kept"] = len(alive)
+    dropped = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in counts.items() if k not in ("generated", "kept"))
+    log.info("filters: %d generated, dropped %s; kept %d", counts["generated"], dropped or "none", counts["kept"])
+    for c in alive:
+        yield {"query_id": c["query_id"], "query_text": c["query_text"], "source_docid": c["source_docid"]}
+
+
+# ---------------------------------------------------------------- command
+
+
+def read_examples(path: str) -> list[dict]:
+    """Few-shot examples: JSONL with a document (`document`, `text` or `doc`, optional `title`) and a query
+    (`query` or `query_text`)."""
+    out = []
+    for line, obj in records.read_jsonl(path):
+        doc = next((obj[k] for k in ("document", "text", "doc") if k in obj), None)
+        query = next((obj[k] for k in ("query", "query_text") if k in obj), None)
+        for field, value in (("document", doc), ("query", query)):
+            if not isinstance(value, str) or not value.strip():
+                raise records.RecordError(path, line, field, "expected a non-empty string")
+        if obj.get("title"):
+            doc = f"{obj['title']}. {doc}"
+        out.append({"document": " ".join(doc.split()), "query": " ".join(query.split())})
+    if not out:
+        raise records.RecordError(path, message="no examples")
+    return out
+
+
+def open_consistency_retriever(spec: str, sharded: bool):
+    """--retriever for the consistency filter: an index dir, or 'bm25' / a model built over this run's docs."""
+    if Path(spec, "index.json").exists():
+        from retrctl.indexes import open_index
+
+        return open_index(spec)
+    if sharded:
+        log.warning("--retriever %s is built over this shard's docs only; give an index dir for the whole corpus", spec)
+
+    def build(docs):
+        if spec == "bm25":
+            from retrctl.indexes import BM25Index
+
+            index = BM25Index()
+        else:
+            from retrctl.indexes import DenseIndex
+            from retrctl.models import Encoder
+
+            try:
+                index = DenseIndex(Encoder.load(spec))
+            except (FileNotFoundError, ValueError) as e:
+                raise click.UsageError(f"--retriever {spec!r}: not an index dir, 'bm25', or a model ({e})") from None
+        index.build(docs)
+        return index
+
+    return build
+
+
+@stage(qgen, reads="doc")
+@options("output", "llm", "llm_server", "batch_size", "seed", "per_doc", "retriever")
+@click.option("--examples", type=click.Path(dir_okay=False), help="Few-shot examples (JSONL: document, query).")
+@click.option("--shots", type=int, help="Examples used from --examples (DRAMA and InPars use 3).")
+@click.option("--prompt-style", type=click.Choice(["auto", "chat", "plain"]), help="chat template or InPars plain prompt.")
+@click.option("--temperature", type=float, help="Sampling temperature (0 = greedy).")
+@click.option("--top-p", type=float, help="Nucleus sampling mass.")
+@click.option("--max-new-tokens", type=int, help="Tokens per query at most; generation also stops at newline/EOS.")
+@click.option("--doc-max-words", type=int, help="Document words shown in the prompt.")
+@click.option("--min-words", type=int, help="Drop queries shorter than this (words).")
+@click.option("--max-words", type=int, help="Drop queries longer than this (words).")
+@click.option("--dedupe/--no-dedupe", default=None, help="Drop repeated queries (case and punctuation folded).")
+@click.option("--keep-top", type=float, help="InPars filter: keep this fraction of queries with the best mean log-prob.")
+@click.option("--consistency-k", type=int, help="Keep a query only if --retriever ranks its source doc in the top k.")
+@click.option("--candidates", help="Checkpoint of raw generations (default: <output>.candidates.jsonl; none for stdout).")
+def command(docs, output, llm, retriever, consistency_k, examples, candidates, **opts):
+    """LLM-written queries for documents (InPars / Promptagator / DRAMA), filtered; resumable."""
+    opts = {k: v for k, v in opts.items() if v is not None}
+    if (retriever is not None) != (consistency_k > 0):
+        raise click.UsageError("the consistency filter needs both --retriever and --consistency-k")
+    if retriever is not None:
+        sharded = click.get_current_context().params.get("shard_num", 1) > 1
+        opts.update(retriever=open_consistency_retriever(retriever, sharded), consistency_k=consistency_k)
+    if examples:
+        opts["examples"] = read_examples(examples)
+    model = llm_from_flags(llm, opts)
+    if candidates is None and output != "-":
+        candidates = f"{output}.candidates.jsonl"
+    cp = Checkpoint(candidates) if candidates else None
+    stats: dict = {}
+    try:
+        n = records.write(qgen(docs, model, checkpoint=cp, stats=stats, **opts), output)
+    except CheckpointMismatch as e:
+        raise click.UsageError(str(e)) from None
+    finally:
+        if cp is not None:
+            cp.close()
+    if n != stats["counts"]["kept"]:  # a filter that reports what it did not do is a peer bug (ARES#77)
+        raise RuntimeError(f"wrote {n} rows but the filters kept {stats['counts']['kept']}")
+    log.info("wrote %d queries to %s; %s", n, "stdout" if output == "-" else output, model.report("llm"))
+    if output != "-":
+        manifest = {"stage": "qgen", **{k: stats[k] for k in ("llm", "settings", "template", "counts", "throughput")},
+                    "filters": {k: opts.get(k, qgen.__kwdefaults__[k]) for k in
+                                ("min_words", "max_words", "dedupe", "keep_top", "consistency_k")},
+                    "score_threshold": stats.get("score_threshold"), "retriever": retriever,
+                    "candidates": candidates, "usage": model.usage}
+        with records.atomic_path(f"{output}.manifest.json") as tmp:
+            Path(tmp).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    return n
+

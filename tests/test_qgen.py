@@ -1,0 +1,226 @@
+"""qgen: InPars/chat prompts, cleaning, every filter removing rows with counts equal to the rows written, per-doc
+seeding, resume after an interrupt, re-filtering without regenerating, the manifest, the openai backend, bad input."""
+
+import json
+import math
+import re
+
+import pytest
+from conftest import DOCS, shared_data
+from openai_server import OpenAIServer
+
+from retrctl import records
+from retrctl.llm import LLM, Checkpoint, load_llm
+from stages.qgen import build_prompt, clean, qgen
+
+EXAMPLES = [{"document": "Aspirin lowers the risk of heart attacks.", "query": "does aspirin prevent heart attacks"},
+            {"document": "Vitamin D is made in the skin under sunlight.", "query": "how is vitamin d produced"}]
+
+
+def test_prompts_follow_inpars_and_chat_formats():
+    assert build_prompt("Cats purr.", [], chat=False) == "Document: Cats purr.\nRelevant Query:"
+    assert build_prompt("Cats purr.", EXAMPLES, chat=False) == (
+        "Example 1:\nDocument: Aspirin lowers the risk of heart attacks.\nRelevant Query: does aspirin prevent heart "
+        "attacks\n\nExample 2:\nDocument: Vitamin D is made in the skin under sunlight.\nRelevant Query: how is vitamin"
+        " d produced\n\nExample 3:\nDocument: Cats purr.\nRelevant Query:")
+    msgs = build_prompt("Cats purr.", EXAMPLES, chat=True)
+    assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant", "user"]
+    assert msgs[1]["content"] == EXAMPLES[0]["query"] and msgs[-1]["content"].endswith("Document: Cats purr.")
+
+
+@pytest.mark.parametrize("raw, want", [('Query: "what makes cats purr?"', "what makes cats purr?"),
+                                       ("1. cats purr", "cats purr"), ("Relevant Query: - tea  leaves", "tea leaves"),
+                                       ("«café au lait»", "café au lait"), ("plain query", "plain query")])
+def test_clean_strips_labels_markers_and_quotes(raw, want):
+    assert clean(raw) == want
+
+
+class ScriptLLM(LLM):
+    """Answers per document title (tests filters exactly; generation itself is tested on real models)."""
+
+    backend = "script"
+
+    def __init__(self, answers):
+        super().__init__("script")
+        self.answers, self.seen = answers, {}
+
+    def describe(self):
+        return {"backend": "script", "model": "script"}
+
+    def generate(self, prompts, *, details=False, **kw):
+        out = []
+        for p in prompts:
+            title = re.search(r"Document: (\w+)\.", p).group(1)
+            k = self.seen.get(title, 0)
+            self.seen[title] = k + 1
+            text, lp = self.answers[title][k]
+            out.append({"text": text, "logprob": lp, "tokens": len(text.split())})
+        return out
+
+
+ANSWERS = {"Cats": [("which animals purr", -1.0)], "Dogs": [("Which animals PURR?", -0.5)],
+           "Python": [("python", -0.1)], "Rust": [("memory safe systems language", -3.0)],
+           "Tea": [("Query: tea leaves hot water drink", -0.2)], "Coffee": [("coffee " * 40, -0.3)]}
+
+
+def test_filters_remove_rows_and_the_counts_equal_the_rows():
+    stats = {}
+    rows = list(qgen(DOCS, ScriptLLM(ANSWERS), min_words=2, max_words=32, keep_top=0.5, stats=stats))
+    assert rows == [{"query_id": "d1#qgen0", "query_text": "which animals purr", "source_docid": "d1"},
+                    {"query_id": "d5#qgen0", "query_text": "tea leaves hot water drink", "source_docid": "d5"}]
+    c = stats["counts"]
+    assert c == {"generated": 6, "too_short": 1, "too_long": 1, "duplicate": 1, "low_score": 1, "kept": 2}
+    assert c["generated"] - sum(v for k, v in c.items() if k not in ("generated", "kept")) == c["kept"] == len(rows)
+    assert stats["score_threshold"] == -1.0
+
+
+def test_consistency_filter_keeps_queries_whose_source_ranks_in_top_k():
+    from retrctl.indexes import BM25Index
+
+    answers = {**ANSWERS, "Rust": [("coffee beans caffeine", -1.0)], "Coffee": [("roasted coffee beans caffeine", -1.0)]}
+
+    def build(docs):
+        index = BM25Index()
+        index.build(docs)
+        return index
+
+    stats = {}
+    rows = list(qgen(DOCS, ScriptLLM(answers), retriever=build, consistency_k=1, stats=stats))
+    assert [r["source_docid"] for r in rows] == ["d1", "d5", "d6"]  # d4's query retrieves d6: inconsistent
+    assert stats["counts"]["inconsistent"] == 1 and stats["counts"]["kept"] == 3
+
+
+def test_generation_is_seeded_per_doc_not_per_batch(tiny_llama):
+    llm = load_llm(tiny_llama)
+    kw = dict(per_doc=2, max_new_tokens=6, min_words=0, max_words=100, dedupe=False)
+    one = list(qgen(DOCS, llm, seed=1, batch_size=1, **kw))
+    four = list(qgen(DOCS, llm, seed=1, batch_size=4, **kw))
+    assert one == four and len(one) == 12
+    assert [r["query_id"] for r in one[:2]] == ["d1#qgen0", "d1#qgen1"] and one[0]["query_text"] != one[1]["query_text"]
+    assert list(qgen(DOCS, llm, seed=2, **kw)) != one
+
+
+def test_keep_top_keeps_the_best_scored_candidates(tiny_llama, tmp_path):
+    llm = load_llm(tiny_llama)
+    cp = Checkpoint(tmp_path / "c.jsonl")
+    rows = list(qgen(DOCS, llm, per_doc=2, max_new_tokens=5, min_words=0, max_words=100, keep_top=0.25, checkpoint=cp))
+    cp.close()
+    cands = [json.loads(x) for x in (tmp_path / "c.jsonl").read_text().splitlines()[1:]]
+    assert len(cands) == 12 and all(c["score"] < 0 for c in cands)
+    best = sorted(cands, key=lambda c: -c["score"])[: math.ceil(0.25 * 12)]
+    assert {r["query_id"] for r in rows} == {c["query_id"] for c in best}
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def _args(tiny_llama, corpus, out, *extra):
+    return ("qgen", corpus, "--llm", tiny_llama, "--max-new-tokens", 5, "--min-words", 1, "-o", out, *extra)
+
+
+def _kept(stderr):
+    return int(re.search(r"kept (\d+)", stderr).group(1))
+
+
+def test_cli_writes_queries_counts_and_manifest(runner, tiny_llama, corpus_file, tmp_path):
+    out = tmp_path / "q.jsonl"
+    res = runner(*_args(tiny_llama, corpus_file, out, "--per-doc", 2, "--keep-top", 0.5, "--seed", 3))
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout == ""
+    rows = list(records.read(out, "query"))
+    assert len(rows) == _kept(res.stderr) == 6
+    assert all(r["source_docid"] == r["query_id"].split("#")[0] for r in rows)
+    assert re.search(r"queries/s, \d+ tokens, [\d.]+ tok/s", res.stderr)
+    m = json.loads((tmp_path / "q.jsonl.manifest.json").read_text())
+    assert m["settings"]["temperature"] == 0.8 and m["settings"]["top_p"] == 0.9 and m["settings"]["seed"] == 3
+    assert m["template"]["sha"] == m["settings"]["template_sha"] and m["template"]["style"] == "plain"
+    assert m["counts"]["kept"] == 6 and m["filters"]["keep_top"] == 0.5 and m["llm"]["revision"]
+    assert len((tmp_path / "q.jsonl.candidates.jsonl").read_text().splitlines()) == 1 + 12
+
+
+def test_cli_stdout_is_records_and_logs_go_to_stderr(runner, tiny_llama, corpus_file):
+    res = runner(*_args(tiny_llama, corpus_file, "-"))
+    assert res.exit_code == 0, res.stderr
+    rows = [json.loads(x) for x in res.stdout.splitlines()]
+    assert len(rows) == _kept(res.stderr) and all(set(r) == {"query_id", "query_text", "source_docid"} for r in rows)
+    assert "retrctl.qgen" in res.stderr and "retrctl" not in res.stdout
+
+
+def test_cli_resumes_after_an_interrupt(runner, tiny_llama, corpus_file, tmp_path, monkeypatch):
+    from retrctl.llm import HFLLM
+
+    full = tmp_path / "full.jsonl"
+    assert runner(*_args(tiny_llama, corpus_file, full, "--batch-size", 1)).exit_code == 0
+    real, calls, killed = HFLLM.generate, [], []
+
+    def interrupted(self, prompts, **kw):
+        calls.append(len(prompts))
+        if len(calls) == 3 and not killed:  # killed after 2 docs
+            killed.append(True)
+            raise KeyboardInterrupt
+        return real(self, prompts, **kw)
+
+    monkeypatch.setattr(HFLLM, "generate", interrupted)
+    out = tmp_path / "q.jsonl"
+    res = runner(*_args(tiny_llama, corpus_file, out, "--batch-size", 1))
+    assert res.exit_code == 130 and not out.exists()
+    cands = tmp_path / "q.jsonl.candidates.jsonl"
+    assert len(cands.read_text().splitlines()) == 1 + 2
+    calls.clear()
+    res = runner(*_args(tiny_llama, corpus_file, out, "--batch-size", 1))
+    assert res.exit_code == 0, res.stderr
+    assert len(calls) == len(DOCS) - 2 and "resumed: 2 of 6 docs" in res.stderr
+    assert out.read_text() == full.read_text()
+
+
+def test_cli_refilters_from_the_candidates_and_refuses_other_generation_settings(runner, tiny_llama, corpus_file,
+                                                                              tmp_path, monkeypatch):
+    from retrctl.llm import HFLLM
+
+    out = tmp_path / "q.jsonl"
+    first = runner(*_args(tiny_llama, corpus_file, out))
+    assert first.exit_code == 0, first.stderr
+
+    def no_generation(self, prompts, **kw):
+        raise AssertionError("re-filtering regenerated")
+
+    monkeypatch.setattr(HFLLM, "generate", no_generation)
+    res = runner(*_args(tiny_llama, corpus_file, out, "--keep-top", 0.5))
+    assert res.exit_code == 0, res.stderr
+    assert len(list(records.read(out, "query"))) == _kept(res.stderr) == math.ceil(0.5 * _kept(first.stderr))
+    res = runner(*_args(tiny_llama, corpus_file, out, "--temperature", 0.5))
+    assert res.exit_code == 2 and "differ in: temperature" in res.stderr
+
+
+def test_cli_openai_backend_greedy_matches_hf(runner, tiny_llama, corpus_file, tmp_path):
+    hf = runner(*_args(tiny_llama, corpus_file, "-", "--temperature", 0))
+    with OpenAIServer(tiny_llama) as srv:
+        oa = runner(*_args(tiny_llama, corpus_file, "-", "--temperature", 0, "--backend", "openai", "--base-url", srv.url))
+        assert {r["path"] for r in srv.requests} == {"/v1/completions"} and len(srv.requests) == len(DOCS)
+    assert hf.exit_code == oa.exit_code == 0, oa.stderr
+    assert oa.stdout == hf.stdout
+
+
+def test_cli_bad_input_exits_2_without_output(runner, tiny_llama, corpus_file, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(DOCS[0]) + "\n" + json.dumps({"docid": "x", "title": "no text"}) + "\n")
+    out = tmp_path / "q.jsonl"
+    res = runner(*_args(tiny_llama, bad, out))
+    assert res.exit_code == 2 and "bad.jsonl:2:" in res.stderr and '"text"' in res.stderr
+    assert not out.exists()
+    ex = tmp_path / "examples.jsonl"
+    ex.write_text(json.dumps({"document": "a doc"}) + "\n")
+    res = runner(*_args(tiny_llama, corpus_file, out, "--examples", ex))
+    assert res.exit_code == 2 and "examples.jsonl:1: field 'query'" in res.stderr and not out.exists()
+    res = runner(*_args(tiny_llama, corpus_file, out, "--consistency-k", 3))
+    assert res.exit_code == 2 and "--retriever" in res.stderr
+
+
+@pytest.mark.real
+def test_smollm2_writes_queries_for_scifact_docs(tmp_path):
+    docs = [d for _, d in zip(range(3), records.read(shared_data("scifact"), "doc"), strict=False)]
+    stats = {}
+    rows = list(qgen(docs, "smollm2", examples=EXAMPLES, shots=2, seed=1, max_new_tokens=24, stats=stats))
+    assert stats["template"]["style"] == "chat" and stats["llm"]["chat_template"]
+    assert stats["counts"]["generated"] == 3 and len(rows) == stats["counts"]["kept"]
+    assert all(r["query_text"] and "\n" not in r["query_text"] for r in rows)
