@@ -38,6 +38,9 @@ as a DenseIndex kept in sync by content hash, so a sweep of mining settings enco
 corpus re-encodes only changed docs (ST#3338). `hybrid` fuses dense and BM25 top-k lists with reciprocal rank
 fusion (Cormack et al. 2009, k=60); fused scores are RRF scores, so margins apply to them.
 
+Every judged positive of a query is written (not only the first, tevatron#107), so training can mask in-batch
+candidates that share an id or text with any of them (PEER_LESSONS 29).
+
 Output (`--output-format`): `tevatron` = the canonical group {query_id, query_text, positive_document_ids,
 negative_document_ids, positive_scores, negative_scores}; `tevatron-legacy` ({docid,title,text} passages);
 `flagembedding` ({query, pos, neg} texts); `triplets` (sentence-transformers {anchor, positive, negative}, one
@@ -56,6 +59,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -385,7 +389,7 @@ def dense_index(model, docs: dict[str, dict], corpus_path: str | None, batch_siz
     device, dtype = overrides.pop("device", None), overrides.pop("dtype", None)
     enc = Encoder.load(model, device=device, dtype=dtype, **overrides)
     stream = ({"docid": d, **doc} for d, doc in docs.items())
-    if not cache or corpus_path is None:
+    if not cache or corpus_path in (None, "-"):
         idx = DenseIndex(enc, "Flat", batch_size)
         idx.build(stream)
         log.info("encoded %d corpus docs (no cache)", idx.encoded)
@@ -401,10 +405,13 @@ def dense_index(model, docs: dict[str, dict], corpus_path: str | None, batch_siz
             idx.batch_size = batch_size
         else:
             idx = DenseIndex(enc, "Flat", batch_size)
+        # encoded chunks are checkpointed, so a killed first run resumes instead of re-encoding
+        idx.workdir, idx.chunk_size = where.with_name(where.name + ".work"), 1024
         changes = idx.sync(stream, delete=True)
         if changes["added"] or changes["updated"] or changes["removed"] or not (where / "index.json").exists():
             idx.meta = {"source": ident}
             idx.save(where)
+        shutil.rmtree(idx.workdir, ignore_errors=True)
     log.info("corpus vectors: %d encoded, %d reused, %d dropped (cache %s)", idx.encoded, changes["unchanged"], changes["removed"], where)
     return idx
 
@@ -428,6 +435,7 @@ def open_retriever(spec: str | None, *, model: str | None, docs: dict, corpus_pa
         if not model:
             raise click.UsageError("--retriever hybrid needs --model (the dense half)")
         dense = dense_index(model, docs, corpus_path, batch_size, cache, **overrides)
+        log.info("hybrid retriever: %s + BM25 top-k lists fused by reciprocal rank fusion (k=%d); scores are RRF scores", model, RRF_K)
         return HybridRetriever(IndexRetriever(dense), IndexRetriever(bm25))
     path = Path(spec)
     if path.is_dir() and (path / "index.json").exists():

@@ -259,10 +259,29 @@ def test_dense_cache_second_run_encodes_nothing(tiny_bert, mcorpus, monkeypatch,
     del corpus["f06"]
     third = dense_index(str(tiny_bert), corpus, str(path), batch_size=16, device="cpu")
     assert sum(encoded) == 1 and len(third) == len(corpus) and "f06" not in third.docids
+    assert not list((tmp_path / "cache" / "mine").glob("*.work"))  # checkpoints are cleaned up after a save
     # a different encoder setting is a different cache entry (vectors differ)
     encoded.clear()
     dense_index(str(tiny_bert), corpus, str(path), batch_size=16, device="cpu", pooling="cls")
     assert sum(encoded) == len(corpus)
+
+
+def test_dense_cache_resumes_a_killed_first_run(tiny_bert, mcorpus, monkeypatch, tmp_path):
+    from retrctl.indexes.dense import DenseIndex
+
+    monkeypatch.setenv("RETRCTL_CACHE", str(tmp_path / "cache"))
+    corpus, path = mcorpus
+    real_save = DenseIndex.save
+
+    def killed(self, directory):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(DenseIndex, "save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        dense_index(str(tiny_bert), corpus, str(path), device="cpu")
+    monkeypatch.setattr(DenseIndex, "save", real_save)
+    again = dense_index(str(tiny_bert), corpus, str(path), device="cpu")
+    assert again.encoded == 0 and len(again) == len(corpus)
 
 
 def test_hybrid_is_reciprocal_rank_fusion(tiny_bert):
@@ -322,6 +341,24 @@ def test_cli_run_file_retriever_and_shards(runner, mcorpus, queries_file, qrels_
     parts = [runner(*args, "--shard-id", i, "--shard-num", 2) for i in range(2)]
     assert all(p.exit_code == 0 for p in parts)
     assert sorted("".join(p.stdout for p in parts).splitlines()) == sorted(one.stdout.splitlines())
+
+
+def test_cli_index_dir_and_hybrid_retrievers(runner, tiny_bert, mcorpus, queries_file, qrels_file, tmp_path):
+    corpus, path = mcorpus
+    bm25 = BM25Index()
+    bm25.build({"docid": d, **doc} for d, doc in corpus.items())
+    bm25.save(tmp_path / "bm25idx")
+    args = ("mine", queries_file, "--corpus", path, "--qrels", qrels_file, "--negative-range", "1-20", "-q")
+    saved = runner(*args, "--retriever", tmp_path / "bm25idx")
+    fresh = runner(*args, "--retriever", "bm25")
+    assert saved.exit_code == 0 and saved.stdout == fresh.stdout and saved.stdout
+    hybrid = runner(*args[:-1], "--retriever", "hybrid", "--model", tiny_bert, "--device", "cpu", "--no-cache")
+    assert hybrid.exit_code == 0, hybrid.stderr
+    assert "reciprocal rank fusion" in hybrid.stderr
+    for g in _groups(hybrid.stdout):  # RRF scores: each doc at most 2/(60+1)
+        assert all(0 < s <= 2 / 61 for s in g["negative_scores"])
+    res = runner(*args, "--retriever", "hybrid")
+    assert res.exit_code == 2 and "--model" in res.stderr
 
 
 def test_cli_qrels_naming_unknown_queries_is_a_counted_warning(runner, mcorpus, queries_file, tmp_path):
