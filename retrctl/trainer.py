@@ -1,0 +1,636 @@
+"""The contrastive training loop shared by stages that fine-tune an encoder (train; prune's healing).
+
+One loop, two engines:
+
+- ``PlainEngine``: one process, torch AdamW, autocast for bf16. Used when neither ``--zero-stage`` nor
+  ``--deepspeed`` is given and there is one process: no distributed init and no JIT-compiled comm extension,
+  so it is the fastest start on a CPU (DeepSpeed's first init compiles a ~40 s extension).
+- ``DeepSpeedEngine``: ZeRO stage 0-3 from a generated config or the user's JSON, for any number of processes
+  (launched by ``torchrun`` or ``deepspeed``), gloo on CPU and nccl on GPUs. We hand DeepSpeed a torch AdamW so
+  nothing (fused Adam) has to be compiled.
+
+Both give the same losses for the same global batch (tested: 2 processes × B under ZeRO-2 = 1 process × 2B).
+Checkpoints (``<output>.partial/checkpoints/step-N``) hold the engine state (model, optimizer, scheduler), each
+process's RNG state and the input position; ``resume`` continues from the newest one. ``TrainConfig`` lives here
+rather than in the stage because every training stage shares it (the core never imports a stage).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from retrctl import contrastive, records
+from retrctl.models import Encoder, cache_dir, pool
+from retrctl.trainset import Batches, Example, GroupSource
+
+log = logging.getLogger("retrctl.train")
+
+
+def _f(default, help: str):
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Everything a training run needs besides its data; saved as train_config.json beside each checkpoint."""
+
+    model: str | None = _f(None, "Encoder to start from: directory, GGUF file, 'minilm' or 'smollm2'.")
+    pooling: str | None = _f(None, "Pooling mean|cls|eos|last (default: the model's own).")
+    bidirectional: bool | None = _f(None, "Bidirectional attention for decoders (DRAMA's best setting).")
+    query_prompt: str | None = _f(None, "Prefix for queries; saved with the model so inference uses it too.")
+    passage_prompt: str | None = _f(None, "Prefix for passages.")
+    query_max_len: int | None = _f(None, "Query length cap in tokens.")
+    passage_max_len: int | None = _f(None, "Passage length cap in tokens.")
+    dtype: str | None = _f(None, "fp32, or bf16 mixed precision (fp32 master weights).")
+    device: str | None = _f(None, "Device (default: cuda:LOCAL_RANK when present, else cpu).")
+    batch_size: int = _f(32, "Query groups per step per process; in-batch negatives span all processes.")
+    train_group_size: int = _f(8, "Passages per query: 1 positive + N-1 hard negatives (resampled if short).")
+    temperature: float = _f(0.02, "Softmax temperature on cosine scores (LightRetriever 0.02; 0.05 common).")
+    lr: float = _f(2e-5, "Peak learning rate (AdamW).")
+    weight_decay: float = _f(0.01, "AdamW weight decay (not on biases and norms).")
+    warmup_ratio: float = _f(0.1, "Linear warmup over this fraction of the steps, then linear decay to 0.")
+    warmup_steps: int | None = _f(None, "Warmup steps (overrides --warmup-ratio).")
+    epochs: int = _f(1, "Passes over the groups.")
+    max_steps: int | None = _f(None, "Stop after this many optimizer steps (overrides --epochs).")
+    max_grad_norm: float = _f(1.0, "Gradient clipping (global norm); 0 = off.")
+    seed: int = _f(42, "Seed for sampling, dropout and LoRA init.")
+    mrl_dims: list[int] | None = _f(None, "Matryoshka: loss summed over these truncated dims, e.g. 64,128,384.")
+    distill_weight: float = _f(0.0, "Weight of KL(teacher || student) on groups carrying positive/negative_scores.")
+    teacher_temperature: float = _f(1.0, "Temperature applied to teacher scores before the softmax.")
+    lora_r: int = _f(0, "LoRA rank (0 = full fine-tuning); adapters are merged on save.")
+    lora_alpha: int = _f(32, "LoRA alpha.")
+    lora_dropout: float = _f(0.05, "LoRA dropout.")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in backward (less memory, ~30% slower).")
+    grad_cache: bool = _f(False, "GradCache: large batches in bounded memory, same gradient.")
+    chunk_size: int = _f(32, "GradCache sub-batch (texts per forward).")
+    group_by_length: bool = _f(True, "Batch groups of similar length (less padding); order shuffled per epoch.")
+    zero_stage: int | None = _f(None, "DeepSpeed ZeRO stage 0-3 (config generated); implies DeepSpeed.")
+    deepspeed: str | None = _f(None, "DeepSpeed JSON config ('auto' values are filled in).")
+    save_steps: int = _f(0, "Checkpoint every N steps into <output>.partial/checkpoints (0 = none).")
+    save_total_limit: int = _f(2, "Checkpoints kept.")
+    resume: bool = _f(False, "Continue from the newest checkpoint in <output>.partial.")
+    logging_steps: int = _f(10, "Log loss, lr and groups/s every N steps (metrics.jsonl gets every step).")
+    first_step_max_len: bool = _f(True, "Pad step 1 to the max lengths so an out-of-memory shows at step 1.")
+    lora_check_steps: int = _f(5, "Fail if LoRA B weights are still zero after this many steps.")
+
+    @classmethod
+    def from_json(cls, path) -> TrainConfig:
+        data = json.loads(Path(path).read_text())
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise records.RecordError(path, message=f"unknown training setting(s): {', '.join(unknown)}")
+        return cls(**data)
+
+    def replace(self, **flags) -> TrainConfig:
+        """A copy with the flags that were given (not None) applied."""
+        return dataclasses.replace(self, **{k: v for k, v in flags.items() if v is not None})
+
+    def encoder_overrides(self) -> dict:
+        keys = ("pooling", "bidirectional", "query_prompt", "passage_prompt", "query_max_len", "passage_max_len")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+
+    def ds_stage(self) -> int | None:
+        if self.deepspeed:
+            return int(json.loads(Path(self.deepspeed).read_text()).get("zero_optimization", {}).get("stage", 0))
+        return self.zero_stage
+
+    def check(self) -> None:
+        """Refuse bad settings before any model is loaded. Every GradCache × ZeRO 0-3 × LoRA combination is
+        supported and tested (tests/test_train.py::test_zero_matrix): GradCache's per-chunk backwards tell DeepSpeed
+        which one ends the step, the case that breaks in peers (tevatron#206, ST#3173)."""
+        if self.batch_size < 1 or self.train_group_size < 1 or self.chunk_size < 1:
+            raise ValueError("--batch-size, --train-group-size and --chunk-size must be at least 1")
+        if self.temperature <= 0:
+            raise ValueError("--temperature must be positive")
+        if self.zero_stage is not None and self.deepspeed:
+            raise ValueError("give --zero-stage or --deepspeed, not both")
+        if self.zero_stage not in (None, 0, 1, 2, 3):
+            raise ValueError("--zero-stage must be 0, 1, 2 or 3")
+
+
+def linear_schedule(step: int, *, warmup: int, total: int) -> float:
+    """Linear warmup from 1/(warmup+1) to 1, then linear decay towards 0 at ``total``."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+# ---------------------------------------------------------------- processes
+
+
+@dataclasses.dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    deepspeed: bool = False
+    device: str = "cpu"
+
+    def barrier(self):
+        if self.world > 1:
+            dist.barrier()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _quiet_deepspeed() -> None:
+    """DeepSpeed logs to stdout at INFO; stdout carries records only."""
+    ds = logging.getLogger("DeepSpeed")
+    ds.setLevel(max(logging.getLogger().level, logging.WARNING))
+    for h in ds.handlers:
+        if type(h) is logging.StreamHandler and h.stream is not sys.stderr:  # DeepSpeed's own, not a test harness's
+            h.setStream(sys.stderr)
+
+
+def import_deepspeed():
+    """Import DeepSpeed with its stdout log handler bound to stderr (transformers' save_pretrained imports it too)."""
+    with contextlib.redirect_stdout(sys.stderr):
+        import deepspeed
+    _quiet_deepspeed()
+    return deepspeed
+
+
+def setup_processes(cfg: TrainConfig) -> Dist:
+    import_deepspeed()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = cfg.device or (f"cuda:{local}" if torch.cuda.is_available() else "cpu")
+    if cfg.zero_stage is None and not cfg.deepspeed and world == 1:
+        return Dist(device=device)
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions"))
+    if "RANK" not in os.environ:  # one process without a launcher
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    deepspeed = import_deepspeed()
+    if not dist.is_initialized():
+        with contextlib.redirect_stdout(sys.stderr):
+            deepspeed.init_distributed(dist_backend="nccl" if device.startswith("cuda") else "gloo", verbose=False)
+    rank = dist.get_rank()
+    if rank != 0:  # only rank 0 logs at INFO
+        logging.getLogger("retrctl").setLevel(logging.WARNING)
+    return Dist(rank=rank, world=dist.get_world_size(), deepspeed=True, device=device)
+
+
+# ---------------------------------------------------------------- model
+
+
+class Tower(torch.nn.Module):
+    """Transformer + pooling: token ids in, pooled float32 vectors out (normalization is the loss's job)."""
+
+    def __init__(self, enc: Encoder):
+        super().__init__()
+        self.enc = enc
+
+    def forward(self, input_ids, attention_mask):
+        hidden = self.enc.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return pool(hidden, attention_mask, self.enc.config.pooling).float()
+
+
+def build_encoder(cfg: TrainConfig, device: str, *, for_training: bool = True) -> Encoder:
+    torch.manual_seed(cfg.seed)  # LoRA init identical in every process
+    enc = Encoder.load(cfg.model, device=device, **cfg.encoder_overrides())
+    for name, p in enc.model.named_parameters():
+        if name.startswith("pooler."):  # BERT's pooler is unused by our pooling; frozen, it gets no None grads
+            p.requires_grad_(False)
+    if cfg.gradient_checkpointing and for_training:
+        enc.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.lora_r:
+            enc.model.enable_input_require_grads()  # open-unlearning#178: else LoRA under checkpointing trains nothing
+    if cfg.lora_r:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                          target_modules="all-linear", exclude_modules=r".*pooler.*", task_type="FEATURE_EXTRACTION")
+        enc.model = get_peft_model(enc.model, lora)
+    enc.config.temperature = cfg.temperature
+    enc.train(for_training)
+    return enc
+
+
+def lora_b_norm(module: torch.nn.Module) -> float:
+    total = 0.0
+    for name, p in module.named_parameters():
+        if "lora_B" in name:
+            t = p.ds_tensor if hasattr(p, "ds_tensor") else p  # ZeRO-3 keeps a partition per process
+            total += float(t.detach().float().pow(2).sum())
+    if dist.is_initialized():
+        t = torch.tensor([total])
+        dist.all_reduce(t)
+        total = float(t)
+    return math.sqrt(total)
+
+
+# ---------------------------------------------------------------- engines
+
+
+def _param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for name, p in module.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class PlainEngine:
+    """One process, plain torch."""
+
+    def __init__(self, tower: Tower, cfg: TrainConfig, total: int, warmup: int):
+        self.module, self.cfg = tower, cfg
+        self.optimizer = torch.optim.AdamW(_param_groups(tower, cfg.weight_decay), lr=cfg.lr)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, functools.partial(linear_schedule, warmup=warmup, total=total))
+        self.device_type = torch.device(tower.enc.device).type
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.cfg.dtype == "bf16"):
+            return self.module(**batch)
+
+    def backward(self, loss: torch.Tensor, last: bool = True) -> None:
+        loss.backward()
+
+    def step(self) -> None:
+        if self.cfg.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_([p for g in self.optimizer.param_groups for p in g["params"]], self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def save(self, d: Path, rank: int) -> None:
+        torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict()}, d / "engine.pt")
+
+    def load(self, d: Path) -> None:
+        state = torch.load(d / "engine.pt", map_location=self.module.enc.device, weights_only=False)
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def full_state_dict(self) -> dict:
+        return {k: v.detach().cpu().float() for k, v in self.module.state_dict().items()}
+
+
+def deepspeed_config(cfg: TrainConfig, world: int) -> dict:
+    """The generated config, or the user's JSON with 'auto' filled in."""
+    if cfg.deepspeed:
+        ds = json.loads(Path(cfg.deepspeed).read_text())
+        for section in ("optimizer", "scheduler"):
+            if section in ds:
+                raise ValueError(f"{cfg.deepspeed}: remove '{section}': retrctl passes AdamW and its warmup schedule (--lr, --warmup-*)")
+    else:
+        ds = {"zero_optimization": {"stage": cfg.zero_stage or 0}}
+    fill = {"train_micro_batch_size_per_gpu": cfg.batch_size, "train_batch_size": cfg.batch_size * world,
+            "gradient_accumulation_steps": 1, "gradient_clipping": cfg.max_grad_norm}
+    for k, v in fill.items():
+        if ds.get(k, "auto") == "auto":
+            ds[k] = v
+    if ds["gradient_accumulation_steps"] != 1:
+        raise ValueError("gradient_accumulation_steps must be 1: accumulation adds no in-batch negatives (ST#2916); use --grad-cache")
+    bf16 = ds.setdefault("bf16", {})
+    if bf16.get("enabled", "auto") == "auto":
+        bf16["enabled"] = cfg.dtype == "bf16"
+    ds.setdefault("zero_allow_untested_optimizer", True)
+    ds.setdefault("steps_per_print", 10**9)
+    ds.setdefault("wall_clock_breakdown", False)
+    return ds
+
+
+class DeepSpeedEngine:
+    """DeepSpeed ZeRO 0-3, any number of processes."""
+
+    def __init__(self, tower: Tower, cfg: TrainConfig, total: int, warmup: int, world: int):
+        deepspeed = import_deepspeed()
+        self.cfg, self.ds_config = cfg, deepspeed_config(cfg, world)
+        optimizer = torch.optim.AdamW(_param_groups(tower, cfg.weight_decay), lr=cfg.lr)
+        schedule = functools.partial(linear_schedule, warmup=warmup, total=total)
+        with contextlib.redirect_stdout(sys.stderr):
+            self.engine, _, _, self.scheduler = deepspeed.initialize(
+                model=tower, optimizer=optimizer, config=self.ds_config,
+                lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule))
+        _quiet_deepspeed()
+        self.module = self.engine.module
+        self.stage = self.ds_config["zero_optimization"].get("stage", 0)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return self.engine(**batch)
+
+    def backward(self, loss: torch.Tensor, last: bool = True) -> None:
+        self.engine.set_gradient_accumulation_boundary(last)
+        self.engine.backward(loss)
+
+    def step(self) -> None:
+        self.engine.set_gradient_accumulation_boundary(True)
+        self.engine.step()
+
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def save(self, d: Path, rank: int) -> None:
+        with contextlib.redirect_stdout(sys.stderr):
+            self.engine.save_checkpoint(str(d), tag="deepspeed", save_latest=False)
+
+    def load(self, d: Path) -> None:
+        with contextlib.redirect_stdout(sys.stderr):
+            path, _ = self.engine.load_checkpoint(str(d), tag="deepspeed")
+        if path is None:
+            raise RuntimeError(f"{d}: DeepSpeed found no checkpoint to resume")
+
+    def full_state_dict(self) -> dict | None:
+        """Full weights on rank 0 (None elsewhere); collective under ZeRO-3."""
+        if self.stage == 3:
+            state = self.engine._zero3_consolidated_16bit_state_dict()
+        else:
+            state = self.module.state_dict() if dist.get_rank() == 0 else None
+        return None if state is None else {k: v.detach().cpu().float() for k, v in state.items()}
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(s: dict) -> None:
+    torch.set_rng_state(s["torch"])
+    np.random.set_state(s["numpy"])
+    random.setstate(s["python"])
+    if s.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (a kill mid-save leaves only a step-N.tmp, which is ignored)."""
+    found = [p for p in root.glob("step-*") if p.is_dir() and p.name[5:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[5:]))
+
+
+def write_config(cfg: TrainConfig, path: Path) -> None:
+    path.write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+
+
+# ---------------------------------------------------------------- the loop
+
+
+@dataclasses.dataclass
+class Position:
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    batch_in_epoch: int = 0  # global batches of this epoch already trained
+    groups_consumed: int = 0  # groups read from the input so far (the stream offset)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, groups, corpus: dict | None, output, *,
+                 on_step: Callable[[int, dict], None] | None = None):
+        cfg.check()
+        self.cfg, self.output, self.on_step = cfg, Path(output), on_step
+        self.dist = setup_processes(cfg)
+        if self.dist.world > 1 and groups == "-":
+            raise ValueError("with several processes read groups from a file, not stdin (every process reads them)")
+        self.source = GroupSource(groups, corpus)
+        self.n_groups = self.source.validate()
+        rank, world = self.dist.rank, self.dist.world
+        self.batches = Batches(self.source, group_size=cfg.train_group_size, global_batch=cfg.batch_size * world,
+                               seed=cfg.seed, drop_last=world > 1, group_by_length=cfg.group_by_length)
+        per_epoch = self.batches.per_epoch(self.n_groups)
+        if per_epoch == 0:
+            raise records.RecordError(self.source.path, message=f"{self.n_groups} groups: fewer than one global batch of {cfg.batch_size * world}")
+        self.total = cfg.max_steps or per_epoch * cfg.epochs
+        self.warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * self.total)
+        log.info("%d groups, %d steps of %d groups (%d per process × %d), group size %d, warmup %d",
+                 self.n_groups, self.total, cfg.batch_size * world, cfg.batch_size, world, cfg.train_group_size, self.warmup)
+        self.enc = build_encoder(cfg, self.dist.device)
+        self.probe = self._probe_texts()
+        self.before = self._embed(self.enc, self.probe) if rank == 0 else None
+        tower = Tower(self.enc)
+        if self.dist.deepspeed:
+            self.engine = DeepSpeedEngine(tower, cfg, self.total, self.warmup, world)
+        else:
+            self.engine = PlainEngine(tower, cfg, self.total, self.warmup)
+        torch.manual_seed(cfg.seed + 1 + rank)  # dropout differs per process
+        self.partial = self.output.with_name(self.output.name + ".partial")
+        self.ckpt_root = self.partial / "checkpoints"
+
+    # -- helpers
+
+    def _probe_texts(self) -> list[str]:
+        """A few texts whose embeddings must change in training and survive saving (FlagEmbedding#1547)."""
+        counts = self.batches.padded, self.batches.random
+        batch = next(iter(self.batches.epoch(0)))
+        self.batches.padded, self.batches.random = counts
+        return [t for e in batch[:4] for t in (e.query, e.passages[0])]
+
+    @staticmethod
+    def _embed(enc: Encoder, texts: list[str]) -> np.ndarray:
+        was = enc.training
+        enc.eval()
+        out = enc.encode(texts, kind="passage", batch_size=16)
+        enc.train(was)
+        return out
+
+    def _tokenize(self, texts: list[str], kind: str, pad_to_max: bool) -> dict:
+        batch = self.enc.tokenize(texts, kind)
+        if pad_to_max:
+            width = self.enc.config.query_max_len if kind == "query" else self.enc.config.passage_max_len
+            width = min(width, getattr(self.enc.model.config, "max_position_embeddings", width) or width)
+            extra = width - batch["input_ids"].size(1)
+            if extra > 0:
+                left = self.enc.tokenizer.padding_side == "left"
+                pad = (extra, 0) if left else (0, extra)
+                batch = {"input_ids": torch.nn.functional.pad(batch["input_ids"], pad, value=self.enc.tokenizer.pad_token_id),
+                         "attention_mask": torch.nn.functional.pad(batch["attention_mask"], pad, value=0)}
+        return {k: v.to(self.dist.device) for k, v in batch.items()}
+
+    # -- one step
+
+    def step(self, batch: list[Example], first: bool) -> dict:
+        cfg, rank, g = self.cfg, self.dist.rank, self.cfg.train_group_size
+        b = len(batch) // self.dist.world
+        local = batch[rank * b : (rank + 1) * b]
+        qb = self._tokenize([e.query for e in local], "query", first and cfg.first_step_max_len)
+        pb = self._tokenize([p for e in local for p in e.passages], "passage", first and cfg.first_step_max_len)
+        labels = [(rank * b + j) * g for j in range(b)]
+        mask = contrastive.false_negative_mask([e.positive_keys for e in local], [k for e in batch for k in e.keys], labels)
+        teacher = valid = None
+        if cfg.distill_weight:
+            valid = torch.tensor([e.teacher is not None for e in local])
+            teacher = torch.tensor([e.teacher or [0.0] * g for e in local], dtype=torch.float32)
+        loss_fn = functools.partial(
+            contrastive.group_loss, group_size=g, temperature=cfg.temperature, normalize=self.enc.config.normalize,
+            mrl_dims=cfg.mrl_dims, mask=mask, teacher=teacher, teacher_valid=valid, distill_weight=cfg.distill_weight,
+            teacher_temperature=cfg.teacher_temperature)
+        if cfg.grad_cache:
+            loss, parts = contrastive.grad_cache_step(
+                self.engine.forward, contrastive.chunks(qb, cfg.chunk_size), contrastive.chunks(pb, cfg.chunk_size),
+                loss_fn, self.engine.backward)
+        else:
+            loss, parts = loss_fn(self.engine.forward(qb), self.engine.forward(pb))
+            self.engine.backward(loss)
+            loss = loss.detach()
+        lr = self.engine.lr()
+        self.engine.step()
+        out = {"loss": loss, **parts}
+        masked = torch.tensor(float(mask.sum()))
+        if self.dist.world > 1:  # report global values, as one process with the whole batch would
+            vals = torch.stack([*(v.float().cpu() for v in out.values()), masked])
+            dist.all_reduce(vals)
+            out, masked = dict(zip(out, vals[:-1] / self.dist.world, strict=True)), vals[-1]
+        return {"lr": lr, **{k: float(v) for k, v in out.items()}, "masked": int(masked)}
+
+    # -- checkpoints
+
+    def save_checkpoint(self, pos: Position) -> None:
+        d = self.ckpt_root / f"step-{pos.step}"
+        tmp = d.with_name(d.name + ".tmp")
+        if self.dist.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self.dist.barrier()
+        self.engine.save(tmp, self.dist.rank)
+        torch.save(rng_state(), tmp / f"rng-{self.dist.rank}.pt")
+        if self.dist.rank == 0:
+            state = {**dataclasses.asdict(pos), "world_size": self.dist.world, "total_steps": self.total,
+                     "padded_negatives": self.batches.padded, "random_negatives": self.batches.random}
+            (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
+            write_config(self.cfg, tmp / "train_config.json")
+        self.dist.barrier()
+        if self.dist.rank == 0:
+            shutil.rmtree(d, ignore_errors=True)
+            os.replace(tmp, d)
+            for old in checkpoints(self.ckpt_root)[: -max(1, self.cfg.save_total_limit)]:
+                shutil.rmtree(old, ignore_errors=True)
+            log.info("checkpoint %s", d)
+        self.dist.barrier()
+
+    def load_checkpoint(self) -> Position:
+        found = checkpoints(self.ckpt_root)
+        if not found:
+            log.warning("--resume: no checkpoint in %s; starting from step 0", self.ckpt_root)
+            return Position()
+        d = found[-1]
+        state = json.loads((d / "trainer_state.json").read_text())
+        if state["world_size"] != self.dist.world:
+            raise ValueError(f"{d} was written by {state['world_size']} processes; resume with the same number (now {self.dist.world})")
+        self.engine.load(d)
+        set_rng_state(torch.load(d / f"rng-{self.dist.rank}.pt", weights_only=False))
+        self.batches.padded, self.batches.random = state["padded_negatives"], state["random_negatives"]
+        pos = Position(**{k: state[k] for k in ("step", "epoch", "batch_in_epoch", "groups_consumed")})
+        log.info("resumed from %s (step %d, epoch %d, %d groups consumed)", d, pos.step, pos.epoch, pos.groups_consumed)
+        return pos
+
+    # -- the run
+
+    def fit(self) -> Path:
+        with records.atomic_dir(self.output) if self.dist.rank == 0 else contextlib.nullcontext(self.partial):
+            if self.dist.rank == 0 and not self.cfg.resume:
+                shutil.rmtree(self.ckpt_root, ignore_errors=True)
+                (self.partial / "metrics.jsonl").unlink(missing_ok=True)
+            self.dist.barrier()
+            pos = self.load_checkpoint() if self.cfg.resume else Position()
+            self._loop(pos)
+            self._export()
+            self.dist.barrier()
+        return self.output
+
+    def _metrics(self, pos: Position):
+        path = self.partial / "metrics.jsonl"
+        if self.dist.rank != 0:
+            return contextlib.nullcontext(None)
+        if path.exists():  # a kill after the checkpoint leaves later lines: drop them
+            keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= pos.step]
+            path.write_text("".join(ln + "\n" for ln in keep))
+        return open(path, "a", encoding="utf-8")
+
+    def _loop(self, pos: Position) -> None:
+        cfg = self.cfg
+        first, t0, window = True, time.perf_counter(), []
+        with self._metrics(pos) as metrics:
+            while pos.step < self.total:
+                for i, batch in enumerate(self.batches.epoch(pos.epoch)):
+                    if i < pos.batch_in_epoch:
+                        continue  # resume: skip what was trained (sampling is a pure function of seed and position)
+                    start = time.perf_counter()
+                    m = self.step(batch, first and pos.step == 0)  # a fresh run's step 1 runs at max length
+                    first = False
+                    pos.step, pos.batch_in_epoch, pos.groups_consumed = pos.step + 1, i + 1, pos.groups_consumed + len(batch)
+                    window = (window + [time.perf_counter() - start])[-20:]
+                    m = {"step": pos.step, "epoch": pos.epoch, **m, "groups_per_s": round(len(batch) * len(window) / sum(window), 3),
+                         "groups_consumed": pos.groups_consumed, "elapsed_s": round(time.perf_counter() - t0, 2)}
+                    if metrics is not None:
+                        metrics.write(json.dumps(m) + "\n")
+                        metrics.flush()
+                    if pos.step % max(1, cfg.logging_steps) == 0 or pos.step == self.total:
+                        log.info("step %d/%d  loss %.4f  lr %.2e  %.1f groups/s", pos.step, self.total, m["loss"], m["lr"], m["groups_per_s"])
+                    if cfg.lora_r and pos.step == min(cfg.lora_check_steps, self.total):
+                        self._check_lora()
+                    if cfg.save_steps and pos.step % cfg.save_steps == 0 and pos.step < self.total:
+                        self.save_checkpoint(pos)
+                    if self.on_step is not None:
+                        self.on_step(pos.step, m)
+                    if pos.step >= self.total:
+                        break
+                else:
+                    pos.epoch, pos.batch_in_epoch = pos.epoch + 1, 0
+        if self.batches.padded or self.batches.random:
+            log.warning("%d negatives resampled (groups with fewer than %d), %d drawn at random from the corpus (groups with none)",
+                        self.batches.padded, cfg.train_group_size - 1, self.batches.random)
+        self.enc.report_truncation()
+
+    def _check_lora(self) -> None:
+        norm = lora_b_norm(self.engine.module)
+        if norm == 0.0:
+            raise RuntimeError(f"LoRA B weights are still zero after {self.cfg.lora_check_steps} steps: the adapters are not "
+                               "training (kamalkraj/e5-mistral#6, open-unlearning#178); check --lr and the ZeRO/checkpointing setup")
+        log.info("LoRA B norm after %d steps: %.3g", self.cfg.lora_check_steps, norm)
+
+    # -- saving the model
+
+    def _export(self) -> None:
+        state = self.engine.full_state_dict()
+        if self.dist.rank != 0:
+            return
+        fresh = build_encoder(self.cfg, "cpu", for_training=False)
+        Tower(fresh).load_state_dict(state)
+        after = self._embed(fresh, self.probe)
+        if self.cfg.lora_r:
+            fresh.model = fresh.model.merge_and_unload()  # in fp32
+            merged = self._embed(fresh, self.probe)
+            if not np.allclose(after, merged, atol=1e-4):
+                raise RuntimeError("merging the LoRA adapters changed the embeddings")
+        if self.before is not None and float(np.abs(after - self.before).max()) < 1e-6:
+            raise RuntimeError("training did not change the embeddings (FlagEmbedding#1547): check --lr and the data")
+        shutil.rmtree(self.ckpt_root, ignore_errors=True)
+        fresh.save(self.partial)
+        write_config(self.cfg, self.partial / "train_config.json")
+        reloaded = Encoder.load(self.partial, device="cpu")
+        cos = float((self._embed(reloaded, self.probe) * after).sum(1).min()) if fresh.config.normalize else 1.0
+        if cos < 0.9999:
+            raise RuntimeError(f"the saved model does not reproduce the trained embeddings (min cos {cos:.5f})")
+        drift = float((after * self.before).sum(1).mean()) if self.before is not None and fresh.config.normalize else float("nan")
+        log.info("saved %s (probe cos to the untrained model %.4f; reload parity %.6f)", self.output, drift, cos)

@@ -1,0 +1,107 @@
+"""train: contrastive fine-tuning of an encoder on mined groups, from one CPU to many GPUs with one command.
+
+Method: InfoNCE over in-batch negatives plus each query's hard negatives, as in DPR (Karpukhin et al. 2020,
+arXiv:2004.04906) with the temperature-scaled cosine of E5 (Wang et al. 2022, arXiv:2212.03533); the recipe of
+DRAMA (Ma et al. 2025, arXiv:2502.18460: decoder backbones with bidirectional attention, mean pooling) and
+LightRetriever (Ma et al. 2025, arXiv:2505.12260: temperature 0.02). Large batches in bounded memory with
+GradCache (Gao et al. 2021, arXiv:2101.06983); Matryoshka losses (Kusupati et al. 2022, arXiv:2205.13147);
+LoRA (Hu et al. 2021, arXiv:2106.09685); ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054) through DeepSpeed.
+
+| paper knob | flag |
+|---|---|
+| temperature τ (0.02 LightRetriever, 0.05 E5) | ``--temperature`` |
+| hard negatives per query (group = 1 + n) | ``--train-group-size`` |
+| batch size (queries per step per process) | ``--batch-size`` |
+| negatives shared across devices | automatic under ``torchrun``/``deepspeed`` (all processes' passages) |
+| GradCache sub-batch | ``--grad-cache --chunk-size`` |
+| Matryoshka dims | ``--mrl-dims 64,128,384`` |
+| LoRA r / alpha / dropout | ``--lora-r --lora-alpha --lora-dropout`` |
+| ZeRO stage | ``--zero-stage`` or ``--deepspeed ds.json`` |
+| distillation from reranker scores | ``--distill-weight --teacher-temperature`` |
+| pooling, bidirectional attention, prompts, lengths | the shared encoder flags |
+
+Deviations and additions, each because a peer tool went wrong there (PEER_LESSONS 20-29):
+- In-batch candidates that are another positive of the same query (same doc id or same text) are masked out of
+  the softmax rather than pushed away (ST#3189).
+- Cross-process gather sums every process's gradient into the local slice, so N processes × B equal one process
+  × N·B exactly (tested), instead of the local-slice-only gradient (tevatron#143).
+- GradCache with ZeRO-2/3 is refused up front (tevatron#206, ST#3173); LoRA fails loudly if its B weights have
+  not moved after ``--lora-check-steps``; step 1 is padded to the max lengths so an out-of-memory shows at once.
+- Groups with too few negatives are padded by resampling their own negatives (counted and reported); groups
+  with none get random corpus passages. Gradient accumulation is not offered: it adds no negatives (ST#2916).
+- Groups stream from a file or stdin; stdin is held in memory (ids and query text only), never written to disk,
+  so epochs and the step count are known. ``--resume`` restores model, optimizer, scheduler, RNG and position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+
+import click
+
+from retrctl import records
+from retrctl.stage import ENCODER_FLAGS, options, stage
+from retrctl.trainer import TrainConfig, Trainer
+
+
+def train(groups, *, output, corpus=None, config: TrainConfig | None = None, on_step=None, **settings) -> Path:
+    """Train an encoder on groups (a path, '-' for stdin, or a list of group records) and save it to ``output``:
+    a sentence-transformers directory with retrctl.json, metrics.jsonl and train_config.json.
+    ``settings`` are TrainConfig fields overriding ``config``. Returns the output directory."""
+    cfg = (config or TrainConfig()).replace(**settings)
+    if not cfg.model:
+        raise ValueError("a model is required (--model)")
+    docs = records.read_corpus(corpus) if isinstance(corpus, (str, Path)) else corpus
+    return Trainer(cfg, groups, docs, output, on_step=on_step).fit()
+
+
+# ---------------------------------------------------------------- command line
+
+SHARED = {"model", "batch_size", "seed", *ENCODER_FLAGS}
+
+
+def config_options(f):
+    """One flag per TrainConfig field not already a shared flag; help and default from the field."""
+    hints = typing.get_type_hints(TrainConfig)
+    for field in reversed(dataclasses.fields(TrainConfig)):
+        if field.name in SHARED:
+            continue
+        flag, kind = "--" + field.name.replace("_", "-"), hints[field.name]
+        help = f"{field.metadata['help']} [default: {field.default}]"
+        if kind in (bool, bool | None):
+            f = click.option(f"{flag}/--no-{flag[2:]}", field.name, default=None, help=help)(f)
+        elif field.name == "mrl_dims":
+            f = click.option(flag, field.name, help=help, callback=_int_list)(f)
+        else:
+            base = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
+            f = click.option(flag, field.name, type=base, default=None, help=help)(f)
+    return f
+
+
+def _int_list(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter("expected comma-separated integers, e.g. 64,128,256") from None
+
+
+@stage(train, writes="dir")
+@click.argument("groups", default="-", required=False)
+@options("model", "corpus", "encoder", "batch_size", "seed")
+@click.option("--config", "config_file", help="TrainConfig as JSON (train_config.json of an earlier run); flags override it.")
+@config_options
+def command(groups, output, corpus, config_file, **flags):
+    """Contrastive training on groups (from `retrctl mine`, file or stdin): InfoNCE with in-batch and hard
+    negatives, GradCache, LoRA, Matryoshka, DeepSpeed ZeRO 0-3 under torchrun/deepspeed."""
+    cfg = (TrainConfig.from_json(config_file) if config_file else TrainConfig()).replace(**flags)
+    try:
+        cfg.check()
+        if not cfg.model:
+            raise ValueError("--model is required")
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    train(groups, output=output, corpus=corpus, config=cfg)
