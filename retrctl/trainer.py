@@ -1,18 +1,13 @@
 """The contrastive training loop shared by stages that fine-tune an encoder (train; prune's healing).
 
-One loop, two engines:
-
-- ``PlainEngine``: one process, torch AdamW, autocast for bf16. Used when neither ``--zero-stage`` nor
-  ``--deepspeed`` is given and there is one process: no distributed init and no JIT-compiled comm extension,
-  so it is the fastest start on a CPU (DeepSpeed's first init compiles a ~40 s extension).
-- ``DeepSpeedEngine``: ZeRO stage 0-3 from a generated config or the user's JSON, for any number of processes
-  (launched by ``torchrun`` or ``deepspeed``), gloo on CPU and nccl on GPUs. We hand DeepSpeed a torch AdamW so
-  nothing (fused Adam) has to be compiled.
-
-Both give the same losses for the same global batch (tested: 2 processes × B under ZeRO-2 = 1 process × 2B).
-Checkpoints (``<output>.partial/checkpoints/step-N``) hold the engine state (model, optimizer, scheduler), each
-process's RNG state and the input position; ``resume`` continues from the newest one. ``TrainConfig`` lives here
-rather than in the stage because every training stage shares it (the core never imports a stage).
+``Trainer`` validates the groups, builds the encoder (LoRA, gradient checkpointing), picks an engine
+(``engines.py``: plain torch for one process, DeepSpeed ZeRO 0-3 otherwise), runs the steps (InfoNCE from
+``contrastive.py``, optionally through GradCache), writes metrics.jsonl and checkpoints, and saves a model that
+stock loaders read. Both engines give the same losses for the same global batch (tested: 2 processes × B under
+ZeRO-2 = 1 process × 2B). Checkpoints (``<output>.partial/checkpoints/step-N``) hold the engine state (model,
+optimizer, scheduler), each process's RNG state and the input position; ``resume`` continues from the newest.
+``TrainConfig`` lives here rather than in the stage because every training stage shares it (the core never
+imports a stage).
 """
 
 from __future__ import annotations
@@ -24,10 +19,7 @@ import json
 import logging
 import math
 import os
-import random
 import shutil
-import socket
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +29,15 @@ import torch
 import torch.distributed as dist
 
 from retrctl import contrastive, records
-from retrctl.models import Encoder, cache_dir, pool
+from retrctl.engines import (
+    DeepSpeedEngine,
+    PlainEngine,
+    checkpoints,
+    rng_state,
+    set_rng_state,
+    setup_processes,
+)
+from retrctl.models import Encoder, pool
 from retrctl.trainset import Batches, Example, GroupSource
 
 log = logging.getLogger("retrctl.train")
@@ -99,6 +99,9 @@ class TrainConfig:
             raise records.RecordError(path, message=f"unknown training setting(s): {', '.join(unknown)}")
         return cls(**data)
 
+    def save(self, path) -> None:
+        Path(path).write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+
     def replace(self, **flags) -> TrainConfig:
         """A copy with the flags that were given (not None) applied."""
         return dataclasses.replace(self, **{k: v for k, v in flags.items() if v is not None})
@@ -124,74 +127,6 @@ class TrainConfig:
             raise ValueError("give --zero-stage or --deepspeed, not both")
         if self.zero_stage not in (None, 0, 1, 2, 3):
             raise ValueError("--zero-stage must be 0, 1, 2 or 3")
-
-
-def linear_schedule(step: int, *, warmup: int, total: int) -> float:
-    """Linear warmup from 1/(warmup+1) to 1, then linear decay towards 0 at ``total``."""
-    if step < warmup:
-        return (step + 1) / (warmup + 1)
-    return max(0.0, (total - step) / max(1, total - warmup))
-
-
-# ---------------------------------------------------------------- processes
-
-
-@dataclasses.dataclass
-class Dist:
-    rank: int = 0
-    world: int = 1
-    deepspeed: bool = False
-    device: str = "cpu"
-
-    def barrier(self):
-        if self.world > 1:
-            dist.barrier()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _quiet_deepspeed() -> None:
-    """DeepSpeed logs to stdout at INFO; stdout carries records only."""
-    ds = logging.getLogger("DeepSpeed")
-    ds.setLevel(max(logging.getLogger().level, logging.WARNING))
-    for h in ds.handlers:
-        if type(h) is logging.StreamHandler and h.stream is not sys.stderr:  # DeepSpeed's own, not a test harness's
-            h.setStream(sys.stderr)
-
-
-def import_deepspeed():
-    """Import DeepSpeed with its stdout log handler bound to stderr (transformers' save_pretrained imports it too)."""
-    with contextlib.redirect_stdout(sys.stderr):
-        import deepspeed
-    _quiet_deepspeed()
-    return deepspeed
-
-
-def setup_processes(cfg: TrainConfig) -> Dist:
-    import_deepspeed()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = cfg.device or (f"cuda:{local}" if torch.cuda.is_available() else "cpu")
-    if cfg.zero_stage is None and not cfg.deepspeed and world == 1:
-        return Dist(device=device)
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions"))
-    if "RANK" not in os.environ:  # one process without a launcher
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    if device.startswith("cuda"):
-        torch.cuda.set_device(device)
-    deepspeed = import_deepspeed()
-    if not dist.is_initialized():
-        with contextlib.redirect_stdout(sys.stderr):
-            deepspeed.init_distributed(dist_backend="nccl" if device.startswith("cuda") else "gloo", verbose=False)
-    rank = dist.get_rank()
-    if rank != 0:  # only rank 0 logs at INFO
-        logging.getLogger("retrctl").setLevel(logging.WARNING)
-    return Dist(rank=rank, world=dist.get_world_size(), deepspeed=True, device=device)
 
 
 # ---------------------------------------------------------------- model
@@ -241,157 +176,6 @@ def lora_b_norm(module: torch.nn.Module) -> float:
         dist.all_reduce(t)
         total = float(t)
     return math.sqrt(total)
-
-
-# ---------------------------------------------------------------- engines
-
-
-def _param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
-    for name, p in module.named_parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-class PlainEngine:
-    """One process, plain torch."""
-
-    def __init__(self, tower: Tower, cfg: TrainConfig, total: int, warmup: int):
-        self.module, self.cfg = tower, cfg
-        self.optimizer = torch.optim.AdamW(_param_groups(tower, cfg.weight_decay), lr=cfg.lr)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, functools.partial(linear_schedule, warmup=warmup, total=total))
-        self.device_type = torch.device(tower.enc.device).type
-
-    def forward(self, batch: dict) -> torch.Tensor:
-        with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.cfg.dtype == "bf16"):
-            return self.module(**batch)
-
-    def backward(self, loss: torch.Tensor, last: bool = True) -> None:
-        loss.backward()
-
-    def step(self) -> None:
-        if self.cfg.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_([p for g in self.optimizer.param_groups for p in g["params"]], self.cfg.max_grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def lr(self) -> float:
-        return self.scheduler.get_last_lr()[0]
-
-    def save(self, d: Path, rank: int) -> None:
-        torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict()}, d / "engine.pt")
-
-    def load(self, d: Path) -> None:
-        state = torch.load(d / "engine.pt", map_location=self.module.enc.device, weights_only=False)
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-
-    def full_state_dict(self) -> dict:
-        return {k: v.detach().cpu().float() for k, v in self.module.state_dict().items()}
-
-
-def deepspeed_config(cfg: TrainConfig, world: int) -> dict:
-    """The generated config, or the user's JSON with 'auto' filled in."""
-    if cfg.deepspeed:
-        ds = json.loads(Path(cfg.deepspeed).read_text())
-        for section in ("optimizer", "scheduler"):
-            if section in ds:
-                raise ValueError(f"{cfg.deepspeed}: remove '{section}': retrctl passes AdamW and its warmup schedule (--lr, --warmup-*)")
-    else:
-        ds = {"zero_optimization": {"stage": cfg.zero_stage or 0}}
-    fill = {"train_micro_batch_size_per_gpu": cfg.batch_size, "train_batch_size": cfg.batch_size * world,
-            "gradient_accumulation_steps": 1, "gradient_clipping": cfg.max_grad_norm}
-    for k, v in fill.items():
-        if ds.get(k, "auto") == "auto":
-            ds[k] = v
-    if ds["gradient_accumulation_steps"] != 1:
-        raise ValueError("gradient_accumulation_steps must be 1: accumulation adds no in-batch negatives (ST#2916); use --grad-cache")
-    bf16 = ds.setdefault("bf16", {})
-    if bf16.get("enabled", "auto") == "auto":
-        bf16["enabled"] = cfg.dtype == "bf16"
-    ds.setdefault("zero_allow_untested_optimizer", True)
-    ds.setdefault("steps_per_print", 10**9)
-    ds.setdefault("wall_clock_breakdown", False)
-    return ds
-
-
-class DeepSpeedEngine:
-    """DeepSpeed ZeRO 0-3, any number of processes."""
-
-    def __init__(self, tower: Tower, cfg: TrainConfig, total: int, warmup: int, world: int):
-        deepspeed = import_deepspeed()
-        self.cfg, self.ds_config = cfg, deepspeed_config(cfg, world)
-        optimizer = torch.optim.AdamW(_param_groups(tower, cfg.weight_decay), lr=cfg.lr)
-        schedule = functools.partial(linear_schedule, warmup=warmup, total=total)
-        with contextlib.redirect_stdout(sys.stderr):
-            self.engine, _, _, self.scheduler = deepspeed.initialize(
-                model=tower, optimizer=optimizer, config=self.ds_config,
-                lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule))
-        _quiet_deepspeed()
-        self.module = self.engine.module
-        self.stage = self.ds_config["zero_optimization"].get("stage", 0)
-
-    def forward(self, batch: dict) -> torch.Tensor:
-        return self.engine(**batch)
-
-    def backward(self, loss: torch.Tensor, last: bool = True) -> None:
-        self.engine.set_gradient_accumulation_boundary(last)
-        self.engine.backward(loss)
-
-    def step(self) -> None:
-        self.engine.set_gradient_accumulation_boundary(True)
-        self.engine.step()
-
-    def lr(self) -> float:
-        return self.scheduler.get_last_lr()[0]
-
-    def save(self, d: Path, rank: int) -> None:
-        with contextlib.redirect_stdout(sys.stderr):
-            self.engine.save_checkpoint(str(d), tag="deepspeed", save_latest=False)
-
-    def load(self, d: Path) -> None:
-        with contextlib.redirect_stdout(sys.stderr):
-            path, _ = self.engine.load_checkpoint(str(d), tag="deepspeed")
-        if path is None:
-            raise RuntimeError(f"{d}: DeepSpeed found no checkpoint to resume")
-
-    def full_state_dict(self) -> dict | None:
-        """Full weights on rank 0 (None elsewhere); collective under ZeRO-3."""
-        if self.stage == 3:
-            state = self.engine._zero3_consolidated_16bit_state_dict()
-        else:
-            state = self.module.state_dict() if dist.get_rank() == 0 else None
-        return None if state is None else {k: v.detach().cpu().float() for k, v in state.items()}
-
-
-# ---------------------------------------------------------------- checkpoints
-
-
-def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-
-def set_rng_state(s: dict) -> None:
-    torch.set_rng_state(s["torch"])
-    np.random.set_state(s["numpy"])
-    random.setstate(s["python"])
-    if s.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])
-
-
-def checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (a kill mid-save leaves only a step-N.tmp, which is ignored)."""
-    found = [p for p in root.glob("step-*") if p.is_dir() and p.name[5:].isdigit()]
-    return sorted(found, key=lambda p: int(p.name[5:]))
-
-
-def write_config(cfg: TrainConfig, path: Path) -> None:
-    path.write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
 
 
 # ---------------------------------------------------------------- the loop
@@ -518,7 +302,7 @@ class Trainer:
             state = {**dataclasses.asdict(pos), "world_size": self.dist.world, "total_steps": self.total,
                      "padded_negatives": self.batches.padded, "random_negatives": self.batches.random}
             (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
-            write_config(self.cfg, tmp / "train_config.json")
+            self.cfg.save(tmp / "train_config.json")
         self.dist.barrier()
         if self.dist.rank == 0:
             shutil.rmtree(d, ignore_errors=True)
@@ -627,7 +411,7 @@ class Trainer:
             raise RuntimeError("training did not change the embeddings (FlagEmbedding#1547): check --lr and the data")
         shutil.rmtree(self.ckpt_root, ignore_errors=True)
         fresh.save(self.partial)
-        write_config(self.cfg, self.partial / "train_config.json")
+        self.cfg.save(self.partial / "train_config.json")
         reloaded = Encoder.load(self.partial, device="cpu")
         cos = float((self._embed(reloaded, self.probe) * after).sum(1).min()) if fresh.config.normalize else 1.0
         if cos < 0.9999:

@@ -25,9 +25,8 @@ log = logging.getLogger("retrctl.train")
 
 
 def passage_text(doc: dict) -> str:
-    """The text a passage is encoded from: BEIR habit, 'title text'."""
-    title = (doc.get("title") or "").strip()
-    return f"{title} {doc['text']}" if title else doc["text"]
+    """The text a passage is encoded from: 'title text', exactly as the dense index encodes it (indexes/dense.py)."""
+    return ((doc.get("title") or "") + " " + doc["text"]).strip()
 
 
 @dataclasses.dataclass

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from retrctl.engines import deepspeed_config
 from retrctl.models import Encoder
-from retrctl.trainer import TrainConfig, deepspeed_config
+from retrctl.trainer import TrainConfig
 from retrctl.trainset import Batches, GroupSource
 from stages.train import train
 
