@@ -107,6 +107,22 @@ def test_ties_are_broken_by_docid_ascending(kind, encoder):
     assert len({s for _, s in hits}) == 1
 
 
+def test_nan_vectors_are_refused(encoder):
+    class Broken:
+        config, dim = encoder.config, encoder.dim
+
+        def describe(self):
+            return encoder.describe()
+
+        def encode(self, texts, **kw):
+            out = np.ones((len(texts), self.dim), np.float32)
+            out[1] = np.nan
+            return out
+
+    with pytest.raises(ValueError, match="NaN/inf vectors for 1 docs, e.g. 'd2'"):
+        DenseIndex(Broken()).build(DOCS)
+
+
 def test_unchanged_docs_are_not_re_encoded(encoder):
     idx = DenseIndex(encoder)
     idx.build(DOCS)
@@ -185,6 +201,29 @@ def test_bm25_scores_equal_plain_bm25s():
         got = dict(ours.search([q], len(DOCS))[q["query_id"]])
         for i, d in enumerate(DOCS):
             assert got.get(d["docid"], 0.0) == pytest.approx(float(want[i]), abs=1e-6)
+
+
+@pytest.mark.parametrize("method", ["lucene", "robertson", "atire", "bm25l", "bm25+"])
+def test_bm25_matrix_is_identical_to_bm25s_builder(method):
+    """Our chunked numpy build of the score matrix equals bm25s's own BM25.index, array for array."""
+    import bm25s
+
+    from retrctl.indexes.bm25 import score_matrix
+
+    idx = BM25Index(method=method)
+    idx.build(DOCS + synthetic(50) + [{"docid": "empty", "title": "", "text": "the and of"}])
+    ids = [idx._tokens[a:b].tolist() for a, b in zip(idx._offsets[:-1], idx._offsets[1:], strict=True)]
+    ref = bm25s.BM25(k1=0.9, b=0.4, method=method)
+    ref.index(bm25s.tokenization.Tokenized(ids=ids, vocab=dict(idx.tokenizer.word_to_id)), show_progress=False)
+    ours, nonocc = score_matrix(idx._tokens, idx._offsets, len(idx.tokenizer.word_to_id), k1=0.9, b=0.4,
+                                method=method, chunk_tokens=37)  # many small chunks
+    for key in ("data", "indices", "indptr"):
+        assert ours[key].dtype == ref.scores[key].dtype, key
+        assert np.array_equal(ours[key], ref.scores[key]), key
+    assert ours["num_docs"] == ref.scores["num_docs"]
+    assert (nonocc is None) == (ref.nonoccurrence_array is None)
+    if nonocc is not None:
+        assert np.array_equal(nonocc, ref.nonoccurrence_array)
 
 
 def test_bm25_settings_matter_and_are_recorded(tmp_path):

@@ -6,10 +6,11 @@ Tokens: bm25s's tokenizer (lower-case, ``\\w\\w+``), English stopwords by defaul
 setting of the reference in shared/data/README.md (SciFact nDCG@10 0.6569). The whole variant is written into
 ``index.json`` (BM25 numbers are only comparable with the variant named, beir#197, pyserini#1211).
 
-Memory: docs are tokenized as they stream in (``Tokenizer.streaming_tokenize``) into one flat int32 array
-plus offsets — the JSON records are never held. bm25s then builds its sparse score matrix from that array
-through a lazy sequence, so peak memory grows with the index (tokens + score matrix), not with the corpus
-text. The token arrays are saved too (``tokens.npy``, ``offsets.npy``): an update tokenizes only new or
+Memory: docs are tokenized as they stream in (bm25s's ``Tokenizer.streaming_tokenize``) into one flat int32
+array plus offsets — the JSON records are never held. The score matrix bm25s searches is then assembled
+from that array in doc chunks with numpy (``score_matrix``: bm25s's own tf/idf functions, arrays identical
+to ``BM25.index``'s), because bm25s's builder wants per-doc Python lists and sorts 36 bytes per posting; so
+peak memory is the token array plus the matrix, growing with the index and not with the corpus text. The token arrays are saved too (``tokens.npy``, ``offsets.npy``): an update tokenizes only new or
 changed docs and recomputes the statistics (idf, average length) from the stored tokens, so an updated
 index is identical to a fresh build. The vocabulary is re-numbered in sorted word order at every build,
 for the same reason.
@@ -39,19 +40,62 @@ def _bm25s():
     return bm25s
 
 
-class _TokenLists:
-    """A read-only sequence of per-doc token id lists over flat arrays (what bm25s iterates)."""
+def score_matrix(tokens: np.ndarray, offsets: np.ndarray, n_vocab: int, *, k1: float, b: float, method: str,
+                 delta: float = 0.5, chunk_tokens: int = 1 << 18) -> tuple[dict, np.ndarray | None]:
+    """bm25s's eager score matrix (CSC by term: data float32, indices int32 doc rows, indptr) from flat token ids.
 
-    def __init__(self, tokens: np.ndarray, offsets: np.ndarray):
-        self.tokens, self.offsets = tokens, offsets
+    The same numbers as ``bm25s.BM25.index`` (its own tf and idf functions, the same float64-then-float32
+    arithmetic, docs ascending within a term; a test checks the arrays are identical), computed in doc chunks
+    with numpy instead of per-doc Python lists, in two passes (document frequencies, then scores placed
+    straight into the final arrays): peak memory is the token array plus the matrix itself.
+    Returns (scores dict for ``BM25.scores``, non-occurrence array for bm25l/bm25+ or None).
+    """
+    from bm25s.scoring import _build_nonoccurrence_array, _select_idf_scorer, _select_tfc_scorer
 
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
+    n = len(offsets) - 1
+    lens = np.diff(offsets)
+    avg = lens.mean()
+    bounds = [0]
+    while bounds[-1] < n:  # doc ranges of about chunk_tokens tokens
+        nxt = int(np.searchsorted(offsets, offsets[bounds[-1]] + chunk_tokens, side="right")) - 1
+        bounds.append(min(n, max(nxt, bounds[-1] + 1)))
 
-    def __iter__(self):
-        t, o = self.tokens, self.offsets
-        for i in range(len(o) - 1):
-            yield t[o[i] : o[i + 1]].tolist()
+    def postings(lo: int, hi: int):
+        """(doc, term, tf) of docs [lo, hi), ordered by doc then term."""
+        t = tokens[offsets[lo] : offsets[hi]].astype(np.int64)
+        d = np.repeat(np.arange(lo, hi, dtype=np.int64), lens[lo:hi])
+        key, tf = np.unique(d * n_vocab + t, return_counts=True)
+        return key // n_vocab, key % n_vocab, tf
+
+    df = np.zeros(n_vocab, np.int64)
+    for lo, hi in itertools.pairwise(bounds):
+        df += np.bincount(postings(lo, hi)[1], minlength=n_vocab)
+    idf_fn, tfc_fn = _select_idf_scorer(method), _select_tfc_scorer(method)
+    idf = np.zeros(n_vocab, np.float32)
+    for term in np.flatnonzero(df):
+        idf[term] = idf_fn(int(df[term]), N=n)
+    nonocc = None
+    if method in ("bm25l", "bm25+"):
+        nonocc = _build_nonoccurrence_array(dict(enumerate(df.tolist())), n, idf_fn, tfc_fn, avg, avg, k1, b, delta, "float32")
+    indptr = np.zeros(n_vocab + 1, np.int64)
+    np.cumsum(df, out=indptr[1:])
+    data = np.empty(int(indptr[-1]), np.float32)
+    indices = np.empty(int(indptr[-1]), np.int32)
+    heads = indptr[:-1].copy()
+    for lo, hi in itertools.pairwise(bounds):
+        doc, term, tf = postings(lo, hi)
+        score = idf[term] * tfc_fn(tf_array=tf.astype(np.float32), l_d=lens[doc], l_avg=avg, k1=k1, b=b, delta=delta)
+        if nonocc is not None:
+            score -= nonocc[term]
+        order = np.argsort(term, kind="stable")  # by term, docs stay ascending within a term
+        term = term[order]
+        starts = np.flatnonzero(np.r_[True, term[1:] != term[:-1]])
+        runs = np.diff(np.r_[starts, len(term)])
+        pos = heads[term] + (np.arange(len(term)) - np.repeat(starts, runs))
+        data[pos] = score[order]
+        indices[pos] = doc[order]
+        heads[term[starts]] += runs
+    return {"data": data, "indices": indices, "indptr": indptr, "num_docs": n}, nonocc
 
 
 class BM25Index(base.Index):
@@ -136,12 +180,17 @@ class BM25Index(base.Index):
         id_to_word = np.empty(max(self.tokenizer.word_to_id.values(), default=0) + 1, dtype=object)
         for w, i in self.tokenizer.word_to_id.items():
             id_to_word[i] = w
-        used = np.union1d(np.unique(tokens), [self.tokenizer.word_to_id[""]]).astype(np.int64)
+        counts = np.bincount(tokens, minlength=len(id_to_word))
+        counts[self.tokenizer.word_to_id[""]] += 1  # the empty token always stays (bm25s scores empty docs with it)
+        used = np.flatnonzero(counts)
         words = id_to_word[used]
         order = np.argsort(words.astype(str), kind="stable")
         remap = np.full(len(id_to_word), -1, np.int32)
         remap[used[order]] = np.arange(len(used), dtype=np.int32)
-        self._tokens = remap[tokens] if len(tokens) else tokens
+        if tokens is self._tokens:
+            tokens = tokens.copy()
+        np.take(remap, tokens, out=tokens)  # in place: no second copy of the token array
+        self._tokens = tokens
         self._offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
         self.tokenizer.word_to_id = {str(w): i for i, w in enumerate(words[order])}
         self._dirty = False
@@ -149,8 +198,10 @@ class BM25Index(base.Index):
             self.retriever = None
             return
         retriever = bm25s.BM25(k1=self.k1, b=self.b, method=self.method)
-        vocab = dict(self.tokenizer.word_to_id)
-        retriever.index(bm25s.tokenization.Tokenized(ids=_TokenLists(self._tokens, self._offsets), vocab=vocab), show_progress=False)
+        retriever.scores, retriever.nonoccurrence_array = score_matrix(
+            self._tokens, self._offsets, len(self.tokenizer.word_to_id), k1=self.k1, b=self.b, method=self.method, delta=retriever.delta)
+        retriever.vocab_dict = dict(self.tokenizer.word_to_id)
+        retriever.unique_token_ids_set = set(retriever.vocab_dict.values())
         self.retriever = retriever
 
     # ------------------------------------------------------------ search

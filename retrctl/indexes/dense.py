@@ -60,6 +60,9 @@ class DenseIndex(base.Index):
         self.dim = encoder.dim if encoder is not None else None
         self.normalized = bool(encoder.config.normalize) if encoder is not None else None
         self.encoder_desc = _describe(encoder) if encoder is not None else None
+        if self.normalized is False and index_type != "Flat":
+            log.warning("the encoder does not normalize: %s searches raw inner products, where graph/IVF recall is "
+                        "usually lower than on unit vectors", index_type)
         self.workdir: Path | None = None
         self.encoded = 0
         self._clear()
@@ -160,6 +163,9 @@ class DenseIndex(base.Index):
                 return np.load(ckpt.with_suffix(".npy"))
         texts = [_passage(d) for d, _, _ in chunk]
         vecs = self.encoder.encode(texts, kind="passage", batch_size=self.batch_size)
+        bad = ~np.isfinite(vecs).all(axis=1)
+        if bad.any():  # a broken forward gives NaN embeddings that search would rank silently (tevatron#103)
+            raise ValueError(f"the encoder returned NaN/inf vectors for {int(bad.sum())} docs, e.g. {ids[int(np.argmax(bad))]!r}")
         self.encoded += len(texts)
         if ckpt is not None:
             self.workdir.mkdir(parents=True, exist_ok=True)
@@ -326,6 +332,20 @@ class DenseIndex(base.Index):
         idx._vectors = [np.load(directory / manifest["files"]["vectors"])] if manifest["files"].get("vectors") else None
         if idx.index.ntotal != len(docids):
             raise base.records.RecordError(directory, message=f"index.faiss holds {idx.index.ntotal} vectors but docids.parquet {len(docids)} ids")
+        return idx
+
+    @classmethod
+    def from_vectors(cls, vectors: np.ndarray, docids: list[str], index_type: str = "Flat", *, encoder=None,
+                     hashes: list[str] | None = None, **kw) -> DenseIndex:
+        """An index over vectors computed elsewhere (benchmarks, precomputed embeddings)."""
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        idx = cls(encoder, index_type, **kw)
+        if encoder is None:
+            idx.dim = vectors.shape[1]
+            idx.index = idx._new_faiss()
+            idx._vectors = None if idx._lossless() else []
+        idx._set_ids(list(docids), hashes or [""] * len(docids))
+        idx._rebuild(vectors)
         return idx
 
     @classmethod
