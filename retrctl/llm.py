@@ -334,7 +334,8 @@ class HFLLM(LLM):
         if found:  # the token that completes the stop string is the last one spent; tokens before it are the text
             for k in range(1, end + 1):
                 if cut_at_stop(self.tokenizer.decode(ids[:k], skip_special_tokens=True), stop)[1]:
-                    kept, spent = k - 1, k
+                    # text before the stop inside that token: score the token rather than nothing
+                    kept, spent = (k - 1 if k > 1 or not text.strip() else 1), k
                     break
         return text.strip(), kept, spent
 

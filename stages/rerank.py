@@ -274,6 +274,8 @@ def rerank(items: Iterable[dict], llm: LLM | str = "smollm2", *, mode: str = "li
             for q, (s, e), answer in zip(live, spans, answers, strict=True):
                 perm, status = parse_permutation(answer, e - s)
                 st["windows"][status] += 1
+                if status != "ok":
+                    log.debug("query %s window %d-%d %s: %r", q["query_id"], s + 1, e, status, answer[:300])
                 head = heads[q["query_id"]]
                 head[s:e] = [head[s + i] for i in perm]
         for q in batch:
