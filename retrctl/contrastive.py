@@ -198,3 +198,21 @@ def chunks(batch: dict, size: int) -> list[dict]:
     """Split a tokenized batch into row chunks of at most ``size``."""
     n = batch["input_ids"].size(0)
     return [{k: v[i : i + size] for k, v in batch.items()} for i in range(0, n, size)]
+
+
+def sorted_chunks(batch: dict, size: int, trim: bool = True) -> tuple[list[dict], torch.Tensor]:
+    """Rows sorted longest first, cut into chunks of at most ``size``, each cut to its own longest row (either
+    padding side), so little compute goes to padding; and ``inverse``: ``torch.cat(outputs)[inverse]`` puts the
+    rows back in input order."""
+    mask = batch["attention_mask"]
+    order = torch.argsort(mask.sum(1), descending=True, stable=True)
+    inverse = torch.argsort(order)
+    out = []
+    for i in range(0, mask.size(0), size):
+        c = {k: v[order[i : i + size]] for k, v in batch.items()}
+        if trim:
+            width = int(c["attention_mask"].sum(1).max())
+            left = bool(c["attention_mask"][:, -1].all())  # every row ends with a real token: padded on the left
+            c = {k: (v[:, -width:] if left else v[:, :width]) for k, v in c.items()}
+        out.append(c)
+    return out, inverse

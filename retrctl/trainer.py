@@ -79,7 +79,7 @@ class TrainConfig:
     lora_dropout: float = _f(0.05, "LoRA dropout.")
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward (less memory, ~30% slower).")
     grad_cache: bool = _f(False, "GradCache: large batches in bounded memory, same gradient.")
-    chunk_size: int = _f(32, "GradCache sub-batch (texts per forward).")
+    chunk_size: int = _f(32, "Texts per forward pass (length-sorted, padding trimmed); GradCache's sub-batch.")
     group_by_length: bool = _f(True, "Batch groups of similar length (less padding); order shuffled per epoch.")
     zero_stage: int | None = _f(None, "DeepSpeed ZeRO stage 0-3 (config generated); implies DeepSpeed.")
     deepspeed: str | None = _f(None, "DeepSpeed JSON config ('auto' values are filled in).")
@@ -269,12 +269,19 @@ class Trainer:
             contrastive.group_loss, group_size=g, temperature=cfg.temperature, normalize=self.enc.config.normalize,
             mrl_dims=cfg.mrl_dims, mask=mask, teacher=teacher, teacher_valid=valid, distill_weight=cfg.distill_weight,
             teacher_temperature=cfg.teacher_temperature)
+        # forward in length-sorted chunks cut to their longest row: padding costs nothing (except at step 1)
+        trim = not (first and cfg.first_step_max_len)
+        qc, qinv = contrastive.sorted_chunks(qb, cfg.chunk_size, trim)
+        pc, pinv = contrastive.sorted_chunks(pb, cfg.chunk_size, trim)
+
+        def unsorted_loss(q, p):
+            return loss_fn(q[qinv.to(q.device)], p[pinv.to(p.device)])
+
         if cfg.grad_cache:
-            loss, parts = contrastive.grad_cache_step(
-                self.engine.forward, contrastive.chunks(qb, cfg.chunk_size), contrastive.chunks(pb, cfg.chunk_size),
-                loss_fn, self.engine.backward)
+            loss, parts = contrastive.grad_cache_step(self.engine.forward, qc, pc, unsorted_loss, self.engine.backward)
         else:
-            loss, parts = loss_fn(self.engine.forward(qb), self.engine.forward(pb))
+            embed = self.engine.forward
+            loss, parts = unsorted_loss(torch.cat([embed(c) for c in qc]), torch.cat([embed(c) for c in pc]))
             self.engine.backward(loss)
             loss = loss.detach()
         lr = self.engine.lr()

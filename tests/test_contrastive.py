@@ -196,3 +196,19 @@ def test_two_processes_equal_one_process_with_the_whole_batch():
         loss2, grad2 = results[rank]
         assert loss2.item() == pytest.approx(loss1.item(), rel=1e-12)
         assert torch.allclose(grad2, grad1, atol=1e-12), (grad2 - grad1).abs().max()
+
+
+@pytest.mark.parametrize("left", [False, True])
+def test_sorted_chunks_trim_padding_and_restore_order(left):
+    lengths = [3, 7, 1, 5, 7, 2]
+    width = 9
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        mask[i, (width - n if left else 0) : (width if left else n)] = 1
+    ids = torch.arange(len(lengths) * width).view(len(lengths), width) * mask
+    parts, inverse = contrastive.sorted_chunks({"input_ids": ids, "attention_mask": mask}, size=2)
+    assert [c["input_ids"].shape for c in parts] == [(2, 7), (2, 5), (2, 2)]
+    # each row keeps all its real tokens; their sums put back in input order equal the originals
+    sums = torch.cat([c["input_ids"].sum(1) for c in parts])[inverse]
+    assert torch.equal(sums, ids.sum(1))
+    assert all(int(c["attention_mask"].sum()) == sum(sorted(lengths, reverse=True)[2 * i : 2 * i + 2]) for i, c in enumerate(parts))
