@@ -166,16 +166,14 @@ def build_encoder(cfg: TrainConfig, device: str, *, for_training: bool = True) -
 
 
 def lora_b_norm(module: torch.nn.Module) -> float:
-    total = 0.0
+    total = torch.zeros((), device=next(module.parameters()).device)
     for name, p in module.named_parameters():
         if "lora_B" in name:
             t = p.ds_tensor if hasattr(p, "ds_tensor") else p  # ZeRO-3 keeps a partition per process
-            total += float(t.detach().float().pow(2).sum())
-    if dist.is_initialized():
-        t = torch.tensor([total])
-        dist.all_reduce(t)
-        total = float(t)
-    return math.sqrt(total)
+            total += t.detach().float().pow(2).sum()
+    if dist.is_initialized():  # nccl reduces device tensors only
+        dist.all_reduce(total)
+    return math.sqrt(float(total))
 
 
 # ---------------------------------------------------------------- the loop
@@ -289,8 +287,9 @@ class Trainer:
         out = {"loss": loss, **parts}
         masked = torch.tensor(float(mask.sum()))
         if self.dist.world > 1:  # report global values, as one process with the whole batch would
-            vals = torch.stack([*(v.float().cpu() for v in out.values()), masked])
-            dist.all_reduce(vals)
+            vals = torch.stack([*(v.float().cpu() for v in out.values()), masked]).to(self.dist.device)
+            dist.all_reduce(vals)  # on the device: nccl reduces nothing else
+            vals = vals.cpu()
             out, masked = dict(zip(out, vals[:-1] / self.dist.world, strict=True)), vals[-1]
         return {"lr": lr, **{k: float(v) for k, v in out.items()}, "masked": int(masked)}
 
@@ -347,6 +346,8 @@ class Trainer:
             self._loop(pos)
             self._export()
             self.dist.barrier()
+        if self.dist.deepspeed and dist.is_initialized():
+            dist.destroy_process_group()
         return self.output
 
     def _metrics(self, pos: Position):
