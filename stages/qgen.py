@@ -18,8 +18,9 @@ chat LLM with 3 shots for one query per document.
 | InPars score filter: top fraction by mean log-prob | `--keep-top`                      | 1.0 (off)        |
 | Promptagator consistency: source doc in top k      | `--retriever`, `--consistency-k`  | off              |
 | length bounds, dedupe                              | `--min-words/--max-words`, `--dedupe/--no-dedupe` | 2 / 32, on |
+| copies of the document (not in the papers)         | `--drop-copies/--keep-copies`     | drop             |
 
-Filters run in that order (length, dedupe, score, consistency) and each one removes rows; the kept/dropped
+Filters run in that order (length, dedupe, copies, score, consistency) and each one removes rows; the kept/dropped
 counts go to stderr and the kept count is the number of rows written (ARES#77: a filter that filtered nothing).
 The score is the mean raw log-prob of the query's tokens given the prompt, taken from the generation pass itself
 (no second forward); the score filter needs every score, so it ranks within one run: with
@@ -36,7 +37,9 @@ hash, the decoding parameters, the seed, the filter thresholds and the counts (I
 disagreed and nobody could tell which setting made the data).
 
 Deviations: InPars keeps a fixed number of pairs (10k of 100k); we keep a fraction, which works at any corpus
-size. Documents are cut to `--doc-max-words` words in the prompt (counted on stderr). Labels the model sometimes
+size. Small models often echo the document instead of writing a query, and a copy has a high log-prob, so the score
+filter would favour it: queries that are a verbatim run of >= 6 words of their document are dropped as copies
+(crop makes such queries on purpose; `--keep-copies` keeps them). Documents are cut to `--doc-max-words` words in the prompt (counted on stderr). Labels the model sometimes
 writes ("Query:", quotes, list markers) are stripped. Output: `{query_id, query_text, source_docid}` with
 query_id `<docid>#qgen<i>`.
 """
@@ -67,7 +70,8 @@ PLAIN_LAST = "Example {n}:\nDocument: {document}\nRelevant Query:"
 CHAT_USER = ("Write one short search query that a user could type to find this document. Reply with the query "
              "only.\n\nDocument: {document}")
 
-_LABEL = re.compile(r"^\s*(?:(?:relevant\s+|search\s+)?query\s*[:：]\s*|[-*•]\s+|\d+[.)]\s+)", re.I)
+_LABEL = re.compile(r"^\s*(?:(?:relevant\s+|search\s+)?(?:query|document)\s*[:：]\s*|[-*•]\s+|\d+[.)]\s+)", re.I)
+COPY_WORDS = 6  # a query that is a verbatim run of >= this many words of its doc was copied, not written
 _QUOTES = "\"'“”‘’«»`"
 
 
@@ -111,7 +115,7 @@ def _norm(text: str) -> str:
 def qgen(docs: Iterable[dict], llm: LLM | str = "smollm2", *, per_doc: int = 1, examples: list[dict] | None = None,
          shots: int = 3, prompt_style: str = "auto", temperature: float = 0.8, top_p: float = 0.9,
          max_new_tokens: int = 32, seed: int = 0, batch_size: int = 8, doc_max_words: int = 256, min_words: int = 2,
-         max_words: int = 32, dedupe: bool = True, keep_top: float = 1.0, retriever=None, consistency_k: int = 0,
+         max_words: int = 32, dedupe: bool = True, drop_copies: bool = True, keep_top: float = 1.0, retriever=None, consistency_k: int = 0,
          checkpoint: Checkpoint | None = None, stats: dict | None = None) -> Iterator[dict]:
     """Yield query records {query_id, query_text, source_docid}: per_doc generated queries per doc, filtered.
 
@@ -161,6 +165,9 @@ def qgen(docs: Iterable[dict], llm: LLM | str = "smollm2", *, per_doc: int = 1, 
                             stop=["\n"], seed=[_seed(seed, d["docid"], i) for d, _, i in jobs], details=True)
         rows = [{"query_id": f"{d['docid']}#qgen{i}", "query_text": clean(o["text"]), "source_docid": d["docid"],
                  "score": o["logprob"], "tokens": o["tokens"]} for (d, _, i), o in zip(jobs, outs, strict=True)]
+        for r, (d, _, _) in zip(rows, jobs, strict=True):
+            q = _norm(r["query_text"])
+            r["copied"] = len(q.split()) >= COPY_WORDS and f" {q} " in f" {_norm(d['title'] + ' ' + d['text'])} "
         if checkpoint is not None:
             checkpoint.append(rows)
         for r in rows:
@@ -208,6 +215,8 @@ def qgen(docs: Iterable[dict], llm: LLM | str = "smollm2", *, per_doc: int = 1, 
     if dedupe:
         seen: set[str] = set()
         drop("duplicate", lambda c: not (_norm(c["query_text"]) in seen or seen.add(_norm(c["query_text"]))))
+    if drop_copies:
+        drop("copied", lambda c: not c.get("copied"))
     if keep_top < 1:
         n = math.ceil(keep_top * len(alive))
         ranked = sorted(alive, key=lambda c: (-(c["score"] if c["score"] is not None else -math.inf), c["query_id"]))
@@ -286,6 +295,7 @@ def open_consistency_retriever(spec: str, sharded: bool):
 @click.option("--min-words", type=int, help="Drop queries shorter than this (words).")
 @click.option("--max-words", type=int, help="Drop queries longer than this (words).")
 @click.option("--dedupe/--no-dedupe", default=None, help="Drop repeated queries (case and punctuation folded).")
+@click.option("--drop-copies/--keep-copies", default=None, help="Drop queries copied verbatim from their doc (>= 6 words).")
 @click.option("--keep-top", type=float, help="InPars filter: keep this fraction of queries with the best mean log-prob.")
 @click.option("--consistency-k", type=int, help="Keep a query only if --retriever ranks its source doc in the top k.")
 @click.option("--candidates", help="Checkpoint of raw generations (default: <output>.candidates.jsonl; none for stdout).")
@@ -317,7 +327,7 @@ def command(docs, output, llm, retriever, consistency_k, examples, candidates, *
     if output != "-":
         manifest = {"stage": "qgen", **{k: stats[k] for k in ("llm", "settings", "template", "counts", "throughput")},
                     "filters": {k: opts.get(k, qgen.__kwdefaults__[k]) for k in
-                                ("min_words", "max_words", "dedupe", "keep_top", "consistency_k")},
+                                ("min_words", "max_words", "dedupe", "drop_copies", "keep_top", "consistency_k")},
                     "score_threshold": stats.get("score_threshold"), "retriever": retriever,
                     "candidates": candidates, "usage": model.usage}
         with records.atomic_path(f"{output}.manifest.json") as tmp:

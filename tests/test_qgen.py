@@ -30,7 +30,8 @@ def test_prompts_follow_inpars_and_chat_formats():
 
 @pytest.mark.parametrize("raw, want", [('Query: "what makes cats purr?"', "what makes cats purr?"),
                                        ("1. cats purr", "cats purr"), ("Relevant Query: - tea  leaves", "tea leaves"),
-                                       ("«café au lait»", "café au lait"), ("plain query", "plain query")])
+                                       ("«café au lait»", "café au lait"), ("plain query", "plain query"),
+                                       ("Document: Cats purr", "Cats purr")])
 def test_clean_strips_labels_markers_and_quotes(raw, want):
     assert clean(raw) == want
 
@@ -60,18 +61,22 @@ class ScriptLLM(LLM):
 
 ANSWERS = {"Cats": [("which animals purr", -1.0)], "Dogs": [("Which animals PURR?", -0.5)],
            "Python": [("python", -0.1)], "Rust": [("memory safe systems language", -3.0)],
-           "Tea": [("Query: tea leaves hot water drink", -0.2)], "Coffee": [("coffee " * 40, -0.3)]}
+           "Tea": [("Query: tea leaves hot water drink", -0.2)], "Coffee": [("coffee " * 40, -0.3)],
+           "Milk": [("Milk is a white liquid produced by mammals", -0.01)]}  # copied from its doc
+MILK = {"docid": "d7", "title": "Milk", "text": "Milk is a white liquid produced by mammals. It feeds the young."}
 
 
 def test_filters_remove_rows_and_the_counts_equal_the_rows():
     stats = {}
-    rows = list(qgen(DOCS, ScriptLLM(ANSWERS), min_words=2, max_words=32, keep_top=0.5, stats=stats))
+    rows = list(qgen(DOCS + [MILK], ScriptLLM(ANSWERS), min_words=2, max_words=32, keep_top=0.5, stats=stats))
     assert rows == [{"query_id": "d1#qgen0", "query_text": "which animals purr", "source_docid": "d1"},
                     {"query_id": "d5#qgen0", "query_text": "tea leaves hot water drink", "source_docid": "d5"}]
     c = stats["counts"]
-    assert c == {"generated": 6, "too_short": 1, "too_long": 1, "duplicate": 1, "low_score": 1, "kept": 2}
+    assert c == {"generated": 7, "too_short": 1, "too_long": 1, "duplicate": 1, "copied": 1, "low_score": 1, "kept": 2}
     assert c["generated"] - sum(v for k, v in c.items() if k not in ("generated", "kept")) == c["kept"] == len(rows)
     assert stats["score_threshold"] == -1.0
+    kept = list(qgen(DOCS + [MILK], ScriptLLM(ANSWERS), keep_top=0.5, drop_copies=False))
+    assert [r["source_docid"] for r in kept] == ["d5", "d7"]  # a copy has the best log-prob: why copies go first
 
 
 def test_consistency_filter_keeps_queries_whose_source_ranks_in_top_k():

@@ -1,0 +1,112 @@
+"""Bench: LLM reranking of BM25's top 20 on SciFact test with SmolLM2, listwise and pointwise: nDCG@10 against BM25.
+
+The peer in the same run is BM25 itself (the first stage): the table gives nDCG@10 of each run, its change, the
+paired t-test p-value (from `retrctl eval`), the cost (LLM calls, prompt/generated tokens, seconds per query) and
+the listwise parse-failure rate. A 135M model may well hurt; the numbers are reported as measured. Everything runs
+through the CLI: `retrctl index` + `search` (BM25, Lucene k1=0.9 b=0.4), `retrctl rerank`, `retrctl eval`.
+
+    python bench/rerank.py --max-queries 5        # a small run
+    python bench/rerank.py                        # all 300 SciFact test queries
+
+Prints a Markdown table on stdout; the commands run go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RETRCTL = [sys.executable, "-m", "retrctl"]
+
+
+def sh(*args) -> tuple[float, str, str]:
+    """Run retrctl; (seconds, stdout, stderr). Fails loudly."""
+    print("$ retrctl " + " ".join(map(str, args)), file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    res = subprocess.run([*RETRCTL, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    secs = time.perf_counter() - t0
+    if res.returncode != 0:
+        sys.exit(f"failed ({res.returncode}): {' '.join(map(str, args))}\n{res.stderr[-3000:]}")
+    return secs, res.stdout, res.stderr
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "scifact"), help="BEIR folder.")
+    ap.add_argument("--max-queries", type=int, help="First N test queries (in qrels order).")
+    ap.add_argument("--llm", default="smollm2")
+    ap.add_argument("--top-k", type=int, default=20)
+    ap.add_argument("--modes", default="listwise,pointwise")
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--work", default=None, help="Work dir (kept; a re-run resumes reranking per query).")
+    args = ap.parse_args()
+
+    data = Path(args.data)
+    work = Path(args.work or ROOT / "bench" / "work" / "rerank")
+    work.mkdir(parents=True, exist_ok=True)
+    qrels = data / "qrels" / "test.tsv"
+    test_ids = list(dict.fromkeys(line.split("\t")[0] for line in qrels.read_text().splitlines()[1:] if line.strip()))
+    if args.max_queries is not None:
+        test_ids = test_ids[: args.max_queries]
+    wanted = set(test_ids)
+    # judgments of the chosen queries only: eval scores judged queries missing from a run as 0 (trec_eval -c)
+    qrels_sel = work / "qrels.tsv"
+    qrels_sel.write_text("".join(line + "\n" for i, line in enumerate(qrels.read_text().splitlines())
+                                 if line.strip() and (i == 0 or line.split("\t")[0] in wanted)))
+    queries = work / "queries.jsonl"
+    with open(data / "queries.jsonl") as f, open(queries, "w") as out:
+        for line in f:
+            if json.loads(line)["_id"] in wanted:
+                out.write(line)
+
+    index = work / "bm25"
+    if not (index / "index.json").exists():
+        sh("index", data / "corpus.jsonl", "--method", "bm25", "-o", index, "-q")
+    bm25 = work / "bm25.trec"
+    sh("search", index, queries, "--hits", args.top_k, "-o", bm25, "-q")
+
+    runs, cost = [bm25], {}
+    for mode in args.modes.split(","):
+        out = work / f"{mode}.trec"
+        secs, _, err = sh("rerank", bm25, "--queries", queries, "--corpus", data / "corpus.jsonl", "--llm", args.llm,
+                          "--top-k", args.top_k, "--mode", mode, "--batch-size", args.batch_size, "-o", out)
+        m = json.loads(Path(f"{out}.manifest.json").read_text())
+        w = m["windows"]
+        fail = re.search(r"parse-failure rate ([\d.]+)%", err)
+        cost[out.name] = {"secs": secs, "usage": m["usage"], "fail": f"{fail.group(1)}%" if fail else "-",
+                          "windows": sum(w.values()) if mode == "listwise" else None}
+        runs.append(out)
+    _, stdout, _ = sh("eval", *runs, "--qrels", qrels_sel, "-m", "nDCG@10", "--json")
+    rows = [json.loads(x) for x in stdout.splitlines() if x.strip()]
+    base = rows[0]["nDCG@10"]
+
+    print(f"rerank of BM25 top-{args.top_k} on {data.name} test, {len(test_ids)} queries, with {args.llm}")
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared), Python "
+          f"{platform.python_version()}")
+    print()
+    print("| run | nDCG@10 | vs BM25 | p (paired t) | LLM calls | prompt tok | gen tok | s/query (wall) | parse failures |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        name = Path(row["run"]).name
+        c = cost.get(name)
+        p = (row.get("p_value") or {}).get("nDCG@10")
+        delta = f"{row['nDCG@10'] - base:+.4f}" if c else "-"
+        if c:
+            u = c["usage"]
+            print(f"| {name.removesuffix('.trec')} | {row['nDCG@10']:.4f} | {delta} | {p:.3g} | {u['calls']} | "
+                  f"{u['prompt_tokens']} | {u['generated_tokens']} | {c['secs'] / max(len(test_ids), 1):.1f} | {c['fail']} |")
+        else:
+            print(f"| BM25 (peer) | {row['nDCG@10']:.4f} | - | - | - | - | - | - | - |")
+
+
+if __name__ == "__main__":
+    main()
