@@ -216,6 +216,7 @@ class Trainer:
         else:
             self.engine = PlainEngine(tower, cfg, self.total, self.warmup)
         torch.manual_seed(cfg.seed + 1 + rank)  # dropout differs per process
+        self.padded = self.drawn = 0  # negatives resampled / drawn from the corpus, over the batches trained
         self.partial = self.output.with_name(self.output.name + ".partial")
         self.ckpt_root = self.partial / "checkpoints"
 
@@ -223,9 +224,7 @@ class Trainer:
 
     def _probe_texts(self) -> list[str]:
         """A few texts whose embeddings must change in training and survive saving (FlagEmbedding#1547)."""
-        counts = self.batches.padded, self.batches.random
         batch = next(iter(self.batches.epoch(0)))
-        self.batches.padded, self.batches.random = counts
         return [t for e in batch[:4] for t in (e.query, e.passages[0])]
 
     @staticmethod
@@ -306,7 +305,7 @@ class Trainer:
         torch.save(rng_state(), tmp / f"rng-{self.dist.rank}.pt")
         if self.dist.rank == 0:
             state = {**dataclasses.asdict(pos), "world_size": self.dist.world, "total_steps": self.total,
-                     "padded_negatives": self.batches.padded, "random_negatives": self.batches.random}
+                     "padded_negatives": self.padded, "random_negatives": self.drawn}
             (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
             self.cfg.save(tmp / "train_config.json")
         self.dist.barrier()
@@ -329,7 +328,7 @@ class Trainer:
             raise ValueError(f"{d} was written by {state['world_size']} processes; resume with the same number (now {self.dist.world})")
         self.engine.load(d)
         set_rng_state(torch.load(d / f"rng-{self.dist.rank}.pt", weights_only=False))
-        self.batches.padded, self.batches.random = state["padded_negatives"], state["random_negatives"]
+        self.padded, self.drawn = state["padded_negatives"], state["random_negatives"]
         pos = Position(**{k: state[k] for k in ("step", "epoch", "batch_in_epoch", "groups_consumed")})
         log.info("resumed from %s (step %d, epoch %d, %d groups consumed)", d, pos.step, pos.epoch, pos.groups_consumed)
         return pos
@@ -369,6 +368,8 @@ class Trainer:
                         continue  # resume: skip what was trained (sampling is a pure function of seed and position)
                     start = time.perf_counter()
                     m = self.step(batch, first and pos.step == 0)  # a fresh run's step 1 runs at max length
+                    self.padded += sum(e.padded for e in batch)
+                    self.drawn += sum(e.drawn for e in batch)
                     first = False
                     pos.step, pos.batch_in_epoch, pos.groups_consumed = pos.step + 1, i + 1, pos.groups_consumed + len(batch)
                     window = (window + [time.perf_counter() - start])[-20:]
@@ -389,9 +390,9 @@ class Trainer:
                         break
                 else:
                     pos.epoch, pos.batch_in_epoch = pos.epoch + 1, 0
-        if self.batches.padded or self.batches.random:
+        if self.padded or self.drawn:
             log.warning("%d negatives resampled (groups with fewer than %d), %d drawn at random from the corpus (groups with none)",
-                        self.batches.padded, cfg.train_group_size - 1, self.batches.random)
+                        self.padded, cfg.train_group_size - 1, self.drawn)
         self.enc.report_truncation()
 
     def _check_lora(self) -> None:

@@ -37,6 +37,8 @@ class Example:
     keys: list[tuple[str, str]]  # (docid, text hash) of each passage
     positive_keys: set  # doc ids and text hashes of ALL the query's positives (false-negative masking)
     teacher: list[float] | None  # teacher scores aligned with passages, when the group carries them
+    padded: int = 0  # negatives resampled because the group had fewer than group_size - 1
+    drawn: int = 0  # negatives drawn at random from the corpus because the group had none
 
     def cost(self) -> int:
         return len(self.query) + sum(len(p) for p in self.passages)
@@ -93,8 +95,6 @@ class Batches:
             raise ValueError("train group size must be at least 1 (the positive)")
         self.source, self.group_size, self.global_batch, self.seed = source, group_size, global_batch, seed
         self.drop_last, self.group_by_length, self.buffer_batches = drop_last, group_by_length, buffer_batches
-        self.padded = 0  # negatives resampled because a group had fewer than group_size - 1
-        self.random = 0  # negatives drawn from the corpus because a group had none
         self._hash: dict[str, str] = {}
         self._ids: list[str] | None = None
 
@@ -112,6 +112,7 @@ class Batches:
         pos_ids, neg_ids = g["positive_document_ids"], g["negative_document_ids"]
         want = self.group_size - 1
         pi = int(rng.integers(len(pos_ids)))
+        padded = drawn = 0
         positive_keys = set()
         for docid in pos_ids:
             positive_keys.update(self._key(docid, self.source.doc(g, docid, line, "positive_document_ids")))
@@ -119,12 +120,12 @@ class Batches:
             ni = [int(i) for i in rng.choice(len(neg_ids), want, replace=False)]
         elif neg_ids:
             ni = list(range(len(neg_ids))) + [int(i) for i in rng.choice(len(neg_ids), want - len(neg_ids))]
-            self.padded += want - len(neg_ids)
+            padded = want - len(neg_ids)
         else:
             ni = None
         if ni is None and want:
             negs = [(d, self.source.corpus[d]) for d in self._random_negatives(set(pos_ids), want, rng, line)]
-            self.random += want
+            drawn = want
         else:
             negs = [(neg_ids[i], self.source.doc(g, neg_ids[i], line, "negative_document_ids")) for i in (ni or [])]
         docs = [(pos_ids[pi], self.source.doc(g, pos_ids[pi], line, "positive_document_ids")), *negs]
@@ -133,7 +134,7 @@ class Batches:
             teacher = [g["positive_scores"][pi]] + [g["negative_scores"][i] for i in ni]
         return Example(
             query_id=g["query_id"], query=g["query_text"], passages=[passage_text(d) for _, d in docs],
-            keys=[self._key(i, d) for i, d in docs], positive_keys=positive_keys, teacher=teacher,
+            keys=[self._key(i, d) for i, d in docs], positive_keys=positive_keys, teacher=teacher, padded=padded, drawn=drawn,
         )
 
     def _random_negatives(self, positives: set, want: int, rng: np.random.Generator, line: int) -> list[str]:

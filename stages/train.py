@@ -94,7 +94,8 @@ def _int_list(ctx, param, value):
 @options("model", "corpus", "encoder", "batch_size", "seed")
 @click.option("--config", "config_file", help="TrainConfig as JSON (train_config.json of an earlier run); flags override it.")
 @config_options
-def command(groups, output, corpus, config_file, **flags):
+@click.option("--local_rank", "--local-rank", "local_rank", type=int, hidden=True, help="Set by the deepspeed launcher; LOCAL_RANK is used.")
+def command(groups, output, corpus, config_file, local_rank, **flags):
     """Contrastive training on groups (from `retrctl mine`, file or stdin): InfoNCE with in-batch and hard
     negatives, GradCache, LoRA, Matryoshka, DeepSpeed ZeRO 0-3 under torchrun/deepspeed."""
     cfg = (TrainConfig.from_json(config_file) if config_file else TrainConfig()).replace(**flags)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from retrctl.engines import deepspeed_config
 from retrctl.models import Encoder
@@ -72,7 +73,7 @@ def test_group_sampling_is_seeded_padded_and_counted():
     ea, eb, ec = list(a.epoch(0)), list(b.epoch(0)), list(c.epoch(0))
     assert [e.passages for batch in ea for e in batch] == [e.passages for batch in eb for e in batch]
     assert [e.passages for batch in ea for e in batch] != [e.passages for batch in ec for e in batch]
-    assert a.padded == 2 and a.random == 3
+    assert sum(e.padded for b in ea for e in b) == 2 and sum(e.drawn for b in ea for e in b) == 3
     assert [e.passages for batch in ea for e in batch] != [e.passages for batch in a.epoch(1) for e in batch]
     ex = {e.query_id: e for batch in ea for e in batch}
     assert ex["q0"].passages.count(ex["q0"].passages[1]) == 3  # its only negative, three times
@@ -166,6 +167,12 @@ def test_distillation_from_group_scores(no_dropout, tmp_path):
     out = train(groups, corpus=_corpus(), output=tmp_path / "m", model=str(no_dropout), distill_weight=0.5, max_steps=2, **FAST)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(r["kl"] > 0 and r["loss"] == pytest.approx(r["ce"] + 0.5 * r["kl"], rel=1e-5) for r in rows)
+
+
+def test_bf16_mixed_precision_on_cpu(no_dropout, tmp_path):
+    out = train(_groups(8), corpus=_corpus(), output=tmp_path / "m", model=str(no_dropout), dtype="bf16", max_steps=2, **FAST)
+    assert all(np.isfinite(_losses(out)))
+    assert Encoder.load(out, device="cpu").model.dtype == torch.float32  # master weights stay fp32 on disk
 
 
 def test_first_step_is_padded_to_the_max_lengths(tiny_bert, tmp_path):
@@ -372,3 +379,39 @@ def test_deepspeed_resume_after_kill(no_dropout, tmp_path):
     r = _torchrun(2, [*common, "--max-steps", 8, "--resume", "-o", tmp_path / "b"], tmp_path, _free_port())
     assert r.returncode == 0, r.stderr[-3000:]
     assert np.allclose(_losses(tmp_path / "a"), _losses(tmp_path / "b"), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume(tiny_bert, tmp_path):
+    """A real SIGKILL mid-run (plain engine), then --resume: the loss curve equals an uninterrupted run's."""
+    import signal
+    import time
+
+    corpus_file, groups_file = _files(tmp_path)
+    args = [groups_file, "--corpus", corpus_file, "--model", tiny_bert, "--train-group-size", 3, "--batch-size", 4,
+            "--max-steps", 40, "--save-steps", 5, "--query-max-len", 16, "--passage-max-len", 48, "-q"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "retrctl", "train", *map(str, args)]
+    subprocess.run([*cmd, "-o", str(tmp_path / "a")], env=env, check=True)
+    proc = subprocess.Popen([*cmd, "-o", str(tmp_path / "b")], env=env)
+    ckpts = tmp_path / "b.partial" / "checkpoints"
+    while proc.poll() is None and not any(p.name == "step-10" for p in ckpts.glob("step-*")):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "b").exists(), "finished before the kill: raise --max-steps"
+    subprocess.run([*cmd, "-o", str(tmp_path / "b"), "--resume"], env=env, check=True)
+    assert np.allclose(_losses(tmp_path / "a"), _losses(tmp_path / "b"), atol=1e-5)
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_minilm_few_steps_changes_embeddings_and_loads_in_st(tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    out = train(_groups(8), corpus=_corpus(), output=tmp_path / "m", model="minilm", batch_size=4, train_group_size=2,
+                query_max_len=16, passage_max_len=32, max_steps=2, lr=1e-4)
+    texts = ["cat purr water", "memory safety in rust"]
+    st = SentenceTransformer(str(out), device="cpu")
+    assert np.allclose(Encoder.load(out, device="cpu").encode(texts), st.encode(texts), atol=1e-5)
+    assert not np.allclose(Encoder.load("minilm", device="cpu").encode(texts), st.encode(texts), atol=1e-4)
