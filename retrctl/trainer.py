@@ -127,6 +127,8 @@ class TrainConfig:
             raise ValueError("give --zero-stage or --deepspeed, not both")
         if self.zero_stage not in (None, 0, 1, 2, 3):
             raise ValueError("--zero-stage must be 0, 1, 2 or 3")
+        if self.dtype not in (None, "fp32", "bf16"):
+            raise ValueError("training runs in fp32 or bf16 mixed precision (--dtype bf16); fp16 needs loss scaling, not offered")
 
 
 # ---------------------------------------------------------------- model
@@ -390,7 +392,7 @@ class Trainer:
                         break
                 else:
                     pos.epoch, pos.batch_in_epoch = pos.epoch + 1, 0
-        if self.padded or self.drawn:
+        if (self.padded or self.drawn) and self.dist.rank == 0:
             log.warning("%d negatives resampled (groups with fewer than %d), %d drawn at random from the corpus (groups with none)",
                         self.padded, cfg.train_group_size - 1, self.drawn)
         self.enc.report_truncation()

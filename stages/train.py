@@ -31,6 +31,13 @@ Deviations and additions, each because a peer tool went wrong there (PEER_LESSON
   with none get random corpus passages. Gradient accumulation is not offered: it adds no negatives (ST#2916).
 - Groups stream from a file or stdin; stdin is held in memory (ids and query text only), never written to disk,
   so epochs and the step count are known. ``--resume`` restores model, optimizer, scheduler, RNG and position.
+
+Launching (the same flags everywhere; one process without --zero-stage/--deepspeed runs plain torch):
+
+    retrctl mine q.jsonl --corpus c.jsonl --qrels qrels.tsv | retrctl train --corpus c.jsonl --model minilm -o m/
+    retrctl train g.jsonl --corpus c.jsonl --model minilm --zero-stage 3 --grad-cache -o m/   # 1 GPU, nccl
+    torchrun --nproc_per_node 8 -m retrctl train g.jsonl --corpus c.jsonl --model smollm2 --zero-stage 2 -o m/
+    deepspeed --num_gpus 8 --no_local_rank --module retrctl train g.jsonl … --zero-stage 2 -o m/
 """
 
 from __future__ import annotations
@@ -94,8 +101,7 @@ def _int_list(ctx, param, value):
 @options("model", "corpus", "encoder", "batch_size", "seed")
 @click.option("--config", "config_file", help="TrainConfig as JSON (train_config.json of an earlier run); flags override it.")
 @config_options
-@click.option("--local_rank", "--local-rank", "local_rank", type=int, hidden=True, help="Set by the deepspeed launcher; LOCAL_RANK is used.")
-def command(groups, output, corpus, config_file, local_rank, **flags):
+def command(groups, output, corpus, config_file, **flags):
     """Contrastive training on groups (from `retrctl mine`, file or stdin): InfoNCE with in-batch and hard
     negatives, GradCache, LoRA, Matryoshka, DeepSpeed ZeRO 0-3 under torchrun/deepspeed."""
     cfg = (TrainConfig.from_json(config_file) if config_file else TrainConfig()).replace(**flags)
@@ -106,3 +112,9 @@ def command(groups, output, corpus, config_file, local_rank, **flags):
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     train(groups, output=output, corpus=corpus, config=cfg)
+
+
+for _p in command.params:  # the shared --batch-size/--seed, described as train uses them
+    if _p.name in ("batch_size", "seed"):
+        _field = TrainConfig.__dataclass_fields__[_p.name]
+        _p.help = f"{_field.metadata['help']} [default: {_field.default}]"

@@ -256,6 +256,7 @@ def test_cli_config_file_with_flag_override(tiny_bert, tmp_path, runner):
     (["--zero-stage", "1", "--deepspeed", "ds.json"], "give --zero-stage or --deepspeed, not both"),
     (["--zero-stage", "5"], "--zero-stage must be 0, 1, 2 or 3"),
     (["--temperature", "0"], "--temperature must be positive"),
+    (["--dtype", "fp16"], "fp16 needs loss scaling"),
 ])
 def test_cli_refuses_bad_combinations_up_front(tiny_bert, tmp_path, runner, flags, message):
     r = runner("train", tmp_path / "g.jsonl", "--model", tiny_bert, "-o", tmp_path / "m", *flags)
