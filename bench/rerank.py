@@ -82,8 +82,8 @@ def main():
         m = json.loads(Path(f"{out}.manifest.json").read_text())
         w = m["windows"]
         fail = re.search(r"parse-failure rate ([\d.]+)%", err)
-        cost[out.name] = {"secs": secs, "usage": m["usage"], "fail": f"{fail.group(1)}%" if fail else "-",
-                          "windows": sum(w.values()) if mode == "listwise" else None}
+        cost[out.name] = {"secs": secs, "usage": m["usage"],
+                          "fail": f"{w['ok']}/{w['repaired']}/{w['failed']} ({fail.group(1)}% failed)" if fail else "-"}
         runs.append(out)
     _, stdout, _ = sh("eval", *runs, "--qrels", qrels_sel, "-m", "nDCG@10", "--json")
     rows = [json.loads(x) for x in stdout.splitlines() if x.strip()]
@@ -93,7 +93,7 @@ def main():
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared), Python "
           f"{platform.python_version()}")
     print()
-    print("| run | nDCG@10 | vs BM25 | p (paired t) | LLM calls | prompt tok | gen tok | s/query (wall) | parse failures |")
+    print("| run | nDCG@10 | vs BM25 | p (paired t) | LLM calls | prompt tok | gen tok | s/query (wall) | windows ok/repaired/failed |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         name = Path(row["run"]).name
