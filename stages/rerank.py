@@ -422,8 +422,8 @@ def command(input, output, llm, queries, corpus, qrels, negative_ranks, dry_run,
         try:
             items = list(_group_items(shard(records.read(input, "group"), shard_id, shard_num, "query_id"), corpus, input))
         except records.RecordError as e:
-            if e.field is None and "positive_document_ids" in e.message:
-                e.message += " (to rerank a run, give --queries)"
+            if e.field is None and e.path == str(input):
+                e.message += " (without --queries INPUT is read as groups; to rerank a run, give --queries)"
             raise
     else:
         if corpus is None:
