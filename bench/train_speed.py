@@ -13,9 +13,9 @@ SentenceTransformerTrainer. Groups are SciFact train queries with a judged posit
 Memory (--memory): peak memory of one training step at batch 64 × group size 8 with and without --grad-cache,
 each in a fresh process: torch.cuda.max_memory_allocated on a GPU, growth of the peak RSS on a CPU.
 
-    python bench/train_speed.py --groups 48 --batch-size 8 --group-size 4 --passage-max-len 128   # small, ~2 min
-    python bench/train_speed.py                                   # full: 512 groups, batch 32, group 8, len 256
-    python bench/train_speed.py --memory --device cuda            # GradCache memory at batch 64 (GPU)
+    python bench/train_speed.py --groups 48 --batch-size 8 --group-size 4 --passage-max-len 128   # small, ~4 min
+    python bench/train_speed.py                   # full CPU: 128 groups, batch 16, group 8, len 256: ~40 min on 2 cores
+    python bench/train_speed.py --synthetic --device cuda --model DIR --groups 1024 --batch-size 64 --memory  # GPU, ~2 min
 """
 
 from __future__ import annotations
@@ -226,8 +226,8 @@ def main() -> None:
     p.add_argument("--data", default=str(DATA))
     p.add_argument("--model", default="minilm")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--groups", type=int, default=512)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--groups", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--query-max-len", type=int, default=64)
     p.add_argument("--passage-max-len", type=int, default=256)

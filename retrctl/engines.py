@@ -35,6 +35,7 @@ from retrctl.models import cache_dir
 if TYPE_CHECKING:
     from retrctl.trainer import Tower, TrainConfig
 
+
 def linear_schedule(step: int, *, warmup: int, total: int) -> float:
     """Linear warmup from 1/(warmup+1) to 1, then linear decay towards 0 at ``total``."""
     if step < warmup:
