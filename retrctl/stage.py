@@ -40,6 +40,11 @@ def setup_logging(level: str = "info", quiet: bool = False) -> None:
     root.setLevel(lvl)
     for noisy in ("transformers", "sentence_transformers", "bm25s", "DeepSpeed", "torch.distributed"):
         logging.getLogger(noisy).setLevel(max(lvl, logging.WARNING))
+    if quiet or not sys.stderr.isatty():
+        # the libraries' own bars ("Loading weights") follow ours: off in logs and pipelines
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        if "transformers" in sys.modules:
+            sys.modules["transformers"].utils.logging.disable_progress_bar()
 
 
 def progress(iterable: Iterable, desc: str = "", total: int | None = None, unit: str = "rec"):
