@@ -546,6 +546,18 @@ def read_qrels(path, split: str | None = None) -> dict[str, dict[str, int]]:
     return qrels
 
 
+def batched(items: Iterable, n: int) -> Iterator[list]:
+    """Lists of at most ``n`` items from a stream (itertools.batched, which needs Python 3.12)."""
+    buf = []
+    for x in items:
+        buf.append(x)
+        if len(buf) >= n:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
 # ---------------------------------------------------------------- writers
 
 

@@ -124,17 +124,6 @@ def _rng(seed: int, qid: str) -> random.Random:
     return random.Random(int.from_bytes(hashlib.blake2b(f"{seed}\x1f{qid}".encode(), digest_size=8).digest(), "big"))
 
 
-def _chunks(it: Iterable, n: int) -> Iterator[list]:
-    buf = []
-    for x in it:
-        buf.append(x)
-        if len(buf) >= n:
-            yield buf
-            buf = []
-    if buf:
-        yield buf
-
-
 def mine(queries: Iterable[dict], *, corpus: dict[str, dict], retriever, qrels: dict | None = None,
          top_k: int | None = None, positive_ranks: int = 0, source_positives: bool = True,
          negative_range: str = "30-100", num_negatives: int = 7, margin: float | None = None,
@@ -156,7 +145,7 @@ def mine(queries: Iterable[dict], *, corpus: dict[str, dict], retriever, qrels: 
                       kept=0, **{f"skip_{r}": 0 for r in REASONS}))
     dists = {"positive": Dist(), "kept": Dist(), "skipped": Dist(), **{r: Dist() for r in ("margin", "relative_margin")}}
     seen_q: set[str] = set()
-    for chunk in _chunks(queries, batch_size):
+    for chunk in records.batched(queries, batch_size):
         st["queries"] += len(chunk)
         seen_q.update(q["query_id"] for q in chunk)
         live = [q for q in chunk if q["query_text"].strip()]

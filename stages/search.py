@@ -34,7 +34,6 @@ from collections.abc import Callable, Iterable, Iterator
 import click
 
 from retrctl import records
-from retrctl.indexes.dense import _chunks
 from retrctl.stage import encoder_overrides, options, progress, stage
 
 log = logging.getLogger("retrctl.search")
@@ -46,7 +45,7 @@ def search(queries: Iterable[dict], index, *, hits: int = 1000, remove_query: bo
     {title, text}}) rows also carry query_text, title and text."""
     chunk_size = max(16, min(4096, 1_000_000 // max(hits, 1)))  # bounds the results held at once
     k = hits + 1 if remove_query else hits
-    for chunk in _chunks(queries, chunk_size):
+    for chunk in records.batched(queries, chunk_size):
         results = index.search(chunk, k)
         found = texts({d for q in chunk for d, _ in results[q["query_id"]]}) if texts else None
         for q in chunk:

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
+from retrctl import records
 from retrctl.indexes import base
 
 log = logging.getLogger("retrctl.index")
@@ -35,17 +36,6 @@ ENCODER_KEYS = ("pooling", "normalize", "query_prompt", "passage_prompt", "query
                 "bidirectional", "dims", "temperature")
 # settings that change the doc vectors: overriding them at search time mismatches the index
 PASSAGE_KEYS = ("pooling", "normalize", "passage_prompt", "passage_max_len", "bidirectional", "dims")
-
-
-def _chunks(it: Iterable, n: int) -> Iterator[list]:
-    buf = []
-    for x in it:
-        buf.append(x)
-        if len(buf) >= n:
-            yield buf
-            buf = []
-    if buf:
-        yield buf
 
 
 class DenseIndex(base.Index):
@@ -183,7 +173,7 @@ class DenseIndex(base.Index):
             raise ValueError("this DenseIndex has no encoder: load it with an encoder to add docs")
         stats, seen = base.new_stats(), set()
         replaced: dict[int, tuple[str, np.ndarray]] = {}
-        for n, chunk in enumerate(_chunks(self._classify(docs, seen, stats), self.chunk_size)):
+        for n, chunk in enumerate(records.batched(self._classify(docs, seen, stats), self.chunk_size)):
             vecs = self._encode(chunk, n)
             new = [i for i, (_, _, pos) in enumerate(chunk) if pos is None]
             for i, (_, h, pos) in enumerate(chunk):
@@ -331,7 +321,7 @@ class DenseIndex(base.Index):
         idx._set_ids(docids, hashes)
         idx._vectors = [np.load(directory / manifest["files"]["vectors"])] if manifest["files"].get("vectors") else None
         if idx.index.ntotal != len(docids):
-            raise base.records.RecordError(directory, message=f"index.faiss holds {idx.index.ntotal} vectors but docids.parquet {len(docids)} ids")
+            raise records.RecordError(directory, message=f"index.faiss holds {idx.index.ntotal} vectors but docids.parquet {len(docids)} ids")
         return idx
 
     @classmethod
