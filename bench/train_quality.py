@@ -16,7 +16,7 @@ Scores: nDCG@10 by `retrctl eval` (ir_measures); ArguAna drops self-retrieval (B
 
     python bench/train_quality.py --tiny            # proves the plumbing: ~11 min on the shared 2 cores
     python bench/train_quality.py --task minilm     # full: 1 epoch of 809 groups (26 steps, ~1 h) + 4 evals, ~1.5-2 h
-    python bench/train_quality.py --task smollm2    # 15 steps (~43 min) + crop/mine + 2 evals of SmolLM2, ~2-3 h
+    python bench/train_quality.py --task smollm2    # 12 GradCache steps (~45 min) + crop/mine + 2 evals, ~2-3 h
 """
 
 from __future__ import annotations
@@ -137,8 +137,10 @@ def task_smollm2(a, work: Path) -> list[str]:
     both.write_text("".join(lines))
     enc = ["--pooling", "mean", "--bidirectional"]
     model = work / "smollm2-trained"
-    t_train = train(a, both, "smollm2", model, enc, a.smollm2_steps, a.smollm2_lr, a.smollm2_batch_size, a.group_size,
-                    a.smollm2_passage_max_len)
+    # GradCache bounds activation memory (uncached, batch 16 × 4 passages of 128 tokens took ~17 GB and was OOM-killed
+    # on the shared 23 GB machine); it costs one extra forward per step
+    t_train = train(a, both, "smollm2", model, [*enc, "--grad-cache", "--chunk-size", a.chunk_size], a.smollm2_steps,
+                    a.smollm2_lr, a.smollm2_batch_size, a.group_size, a.smollm2_passage_max_len)
     caps = ["--passage-max-len", a.eval_max_len, "--query-max-len", a.eval_max_len]
     before = ndcg("smollm2", scifact, work, "smollm2-base", [*enc, *caps], a.eval_batch)
     after = ndcg(str(model), scifact, work, "smollm2-trained", caps, a.eval_batch)
@@ -163,7 +165,9 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=0.05)
     p.add_argument("--query-max-len", type=int, default=64)
     p.add_argument("--passage-max-len", type=int, default=256)
-    p.add_argument("--smollm2-steps", type=int, default=15, help="Sized for the 45 min budget: ~170 s/step measured on the shared 2 cores.")
+    p.add_argument("--smollm2-steps", type=int, default=12,
+                   help="Sized for the 45 min budget: ~170 s/step measured uncached on the shared 2 cores, +1/3 for GradCache.")
+    p.add_argument("--chunk-size", type=int, default=16, help="GradCache chunk for smollm2.")
     p.add_argument("--smollm2-batch-size", type=int, default=16)
     p.add_argument("--smollm2-passage-max-len", type=int, default=128)
     p.add_argument("--smollm2-lr", type=float, default=1e-4)
