@@ -16,7 +16,7 @@ Scores: nDCG@10 by `retrctl eval` (ir_measures); ArguAna drops self-retrieval (B
 
     python bench/train_quality.py --tiny            # proves the plumbing: ~11 min on the shared 2 cores
     python bench/train_quality.py --task minilm     # full: 1 epoch of 809 groups (26 steps, ~1 h) + 4 evals, ~1.5-2 h
-    python bench/train_quality.py --task smollm2    # 12 GradCache steps (~45 min) + crop/mine + 2 evals, ~2-3 h
+    python bench/train_quality.py --task smollm2    # 10 GradCache steps (~35-50 min) + crop/mine + 2 evals, ~2-3 h
 """
 
 from __future__ import annotations
@@ -165,8 +165,8 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=0.05)
     p.add_argument("--query-max-len", type=int, default=64)
     p.add_argument("--passage-max-len", type=int, default=256)
-    p.add_argument("--smollm2-steps", type=int, default=12,
-                   help="Sized for the 45 min budget: ~170 s/step measured uncached on the shared 2 cores, +1/3 for GradCache.")
+    p.add_argument("--smollm2-steps", type=int, default=10,
+                   help="Sized for the 45 min budget: a GradCache step took 313 s on the loaded 2 cores (peak RSS 5.8 GB).")
     p.add_argument("--chunk-size", type=int, default=16, help="GradCache chunk for smollm2.")
     p.add_argument("--smollm2-batch-size", type=int, default=16)
     p.add_argument("--smollm2-passage-max-len", type=int, default=128)
