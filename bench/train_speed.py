@@ -105,7 +105,7 @@ def _st_model(a):
 
 
 def _columns(groups, corpus, start, size):
-    from retrctl.trainset import passage_text
+    from retrctl.records import passage_text
 
     batch = groups[start : start + size]
     cols = [[g["query_text"] for g in batch], [passage_text(corpus[g["positive_document_ids"][0]]) for g in batch]]

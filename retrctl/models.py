@@ -13,12 +13,14 @@ max length are counted and reported on stderr (ST#4060). No hub access, ever.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.util
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -76,7 +78,8 @@ def gguf_to_hf(gguf: Path) -> Path:
     if missing:  # tied embeddings
         model.tie_weights()
     tmp = out.with_name(out.name + ".partial")
-    model.save_pretrained(tmp)
+    with contextlib.redirect_stdout(sys.stderr):  # save_pretrained imports DeepSpeed, which prints to stdout
+        model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     os.replace(tmp, out)
     return out
@@ -211,7 +214,9 @@ class Encoder(torch.nn.Module):
         torch_dtype = getattr(torch, DTYPES[dtype or "fp32"])
         model = AutoModel.from_pretrained(str(weights), dtype=torch_dtype)
         if "query_max_len" not in settings or "passage_max_len" not in settings:
-            cap = min(getattr(tokenizer, "model_max_length", 512) or 512, 512)
+            # never past the position table: a longer default crashes on the first long text
+            positions = getattr(model.config, "max_position_embeddings", None) or 512
+            cap = min(getattr(tokenizer, "model_max_length", 512) or 512, positions, 512)
             settings.setdefault("query_max_len", cap)
             settings.setdefault("passage_max_len", cap)
         known = {f.name for f in dataclasses.fields(EncoderConfig)}
@@ -324,7 +329,8 @@ class Encoder(torch.nn.Module):
         """sentence-transformers layout + retrctl.json; readable by stock loaders."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out)
+        with contextlib.redirect_stdout(sys.stderr):  # save_pretrained imports DeepSpeed, which prints to stdout
+            self.model.save_pretrained(out)
         self.tokenizer.save_pretrained(out)
         c = self.config
         modules = [

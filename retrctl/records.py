@@ -272,6 +272,11 @@ def normalize_query(obj, path="<input>", line=None) -> dict:
     return rec
 
 
+def passage_text(doc: dict) -> str:
+    """The text a passage is encoded and trained from: title, a space, the text (BEIR/sentence-transformers)."""
+    return ((doc.get("title") or "") + " " + doc["text"]).strip()
+
+
 def text_id(text: str) -> str:
     """A stable id for a passage that arrives without one (FlagEmbedding groups)."""
     return "h" + hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()

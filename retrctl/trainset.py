@@ -24,11 +24,6 @@ from retrctl import records
 log = logging.getLogger("retrctl.train")
 
 
-def passage_text(doc: dict) -> str:
-    """The text a passage is encoded from: 'title text', exactly as the dense index encodes it (indexes/dense.py)."""
-    return ((doc.get("title") or "") + " " + doc["text"]).strip()
-
-
 @dataclasses.dataclass
 class Example:
     query_id: str
@@ -105,7 +100,7 @@ class Batches:
     def _key(self, docid: str, doc: dict) -> tuple[str, str]:
         h = self._hash.get(docid)
         if h is None:
-            h = self._hash[docid] = records.content_hash("", passage_text(doc).strip().lower())
+            h = self._hash[docid] = records.content_hash("", records.passage_text(doc).strip().lower())
         return docid, h
 
     def example(self, line: int, g: dict, rng: np.random.Generator) -> Example:
@@ -133,7 +128,7 @@ class Batches:
         if "positive_scores" in g and "negative_scores" in g and ni is not None:
             teacher = [g["positive_scores"][pi]] + [g["negative_scores"][i] for i in ni]
         return Example(
-            query_id=g["query_id"], query=g["query_text"], passages=[passage_text(d) for _, d in docs],
+            query_id=g["query_id"], query=g["query_text"], passages=[records.passage_text(d) for _, d in docs],
             keys=[self._key(i, d) for i, d in docs], positive_keys=positive_keys, teacher=teacher, padded=padded, drawn=drawn,
         )
 

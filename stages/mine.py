@@ -78,11 +78,6 @@ REASONS = ("positive", "positive_text", "not_in_corpus", "duplicate", "margin", 
 RRF_K = 60
 
 
-def passage_text(doc: dict) -> str:
-    """Title and text as one passage, as the dense index encodes it."""
-    return f"{doc['title']} {doc['text']}" if doc.get("title") else doc["text"]
-
-
 def norm_text(doc: dict) -> str:
     text = doc["text"] if doc["text"].strip() else doc.get("title", "")
     return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
@@ -253,12 +248,12 @@ def _format(g: dict, corpus: dict, fmt: str) -> Iterator[dict]:
         yield {"query_id": g["query_id"], "query": g["query_text"], "positive_passages": passages(pos),
                "negative_passages": passages(neg)}
     elif fmt == "flagembedding":
-        yield {"query": g["query_text"], "pos": [passage_text(corpus[d]) for d in pos],
-               "neg": [passage_text(corpus[d]) for d in neg]}
+        yield {"query": g["query_text"], "pos": [records.passage_text(corpus[d]) for d in pos],
+               "neg": [records.passage_text(corpus[d]) for d in neg]}
     else:  # sentence-transformers triplets
         for p in pos:
             for n in neg:
-                yield {"anchor": g["query_text"], "positive": passage_text(corpus[p]), "negative": passage_text(corpus[n])}
+                yield {"anchor": g["query_text"], "positive": records.passage_text(corpus[p]), "negative": records.passage_text(corpus[n])}
 
 
 def _report(st: dict, dists: dict, num_negatives: int) -> None:

@@ -27,7 +27,6 @@ import numpy as np
 
 from retrctl import records
 from retrctl.indexes import base
-from retrctl.indexes.dense import _passage
 
 log = logging.getLogger("retrctl.index")
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
@@ -147,7 +146,7 @@ class BM25Index(base.Index):
         self._load_tokens()
         stats, seen, dead = base.new_stats(), set(), []
         for chunk in records.batched(self._classify(docs, seen, stats), 4096):
-            self._new.append(self._tokenize([_passage(d) for d, _, _ in chunk]))
+            self._new.append(self._tokenize([records.passage_text(d) for d, _, _ in chunk]))
             dead += [pos for _, _, pos in chunk if pos is not None]  # a changed doc: old row out, new row appended
             self._append_ids([d["docid"] for d, _, _ in chunk], [h for _, h, _ in chunk])
             self._dirty = True

@@ -151,7 +151,7 @@ class DenseIndex(base.Index):
             saved = json.loads(ckpt.with_suffix(".json").read_text())
             if saved == {"docids": ids, "hashes": hashes}:
                 return np.load(ckpt.with_suffix(".npy"))
-        texts = [_passage(d) for d, _, _ in chunk]
+        texts = [records.passage_text(d) for d, _, _ in chunk]
         vecs = self.encoder.encode(texts, kind="passage", batch_size=self.batch_size)
         bad = ~np.isfinite(vecs).all(axis=1)
         if bad.any():  # a broken forward gives NaN embeddings that search would rank silently (tevatron#103)
@@ -358,9 +358,6 @@ class DenseIndex(base.Index):
         return out
 
 
-def _passage(doc: dict) -> str:
-    """Title and text as one passage (BEIR/sentence-transformers convention: title, a space, the text)."""
-    return ((doc.get("title") or "") + " " + doc["text"]).strip()
 
 
 def _describe(encoder) -> dict:
