@@ -592,14 +592,19 @@ def atomic_dir(path):
     partial = path.with_name(path.name + ".partial")
     partial.mkdir(parents=True, exist_ok=True)
     yield partial
-    if path.exists():
-        old = path.with_name(path.name + ".old")
+    swap_dir(partial, path)
+
+
+def swap_dir(src: Path, dst: Path) -> None:
+    """Move the finished directory ``src`` to ``dst``, replacing what is there by renames only."""
+    if dst.exists():
+        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
         shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-        os.replace(partial, path)
+        os.replace(dst, old)
+        os.replace(src, dst)
         shutil.rmtree(old, ignore_errors=True)
     else:
-        os.replace(partial, path)
+        os.replace(src, dst)
 
 
 @contextlib.contextmanager

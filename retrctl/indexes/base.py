@@ -228,11 +228,4 @@ def swap_into(directory: str | Path):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if directory.exists():
-        old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(directory, old)
-        os.replace(tmp, directory)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, directory)
+    records.swap_dir(tmp, directory)
