@@ -17,17 +17,14 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _run import ROOT, retrctl
+
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # (dataset, retriever) -> (target nDCG@10, where the target comes from)
 TARGETS = {
@@ -39,17 +36,10 @@ TARGETS = {
 REMOVE_QUERY = {"arguana", "quora"}
 
 
-def retrctl(*args, capture=False) -> tuple[float, str]:
-    t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "retrctl", *map(str, args)], check=True, text=True,
-                         stdout=subprocess.PIPE if capture else subprocess.DEVNULL)
-    return time.perf_counter() - t, out.stdout if capture else ""
-
-
 def score(run: Path, data: Path) -> dict:
     """nDCG@10 and R@100 by `retrctl eval` (ir_measures directly if the eval stage is absent)."""
     if (ROOT / "stages" / "eval.py").exists():
-        _, out = retrctl("eval", run, "--qrels", data, "--keep-self", "--json", "-m", "nDCG@10", "-m", "R@100", "--quiet", capture=True)
+        _, out, _ = retrctl("eval", run, "--qrels", data, "--keep-self", "--json", "-m", "nDCG@10", "-m", "R@100", "--quiet")
         row = json.loads(out.splitlines()[-1])
         return {"nDCG@10": row["nDCG@10"], "R@100": row["R@100"]}
     import ir_measures
@@ -97,9 +87,9 @@ def retrieval(datasets: list[str], retrievers: list[str], data_dir: Path, work: 
                 continue
             idx, run = work / f"{data.name}-{retriever}", work / f"{data.name}-{retriever}.trec"
             how = ["--method", "bm25"] if retriever == "bm25" else ["--model", retriever, "--batch-size", batch_size]
-            t_index, _ = retrctl("index", data, *how, "-o", idx, "--quiet", "--rebuild")
+            t_index, *_ = retrctl("index", data, *how, "-o", idx, "--quiet", "--rebuild")
             extra = ["--remove-query"] if name in REMOVE_QUERY else []
-            t_search, _ = retrctl("search", idx, data, "--hits", hits, *extra, "-o", run, "--quiet")
+            t_search, *_ = retrctl("search", idx, data, "--hits", hits, *extra, "-o", run, "--quiet")
             m = score(run, data)
             target, source = TARGETS[(name, retriever)]
             delta = m["nDCG@10"] - target

@@ -39,7 +39,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from retrctl import metrics, records  # noqa: E402
 from retrctl.records import passage_text  # noqa: E402
-from stages.mine import IndexRetriever, dense_index, mine  # noqa: E402
+from retrctl.retrievers import IndexRetriever, dense_index  # noqa: E402
+from stages.mine import mine  # noqa: E402
 
 MARGINS = {"bm25": 1.0, "minilm": 0.05}  # absolute margins in each retriever's score units (BM25 ~5-40, cosine)
 

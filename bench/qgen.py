@@ -18,27 +18,10 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RETRCTL = [sys.executable, "-m", "retrctl"]
-
-
-def sh(*args, log=True) -> tuple[float, str]:
-    """Run retrctl; (seconds, stderr). Fails loudly."""
-    cmd = [*RETRCTL, *map(str, args)]
-    if log:
-        print("$ retrctl " + " ".join(map(str, args)), file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1",
-                                                                               "TRANSFORMERS_OFFLINE": "1"})
-    secs = time.perf_counter() - t0
-    if res.returncode != 0:
-        sys.exit(f"failed ({res.returncode}): {' '.join(map(str, args))}\n{res.stderr[-3000:]}")
-    return secs, res.stderr
+from _run import ROOT, retrctl
 
 
 def read_jsonl(path) -> list[dict]:
@@ -50,7 +33,7 @@ def proxy(queries: Path, index: Path, work: Path) -> float | None:
     if not rows:
         return None
     run = work / (queries.stem + ".minilm.trec")
-    sh("search", index, queries, "--hits", 10, "-o", run, "-q", log=False)
+    retrctl("search", index, queries, "--hits", 10, "-o", run, "-q", log=False)
     top = {}
     for line in run.read_text().splitlines():
         qid, _, docid, *_ = line.split()
@@ -97,11 +80,11 @@ def main():
 
     index = work / "minilm"
     if not (index / "index.json").exists():
-        sh("index", corpus, "--model", "minilm", "-o", index, "-q")
+        retrctl("index", corpus, "--model", "minilm", "-o", index, "-q")
 
     rows = []
     if (ROOT / "stages" / "crop.py").exists():
-        secs, _ = sh("crop", docs, "--seed", args.seed, "-o", work / "crop.jsonl")
+        secs, _, _ = retrctl("crop", docs, "--seed", args.seed, "-o", work / "crop.jsonl")
         n = len(read_jsonl(work / "crop.jsonl"))
         rows.append(("crop (peer, no LLM)", n, n / secs, proxy(work / "crop.jsonl", index, work), secs))
     else:
@@ -126,7 +109,7 @@ def main():
     gen_rate = None
     for i, (name, flags) in enumerate(steps):
         out = work / f"qgen{i}.jsonl"
-        secs, err = sh(*base, *flags, "-o", out)
+        secs, _, err = retrctl(*base, *flags, "-o", out)
         if i == 0:
             m = json.loads((work / f"qgen{i}.jsonl.manifest.json").read_text())
             t = m["throughput"]

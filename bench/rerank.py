@@ -18,25 +18,9 @@ import json
 import os
 import platform
 import re
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RETRCTL = [sys.executable, "-m", "retrctl"]
-
-
-def sh(*args) -> tuple[float, str, str]:
-    """Run retrctl; (seconds, stdout, stderr). Fails loudly."""
-    print("$ retrctl " + " ".join(map(str, args)), file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    res = subprocess.run([*RETRCTL, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-    secs = time.perf_counter() - t0
-    if res.returncode != 0:
-        sys.exit(f"failed ({res.returncode}): {' '.join(map(str, args))}\n{res.stderr[-3000:]}")
-    return secs, res.stdout, res.stderr
+from _run import ROOT, retrctl
 
 
 def main():
@@ -70,14 +54,14 @@ def main():
 
     index = work / "bm25"
     if not (index / "index.json").exists():
-        sh("index", data / "corpus.jsonl", "--method", "bm25", "-o", index, "-q")
+        retrctl("index", data / "corpus.jsonl", "--method", "bm25", "-o", index, "-q")
     bm25 = work / "bm25.trec"
-    sh("search", index, queries, "--hits", args.top_k, "-o", bm25, "-q")
+    retrctl("search", index, queries, "--hits", args.top_k, "-o", bm25, "-q")
 
     runs, cost = [bm25], {}
     for mode in args.modes.split(","):
         out = work / f"{mode}.trec"
-        secs, _, err = sh("rerank", bm25, "--queries", queries, "--corpus", data / "corpus.jsonl", "--llm", args.llm,
+        secs, _, err = retrctl("rerank", bm25, "--queries", queries, "--corpus", data / "corpus.jsonl", "--llm", args.llm,
                           "--top-k", args.top_k, "--mode", mode, "--batch-size", args.batch_size, "-o", out)
         m = json.loads(Path(f"{out}.manifest.json").read_text())
         w = m["windows"]
@@ -85,7 +69,7 @@ def main():
         cost[out.name] = {"secs": secs, "usage": m["usage"],
                           "fail": f"{w['ok']}/{w['repaired']}/{w['failed']} ({fail.group(1)}% failed)" if fail else "-"}
         runs.append(out)
-    _, stdout, _ = sh("eval", *runs, "--qrels", qrels_sel, "-m", "nDCG@10", "--json")
+    _, stdout, _ = retrctl("eval", *runs, "--qrels", qrels_sel, "-m", "nDCG@10", "--json")
     rows = [json.loads(x) for x in stdout.splitlines() if x.strip()]
     base = rows[0]["nDCG@10"]
 

@@ -26,24 +26,13 @@ import json
 import os
 import platform
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _run import DATA, ROOT, retrctl
+
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-DATA = ROOT.parent / "shared" / "data"
-
-
-def retrctl(*args, stdin=None) -> tuple[float, str]:
-    t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "retrctl", *map(str, args)], check=True, text=True, stdout=subprocess.PIPE,
-                         stdin=stdin)
-    return time.perf_counter() - t, out.stdout
 
 
 def slice_beir(data: Path, work: Path, max_docs: int | None, max_queries: int | None) -> Path:
@@ -71,7 +60,7 @@ def ndcg(model: str, data: Path, work: Path, tag: str, encoder: list, batch_size
     retrctl("index", data, "--model", model, *encoder, "--batch-size", batch_size, "-o", idx, "--quiet", "--rebuild")
     extra = ["--remove-query"] if "arguana" in data.name else []
     retrctl("search", idx, data, "--hits", 100, *extra, "-o", run, "--quiet")
-    _, out = retrctl("eval", run, "--qrels", data, "--json", "-m", "nDCG@10", "--quiet")
+    _, out, _ = retrctl("eval", run, "--qrels", data, "--json", "-m", "nDCG@10", "--quiet")
     return json.loads(out.splitlines()[-1])["nDCG@10"]
 
 
@@ -84,7 +73,7 @@ def train_groups(a, work: Path) -> Path:
     queries = [q for q in records.read(scifact, "query") if q["query_id"] in qrels][: a.train_queries or None]
     records.write(queries, work / "train_queries.jsonl")
     groups = work / "train_groups.jsonl"
-    t, _ = retrctl("mine", work / "train_queries.jsonl", "--corpus", scifact, "--qrels", scifact / "qrels" / "train.tsv",
+    t, *_ = retrctl("mine", work / "train_queries.jsonl", "--corpus", scifact, "--qrels", scifact / "qrels" / "train.tsv",
                    "--retriever", a.mine_retriever, "--num-negatives", a.group_size - 1, "-o", groups, "--quiet")
     print(f"mined {len(queries)} train groups in {t:.0f} s", file=sys.stderr)
     return groups
@@ -106,10 +95,10 @@ def crop_groups(a, work: Path) -> Path:
 def train(a, groups: Path, model: str, out: Path, encoder: list, steps: int | None, lr: float, batch_size: int,
           group_size: int, passage_max_len: int) -> float:
     how = ["--max-steps", steps] if steps else ["--epochs", a.epochs]
-    t, _ = retrctl("train", groups, "--corpus", DATA / "scifact", "--model", model, *encoder, "-o", out, *how,
+    t, *_ = retrctl("train", groups, "--corpus", DATA / "scifact", "--model", model, *encoder, "-o", out, *how,
                    "--batch-size", batch_size, "--train-group-size", group_size, "--lr", lr,
                    "--temperature", a.temperature, "--query-max-len", a.query_max_len, "--passage-max-len", passage_max_len,
-                   "--logging-steps", 1)
+                   "--logging-steps", 1, capture_stderr=False)
     return t
 
 

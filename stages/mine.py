@@ -33,10 +33,8 @@ are sampled with a generator seeded from (seed, query_id), then listed in rank o
 (`--shard-id/--shard-num`) therefore concatenates to the output of one run.
 
 Memory: queries are processed `--batch-size` at a time (ST#3164 materialized queries x corpus); score statistics
-are kept in bounded reservoirs. Dense corpus vectors are cached under `<cache>/mine/<model key>-<corpus key>`
-as a DenseIndex kept in sync by content hash, so a sweep of mining settings encodes the corpus once and an edited
-corpus re-encodes only changed docs (ST#3338). `hybrid` fuses dense and BM25 top-k lists with reciprocal rank
-fusion (Cormack et al. 2009, k=60); fused scores are RRF scores, so margins apply to them.
+are kept in bounded reservoirs. Retrievers (bm25, dense with cached corpus vectors, hybrid RRF, index, run) are
+retrctl/retrievers.py; with `hybrid` the fused scores are RRF scores, so margins apply to them.
 
 Every judged positive of a query is written (not only the first, tevatron#107), so training can mask in-batch
 candidates that share an id or text with any of them (PEER_LESSONS 29).
@@ -53,29 +51,24 @@ fill-up from the corpus (FlagEmbedding#464 showed it picks positives). No cross-
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import logging
-import os
 import random
-import shutil
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 import click
 import numpy as np
 
 from retrctl import records
+from retrctl.retrievers import open_retriever
 from retrctl.stage import encoder_overrides, options, shard_of, stage
 
 log = logging.getLogger("retrctl.mine")
 
 FORMATS = ("tevatron", "tevatron-legacy", "flagembedding", "triplets")
 REASONS = ("positive", "positive_text", "not_in_corpus", "duplicate", "margin", "relative_margin")
-RRF_K = 60
 
 
 def norm_text(doc: dict) -> str:
@@ -273,164 +266,6 @@ def _report(st: dict, dists: dict, num_negatives: int) -> None:
             log.info("scores of candidates skipped by %s: %s", r, dists[r])
     log.info("%d of %d groups have fewer than %d negatives (%d negatives short in total)",
              st["short_groups"], st["groups"], num_negatives, st["missing_negatives"])
-
-
-# ---------------------------------------------------------------- retrievers
-
-
-class RunRetriever:
-    """Candidates from an existing run (TREC or JSONL); scores of unretrieved docs are unknown."""
-
-    def __init__(self, run: dict[str, list[tuple[str, float]]]):
-        self.run = run
-
-    def search(self, queries: list[dict], k: int) -> dict:
-        return {q["query_id"]: sorted(self.run.get(q["query_id"], []), key=lambda c: (-c[1], c[0]))[:k] for q in queries}
-
-
-class IndexRetriever:
-    """Any retrctl index. Positives outside the top-k are scored exactly: dense = query vector . doc vector,
-    BM25 = bm25s's score of that doc for the query (0 when no query term matches, which search leaves out)."""
-
-    def __init__(self, index):
-        self.index = index
-        self.dense = hasattr(index, "search_vectors") and getattr(index, "encoder", None) is not None
-        self.bm25 = getattr(index, "name", "") == "bm25"
-        self._chunk: dict[str, object] = {}  # this chunk's query vectors (dense) or texts (bm25)
-        self._rows: dict[str, int] | None = None
-
-    def search(self, queries: list[dict], k: int) -> dict:
-        if not self.dense:
-            self._chunk = {q["query_id"]: q["query_text"] for q in queries}
-            return self.index.search(queries, k)
-        qv = self.index.encoder.encode([q["query_text"] for q in queries], kind="query", batch_size=self.index.batch_size)
-        self._chunk = {q["query_id"]: v for q, v in zip(queries, qv, strict=True)}
-        scores, ids = self.index.search_vectors(qv, k)
-        return {q["query_id"]: [(d, float(s)) for d, s in zip(row_ids, row, strict=False)]
-                for q, row_ids, row in zip(queries, ids, scores, strict=True)}
-
-    def score(self, qid: str, docids: list[str]) -> dict[str, float]:
-        if qid not in self._chunk or not (self.dense or self.bm25):
-            return {}
-        if self._rows is None or len(self._rows) != len(self.index.docids):
-            self._rows = {d: i for i, d in enumerate(self.index.docids)}
-        docids = [d for d in docids if d in self._rows]
-        if not docids:
-            return {}
-        if self.dense:
-            return dict(zip(docids, (self.index.get_vectors(docids) @ self._chunk[qid]).tolist(), strict=True))
-        tok = self.index.tokenizer
-        ids = [i for i in next(iter(tok.streaming_tokenize([self._chunk[qid]], update_vocab=False))) if i != tok.word_to_id.get("")]
-        if not ids or self.index.retriever is None:
-            return dict.fromkeys(docids, 0.0)
-        scores = self.index.retriever.get_scores_from_ids(ids)
-        return {d: float(scores[self._rows[d]]) for d in docids}
-
-
-class HybridRetriever:
-    """Dense + BM25 fused with reciprocal rank fusion (Cormack et al. 2009): score = sum 1/(60 + rank)."""
-
-    def __init__(self, *parts):
-        self.parts = parts
-
-    def search(self, queries: list[dict], k: int) -> dict:
-        fused: dict[str, Counter] = {q["query_id"]: Counter() for q in queries}
-        for part in self.parts:
-            for qid, ranked in part.search(queries, k).items():
-                for rank, (d, _) in enumerate(ranked, 1):
-                    fused[qid][d] += 1.0 / (RRF_K + rank)
-        return {qid: sorted(c.items(), key=lambda x: (-x[1], x[0]))[:k] for qid, c in fused.items()}
-
-
-def _fingerprint(model) -> dict:
-    """What identifies the weights: the resolved dir and its weight files' sizes and mtimes."""
-    from retrctl.models import resolve
-
-    root = resolve(model)
-    files = sorted(p for p in root.rglob("*") if p.suffix in (".safetensors", ".bin", ".pt", ".gguf") and p.is_file())
-    return {"dir": str(root.resolve()), "files": [[str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "w") as f:
-        try:
-            import fcntl
-
-            fcntl.flock(f, fcntl.LOCK_EX)
-        except ImportError:  # no flock (Windows): concurrent miners may re-encode, never corrupt (atomic swap)
-            pass
-        yield
-
-
-def dense_index(model, docs: dict[str, dict], corpus_path: str | None, batch_size: int = 64, cache: bool = True,
-                **overrides):
-    """A Flat (exact) DenseIndex of the corpus; with ``cache`` it lives under cache_dir()/mine and is synced."""
-    from retrctl.indexes.dense import DenseIndex
-    from retrctl.models import Encoder, cache_dir
-
-    device, dtype = overrides.pop("device", None), overrides.pop("dtype", None)
-    enc = Encoder.load(model, device=device, dtype=dtype, **overrides)
-    stream = ({"docid": d, **doc} for d, doc in docs.items())
-    if not cache or corpus_path in (None, "-"):
-        idx = DenseIndex(enc, "Flat", batch_size)
-        idx.build(stream)
-        log.info("encoded %d corpus docs (no cache)", idx.encoded)
-        return idx
-    desc = {k: v for k, v in enc.describe().items() if k != "model"}
-    ident = {"encoder": desc, "weights": _fingerprint(model), "dtype": dtype or "fp32",
-             "corpus": os.path.realpath(corpus_path)}
-    key = hashlib.blake2b(json.dumps(ident, sort_keys=True).encode(), digest_size=10).hexdigest()
-    where = cache_dir() / "mine" / f"{Path(str(model)).name}-{key}"
-    with _locked(where):
-        if (where / "index.json").exists():
-            idx = DenseIndex.load(where, encoder=enc)
-            idx.batch_size = batch_size
-        else:
-            idx = DenseIndex(enc, "Flat", batch_size)
-        # encoded chunks are checkpointed, so a killed first run resumes instead of re-encoding
-        idx.workdir, idx.chunk_size = where.with_name(where.name + ".work"), 1024
-        changes = idx.sync(stream, delete=True)
-        if changes["added"] or changes["updated"] or changes["removed"] or not (where / "index.json").exists():
-            idx.meta = {"source": ident}
-            idx.save(where)
-        shutil.rmtree(idx.workdir, ignore_errors=True)
-    log.info("corpus vectors: %d encoded, %d reused, %d dropped (cache %s)", idx.encoded, changes["unchanged"], changes["removed"], where)
-    return idx
-
-
-def open_retriever(spec: str | None, *, model: str | None, docs: dict, corpus_path: str | None, batch_size: int = 64,
-                   cache: bool = True, **overrides):
-    """--retriever: 'bm25', 'hybrid' (with --model), an index dir, a run file, or a model (shipped name, dir, GGUF)."""
-    from retrctl.models import SHIPPED
-
-    spec = spec or model
-    if spec is None:
-        raise click.UsageError("give --retriever (bm25, hybrid, a model, an index dir or a run file) or --model")
-    stream = ({"docid": d, **doc} for d, doc in docs.items())
-    if spec in ("bm25", "hybrid"):
-        from retrctl.indexes.bm25 import BM25Index
-
-        bm25 = BM25Index()
-        bm25.build(stream)
-        if spec == "bm25":
-            return IndexRetriever(bm25)
-        if not model:
-            raise click.UsageError("--retriever hybrid needs --model (the dense half)")
-        dense = dense_index(model, docs, corpus_path, batch_size, cache, **overrides)
-        log.info("hybrid retriever: %s + BM25 top-k lists fused by reciprocal rank fusion (k=%d); scores are RRF scores", model, RRF_K)
-        return HybridRetriever(IndexRetriever(dense), IndexRetriever(bm25))
-    path = Path(spec)
-    if path.is_dir() and (path / "index.json").exists():
-        from retrctl.indexes import open_index
-
-        return IndexRetriever(open_index(path))
-    if path.is_file() and path.suffix != ".gguf":
-        return RunRetriever(records.read_run(path))
-    if spec in SHIPPED or path.exists():
-        return IndexRetriever(dense_index(spec, docs, corpus_path, batch_size, cache, **overrides))
-    raise click.UsageError(f"--retriever {spec!r}: not bm25/hybrid, a shipped model ({', '.join(SHIPPED)}), or an existing path")
 
 
 def _check_range(ctx, param, value):

@@ -256,31 +256,16 @@ def read_examples(path: str) -> list[dict]:
 
 
 def open_consistency_retriever(spec: str, sharded: bool):
-    """--retriever for the consistency filter: an index dir, or 'bm25' / a model built over this run's docs."""
-    if Path(spec, "index.json").exists():
-        from retrctl.indexes import open_index
+    """--retriever for the consistency filter: an index dir (the whole corpus), or bm25/hybrid/a model built
+    over this run's docs once they are known (retrctl.retrievers)."""
+    from retrctl.retrievers import check_spec, open_retriever
 
-        return open_index(spec)
+    check_spec(spec)
+    if Path(spec, "index.json").exists():
+        return open_retriever(spec, model=None, docs={}, corpus_path=None)
     if sharded:
         log.warning("--retriever %s is built over this shard's docs only; give an index dir for the whole corpus", spec)
-
-    def build(docs):
-        if spec == "bm25":
-            from retrctl.indexes import BM25Index
-
-            index = BM25Index()
-        else:
-            from retrctl.indexes import DenseIndex
-            from retrctl.models import Encoder
-
-            try:
-                index = DenseIndex(Encoder.load(spec))
-            except (FileNotFoundError, ValueError) as e:
-                raise click.UsageError(f"--retriever {spec!r}: not an index dir, 'bm25', or a model ({e})") from None
-        index.build(docs)
-        return index
-
-    return build
+    return lambda docs: open_retriever(spec, model=None, docs={d["docid"]: d for d in docs}, corpus_path=None, cache=False)
 
 
 @stage(qgen, reads="doc")

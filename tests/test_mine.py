@@ -10,7 +10,8 @@ from conftest import DOCS, QRELS, QUERIES, shared_data
 
 from retrctl import records
 from retrctl.indexes.bm25 import BM25Index
-from stages.mine import HybridRetriever, IndexRetriever, RunRetriever, dense_index, mine
+from retrctl.retrievers import HybridRetriever, IndexRetriever, RunRetriever, dense_index
+from stages.mine import mine
 
 WORDS = ("cats purr mammals domesticated memory safe programming language caffeine drink beans tea leaves "
          "water systems python rust dogs wolves loyal code readability aromatic brewed roasted").split()

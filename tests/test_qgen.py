@@ -219,6 +219,17 @@ def test_cli_bad_input_exits_2_without_output(runner, tiny_llama, corpus_file, t
     assert res.exit_code == 2 and "examples.jsonl:1: field 'query'" in res.stderr and not out.exists()
     res = runner(*_args(tiny_llama, corpus_file, out, "--consistency-k", 3))
     assert res.exit_code == 2 and "--retriever" in res.stderr
+    res = runner(*_args(tiny_llama, corpus_file, out, "--consistency-k", 3, "--retriever", tmp_path / "nowhere"))
+    assert res.exit_code == 2 and "nowhere" in res.stderr and "generated" not in res.stderr  # refused before generating
+
+
+def test_cli_consistency_filter_with_a_retriever_built_over_the_docs(runner, tiny_llama, corpus_file, tmp_path):
+    out = tmp_path / "q.jsonl"
+    res = runner(*_args(tiny_llama, corpus_file, out, "--retriever", "bm25", "--consistency-k", 1, "--temperature", 0))
+    assert res.exit_code == 0, res.stderr
+    m = re.search(r"(\d+) generated, dropped (.*); kept (\d+)", res.stderr)
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert m and len(rows) == int(m.group(3)) and "inconsistent" in m.group(2)
 
 
 @pytest.mark.real
