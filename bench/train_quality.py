@@ -179,11 +179,17 @@ def main() -> None:
         rows += task_smollm2(a, work)
     import torch
 
+    settings = [f"group {a.group_size}, τ {a.temperature}"]
+    if a.task in ("minilm", "all"):
+        settings.append(f"minilm batch {a.batch_size}, lr {a.lr}, max len {a.query_max_len}/{a.passage_max_len}, "
+                        + (f"{a.minilm_steps} steps" if a.minilm_steps else f"{a.epochs} epoch(s)"))
+    if a.task in ("smollm2", "all"):
+        settings.append(f"smollm2 batch {a.smollm2_batch_size}, lr {a.smollm2_lr}, {a.smollm2_steps} steps, "
+                        f"passage len {a.smollm2_passage_max_len}")
     lines = [f"## Training quality ({time.strftime('%Y-%m-%d')}{', --tiny: plumbing only' if a.tiny else ''})", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}. Train: group {a.group_size}, "
-             f"τ {a.temperature}; minilm batch {a.batch_size}, lr {a.lr}, max len {a.query_max_len}/{a.passage_max_len}; smollm2 "
-             f"batch {a.smollm2_batch_size}, lr {a.smollm2_lr}, {a.smollm2_steps} steps, passage len {a.smollm2_passage_max_len}. Negatives mined by "
-             f"`retrctl mine --retriever {a.mine_retriever}`. Peer in the same run: the same model untrained.", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}. Train: {'; '.join(settings)}. "
+             f"Negatives mined by `retrctl mine --retriever {a.mine_retriever}`; eval max len {a.eval_max_len}. "
+             "Peer in the same run: the same model untrained.", "",
              "| model | eval | nDCG@10 untrained | nDCG@10 trained | Δ / ratio | goal | train min |", "|---|---|---|---|---|---|---|", *rows]
     sys.stdout.write("\n".join(lines) + "\n")
 
