@@ -107,7 +107,7 @@ def throughput(data: Path, n: int, batch_size: int, repeats: int, model: str = "
     from sentence_transformers import SentenceTransformer
 
     from retrctl import records
-    from retrctl.indexes.dense import DenseIndex, _passage
+    from retrctl.indexes.dense import DenseIndex
     from retrctl.models import Encoder, resolve
 
     try:
@@ -115,7 +115,7 @@ def throughput(data: Path, n: int, batch_size: int, repeats: int, model: str = "
     except ImportError:  # an encode-only machine: skip the index row
         DenseIndex = None  # noqa: N806
     docs = [d for _, d in zip(range(n), records.read(data, "doc"), strict=False)]
-    texts = [_passage(d) for d in docs]
+    texts = [records.passage_text(d) for d in docs]
     ours = Encoder.load(model, device=device)
     st = SentenceTransformer(str(resolve(model)), device=device)
     assert st.max_seq_length == ours.config.passage_max_len, (st.max_seq_length, ours.config.passage_max_len)

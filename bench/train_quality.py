@@ -15,8 +15,8 @@ also prove the stages fit together:
 Scores: nDCG@10 by `retrctl eval` (ir_measures); ArguAna drops self-retrieval (BEIR convention).
 
     python bench/train_quality.py --tiny            # proves the plumbing: ~11 min on the shared 2 cores
-    python bench/train_quality.py --task minilm     # full: 1 epoch of 809 groups (26 steps, ~1 h) + 4 evals, ~1.5-2 h
-    python bench/train_quality.py --task smollm2    # 10 GradCache steps (~35-50 min) + crop/mine + 2 evals, ~2-3 h
+    python bench/train_quality.py --task minilm     # 3 epochs of 809 groups (78 steps, 22.5 min) + 4 evals: 53 min idle
+    python bench/train_quality.py --task smollm2    # 24 GradCache steps (28 min) + crop/mine + 2 evals: 79 min idle
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def task_smollm2(a, work: Path) -> list[str]:
     # on the shared 23 GB machine); it costs one extra forward per step
     t_train = train(a, both, "smollm2", model, [*enc, "--grad-cache", "--chunk-size", a.chunk_size], a.smollm2_steps,
                     a.smollm2_lr, a.smollm2_batch_size, a.group_size, a.smollm2_passage_max_len)
-    caps = ["--passage-max-len", a.eval_max_len, "--query-max-len", a.eval_max_len]
+    caps = ["--passage-max-len", a.smollm2_eval_max_len, "--query-max-len", a.smollm2_eval_max_len]
     before = ndcg("smollm2", scifact, work, "smollm2-base", [*enc, *caps], a.eval_batch)
     after = ndcg(str(model), scifact, work, "smollm2-trained", caps, a.eval_batch)
     row = f"| smollm2 (bidirectional, mean) | SciFact test | {before:.4f} | {after:.4f} | {after / max(before, 1e-9):.2f}x | ≥ 2x | {t_train / 60:.1f} |"
@@ -146,21 +146,23 @@ def main() -> None:
     p.add_argument("--mine-retriever", default="bm25")
     p.add_argument("--train-queries", type=int, default=None, help="Cap on SciFact train queries (all 809 by default).")
     p.add_argument("--crop-docs", type=int, default=2000, help="SciFact docs to crop pseudo-queries from (smollm2).")
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--minilm-steps", type=int, default=None, help="Optimizer steps (default: --epochs over the groups).")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--group-size", type=int, default=4, help="1 positive + n-1 mined negatives per query.")
+    p.add_argument("--group-size", type=int, default=2,
+                   help="1 positive + n-1 mined negatives per query (2: a step costs half of 4, so 3 epochs fit).")
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--temperature", type=float, default=0.05)
     p.add_argument("--query-max-len", type=int, default=64)
     p.add_argument("--passage-max-len", type=int, default=256)
-    p.add_argument("--smollm2-steps", type=int, default=10,
-                   help="Sized for the 45 min budget: a GradCache step took 313 s on the loaded 2 cores (peak RSS 5.8 GB).")
+    p.add_argument("--smollm2-steps", type=int, default=24,
+                   help="Sized for the 45 min budget: a GradCache step of 32 groups took ~70 s on the idle 2 cores.")
     p.add_argument("--chunk-size", type=int, default=16, help="GradCache chunk for smollm2.")
-    p.add_argument("--smollm2-batch-size", type=int, default=16)
+    p.add_argument("--smollm2-batch-size", type=int, default=32)
     p.add_argument("--smollm2-passage-max-len", type=int, default=128)
     p.add_argument("--smollm2-lr", type=float, default=1e-4)
     p.add_argument("--eval-max-len", type=int, default=256)
+    p.add_argument("--smollm2-eval-max-len", type=int, default=128, help="A 5k-doc SmolLM2 index at 128 tokens takes ~24 min here.")
     p.add_argument("--eval-batch", type=int, default=64)
     p.add_argument("--eval-docs", type=int, default=None, help="Cut eval corpora to this many docs (judged first).")
     p.add_argument("--eval-queries", type=int, default=None)
@@ -169,6 +171,7 @@ def main() -> None:
         a.train_queries, a.crop_docs, a.minilm_steps, a.smollm2_steps = 16, 16, 2, 2
         a.batch_size = a.smollm2_batch_size = 4
         a.group_size, a.passage_max_len, a.smollm2_passage_max_len, a.eval_max_len = 4, 64, 64, 64
+        a.smollm2_eval_max_len = 64
         a.eval_docs, a.eval_queries = 200, 20
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -185,10 +188,10 @@ def main() -> None:
                         + (f"{a.minilm_steps} steps" if a.minilm_steps else f"{a.epochs} epoch(s)"))
     if a.task in ("smollm2", "all"):
         settings.append(f"smollm2 batch {a.smollm2_batch_size}, lr {a.smollm2_lr}, {a.smollm2_steps} steps, "
-                        f"passage len {a.smollm2_passage_max_len}")
+                        f"passage len {a.smollm2_passage_max_len}, eval max len {a.smollm2_eval_max_len}")
     lines = [f"## Training quality ({time.strftime('%Y-%m-%d')}{', --tiny: plumbing only' if a.tiny else ''})", "",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}. Train: {'; '.join(settings)}. "
-             f"Negatives mined by `retrctl mine --retriever {a.mine_retriever}`; eval max len {a.eval_max_len}. "
+             f"Negatives mined by `retrctl mine --retriever {a.mine_retriever}`; minilm eval max len {a.eval_max_len}. "
              "Peer in the same run: the same model untrained.", "",
              "| model | eval | nDCG@10 untrained | nDCG@10 trained | Δ / ratio | goal | train min |", "|---|---|---|---|---|---|---|", *rows]
     sys.stdout.write("\n".join(lines) + "\n")
