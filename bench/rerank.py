@@ -62,7 +62,7 @@ def main():
     for mode in args.modes.split(","):
         out = work / f"{mode}.trec"
         secs, _, err = retrctl("rerank", bm25, "--queries", queries, "--corpus", data / "corpus.jsonl", "--llm", args.llm,
-                          "--top-k", args.top_k, "--mode", mode, "--batch-size", args.batch_size, "-o", out)
+                               "--top-k", args.top_k, "--mode", mode, "--batch-size", args.batch_size, "-o", out)
         m = json.loads(Path(f"{out}.manifest.json").read_text())
         w = m["windows"]
         fail = re.search(r"parse-failure rate ([\d.]+)%", err)

@@ -74,7 +74,7 @@ def train_groups(a, work: Path) -> Path:
     records.write(queries, work / "train_queries.jsonl")
     groups = work / "train_groups.jsonl"
     t, *_ = retrctl("mine", work / "train_queries.jsonl", "--corpus", scifact, "--qrels", scifact / "qrels" / "train.tsv",
-                   "--retriever", a.mine_retriever, "--num-negatives", a.group_size - 1, "-o", groups, "--quiet")
+                    "--retriever", a.mine_retriever, "--num-negatives", a.group_size - 1, "-o", groups, "--quiet")
     print(f"mined {len(queries)} train groups in {t:.0f} s", file=sys.stderr)
     return groups
 
@@ -96,9 +96,9 @@ def train(a, groups: Path, model: str, out: Path, encoder: list, steps: int | No
           group_size: int, passage_max_len: int) -> float:
     how = ["--max-steps", steps] if steps else ["--epochs", a.epochs]
     t, *_ = retrctl("train", groups, "--corpus", DATA / "scifact", "--model", model, *encoder, "-o", out, *how,
-                   "--batch-size", batch_size, "--train-group-size", group_size, "--lr", lr,
-                   "--temperature", a.temperature, "--query-max-len", a.query_max_len, "--passage-max-len", passage_max_len,
-                   "--logging-steps", 1, capture_stderr=False)
+                    "--batch-size", batch_size, "--train-group-size", group_size, "--lr", lr,
+                    "--temperature", a.temperature, "--query-max-len", a.query_max_len, "--passage-max-len", passage_max_len,
+                    "--logging-steps", 1, capture_stderr=False)
     return t
 
 

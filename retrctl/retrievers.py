@@ -28,6 +28,7 @@ log = logging.getLogger("retrctl.retrievers")
 
 RRF_K = 60
 
+
 class RunRetriever:
     """Candidates from an existing run (TREC or JSONL); scores of unretrieved docs are unknown."""
 

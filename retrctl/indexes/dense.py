@@ -358,8 +358,6 @@ class DenseIndex(base.Index):
         return out
 
 
-
-
 def _describe(encoder) -> dict:
     from retrctl.models import SHIPPED
 
