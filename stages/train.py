@@ -66,7 +66,9 @@ def train(groups, *, output, corpus=None, config: TrainConfig | None = None, on_
 
 # ---------------------------------------------------------------- command line
 
-SHARED = {"model", "batch_size", "seed", *ENCODER_FLAGS}
+# --batch-size and --seed keep the shared names (FORMATS.md) but take help and default from TrainConfig,
+# where train defines them: a step of query groups per process, and a seed that also seeds LoRA init.
+SHARED = {"model", *ENCODER_FLAGS}
 
 
 def config_options(f):
@@ -98,7 +100,7 @@ def _int_list(ctx, param, value):
 
 @stage(train, writes="dir")
 @click.argument("groups", default="-", required=False)
-@options("model", "corpus", "encoder", "batch_size", "seed")
+@options("model", "corpus", "encoder")
 @click.option("--config", "config_file", help="TrainConfig as JSON (train_config.json of an earlier run); flags override it.")
 @config_options
 def command(groups, output, corpus, config_file, **flags):
@@ -113,8 +115,3 @@ def command(groups, output, corpus, config_file, **flags):
         raise click.UsageError(str(e)) from None
     train(groups, output=output, corpus=corpus, config=cfg)
 
-
-for _p in command.params:  # the shared --batch-size/--seed, described as train uses them
-    if _p.name in ("batch_size", "seed"):
-        _field = TrainConfig.__dataclass_fields__[_p.name]
-        _p.help = f"{_field.metadata['help']} [default: {_field.default}]"

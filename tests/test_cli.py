@@ -97,3 +97,27 @@ def test_in_process_calls_leave_sigpipe_alone(runner, run_and_qrels):
     run, qrels = run_and_qrels
     assert runner("eval", run, "--qrels", qrels, "-q").exit_code == 0
     assert signal.getsignal(signal.SIGPIPE) == before
+
+
+def test_shared_flags_are_spelled_alike_in_every_stage():
+    """FORMATS.md's flag vocabulary: a stage may describe a shared flag its own way (train: --batch-size counts
+    query groups), but never rename it, give it another type, or drop its short form."""
+    import importlib
+
+    import click
+
+    from retrctl.cli import STAGES
+    from retrctl.stage import OPTIONS
+
+    shared = {}
+    for name, deco in OPTIONS.items():
+        probe = deco(click.command()(lambda **kw: None))
+        shared.update({p.name: p for p in probe.params if p.name not in ("output",)})
+    checked = 0
+    for stage in STAGES:
+        for p in importlib.import_module(f"stages.{stage}").command.params:
+            if p.name in shared:
+                want = shared[p.name]
+                assert (p.opts, p.secondary_opts, p.type.name) == (want.opts, want.secondary_opts, want.type.name), (stage, p.name)
+                checked += 1
+    assert checked > 20
