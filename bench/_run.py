@@ -1,5 +1,6 @@
 """How every benchmark runs a retrctl stage: as a user does, `python -m retrctl …` in a child process, offline,
-timed, failing loudly with the tail of the stage's stderr."""
+timed, failing loudly with the tail of the stage's stderr. Importing it also puts the checkout on sys.path, for
+the benchmarks that call the Python API in-process."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 for _k, _v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
     os.environ.setdefault(_k, _v)
 

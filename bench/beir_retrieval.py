@@ -24,8 +24,6 @@ from pathlib import Path
 
 from _run import ROOT, retrctl
 
-sys.path.insert(0, str(ROOT))
-
 # (dataset, retriever) -> (target nDCG@10, where the target comes from)
 TARGETS = {
     ("scifact", "bm25"): (0.665, "BEIR paper; bm25s ref 0.6569"),

@@ -32,15 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from _run import ROOT  # also puts the checkout on sys.path
 
-from retrctl import metrics, records  # noqa: E402
-from retrctl.records import passage_text  # noqa: E402
-from retrctl.retrievers import IndexRetriever, dense_index  # noqa: E402
-from stages.mine import mine  # noqa: E402
+from retrctl import metrics, records
+from retrctl.records import passage_text
+from retrctl.retrievers import IndexRetriever, dense_index
+from stages.mine import mine
 
 MARGINS = {"bm25": 1.0, "minilm": 0.05}  # absolute margins in each retriever's score units (BM25 ~5-40, cosine)
 

@@ -30,9 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from _run import ROOT  # also puts the checkout on sys.path
 
 PEER = """
 import sys, bm25s, json

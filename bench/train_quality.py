@@ -32,8 +32,6 @@ from pathlib import Path
 
 from _run import DATA, ROOT, retrctl
 
-sys.path.insert(0, str(ROOT))
-
 
 def slice_beir(data: Path, work: Path, max_docs: int | None, max_queries: int | None) -> Path:
     """A BEIR folder cut to at most max_docs docs (judged test docs first) and max_queries judged test queries."""

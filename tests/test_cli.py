@@ -110,9 +110,9 @@ def test_shared_flags_are_spelled_alike_in_every_stage():
     from retrctl.stage import OPTIONS
 
     shared = {}
-    for name, deco in OPTIONS.items():
+    for deco in OPTIONS.values():
         probe = deco(click.command()(lambda **kw: None))
-        shared.update({p.name: p for p in probe.params if p.name not in ("output",)})
+        shared.update({p.name: p for p in probe.params if p.name != "output"})  # -o is a file or a dir by stage
     checked = 0
     for stage in STAGES:
         for p in importlib.import_module(f"stages.{stage}").command.params:
