@@ -13,7 +13,8 @@ they are read into one int32 array, so its peak RSS tracks the index size, not t
 Dense: N random unit 384-d vectors (seeded), 1,000 random unit queries, k=10. Flat (exact) vs HNSW32
 (efConstruction 40, faiss's default) at several efSearch; recall@10 is measured against Flat's top 10. Through
 retrctl's DenseIndex (`from_vectors` + `search_vectors`, i.e. including the docid tie-break). Random vectors
-are HNSW's hard case (no low-dimensional structure), so its recall here is a lower bound.
+are HNSW's hard case (no low-dimensional structure), so its recall here is a lower bound. With --real-index, the
+same comparison on the vectors of a built Flat index and real queries encoded by that index's own encoder.
 """
 
 from __future__ import annotations
@@ -103,42 +104,64 @@ def bm25_rows(sizes: list[int], work: Path, peer_max: int) -> list[str]:
     return rows
 
 
-def dense_rows(sizes: list[int], efs: list[int], nq: int = 1000, dim: int = 384, k: int = 10) -> list[str]:
+DENSE_HEADER = ["| vectors | index | efSearch | build s | search ms/query | recall@10 vs Flat |", "|---|---|---|---|---|---|"]
+
+
+def flat_vs_hnsw(x, ids: list[str], q, efs: list[int], k: int = 10) -> list[str]:
+    """Flat (the truth) then HNSW32 at each efSearch, through DenseIndex (docid tie-break included)."""
     import numpy as np
 
     from retrctl.indexes.dense import DenseIndex
 
-    rows = ["| vectors | index | efSearch | build s | search ms/query (batch of 1,000) | recall@10 vs Flat |",
-            "|---|---|---|---|---|---|"]
+    n, nq = len(ids), len(q)
+    t = time.perf_counter()
+    flat = DenseIndex.from_vectors(x, ids, "Flat")
+    t_flat = time.perf_counter() - t
+    t = time.perf_counter()
+    _, truth = flat.search_vectors(q, k)
+    rows = [f"| {n:,} | Flat | — | {t_flat:.1f} | {(time.perf_counter() - t) / nq * 1000:.2f} | 1.000 |"]
+    print(rows[-1], file=sys.stderr, flush=True)
+    del flat
+    t = time.perf_counter()
+    hnsw = DenseIndex.from_vectors(x, ids, "HNSW32")
+    t_hnsw = time.perf_counter() - t
+    for ef in efs:
+        hnsw.ef_search = ef
+        t = time.perf_counter()
+        _, got = hnsw.search_vectors(q, k)
+        s = (time.perf_counter() - t) / nq * 1000
+        recall = np.mean([len(set(a) & set(b)) / k for a, b in zip(got, truth, strict=True)])
+        rows.append(f"| {n:,} | HNSW32 | {ef} | {t_hnsw:.1f} | {s:.2f} | {recall:.3f} |")
+        print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def dense_rows(sizes: list[int], efs: list[int], nq: int = 1000, dim: int = 384) -> list[str]:
+    import numpy as np
+
+    rows = list(DENSE_HEADER)
     rng = np.random.default_rng(0)
     q = rng.standard_normal((nq, dim), dtype=np.float32)
     q /= np.linalg.norm(q, axis=1, keepdims=True)
     for n in sizes:
         x = rng.standard_normal((n, dim), dtype=np.float32)
         x /= np.linalg.norm(x, axis=1, keepdims=True)
-        ids = [f"v{i}" for i in range(n)]
-        t = time.perf_counter()
-        flat = DenseIndex.from_vectors(x, ids, "Flat")
-        t_flat = time.perf_counter() - t
-        t = time.perf_counter()
-        _, truth = flat.search_vectors(q, k)
-        s_flat = (time.perf_counter() - t) / nq * 1000
-        rows.append(f"| {n:,} | Flat | — | {t_flat:.1f} | {s_flat:.2f} | 1.000 |")
-        print(rows[-1], file=sys.stderr, flush=True)
-        del flat
-        t = time.perf_counter()
-        hnsw = DenseIndex.from_vectors(x, ids, "HNSW32")
-        t_hnsw = time.perf_counter() - t
-        for ef in efs:
-            hnsw.ef_search = ef
-            t = time.perf_counter()
-            _, got = hnsw.search_vectors(q, k)
-            s = (time.perf_counter() - t) / nq * 1000
-            recall = np.mean([len(set(a) & set(b)) / k for a, b in zip(got, truth, strict=True)])
-            rows.append(f"| {n:,} | HNSW32 | {ef} | {t_hnsw:.1f} | {s:.2f} | {recall:.3f} |")
-            print(rows[-1], file=sys.stderr, flush=True)
-        del hnsw, x
+        rows += flat_vs_hnsw(x, [f"v{i}" for i in range(n)], q, efs)
+        del x
     return rows
+
+
+def real_rows(index_dir: Path, queries: Path, efs: list[int]) -> tuple[str, list[str]]:
+    """The same comparison on real embeddings: the vectors of a built Flat index, its own encoder on real queries."""
+    from retrctl import records
+    from retrctl.indexes.dense import DenseIndex
+
+    idx = DenseIndex.load(index_dir)
+    texts = [q["query_text"] for q in records.read(queries, "query")]
+    q = idx.encoder.encode(texts, kind="query")
+    title = (f"Dense, real embeddings: {len(idx):,} docs of {index_dir} ({idx.manifest()['encoder']['model']}, "
+             f"{q.shape[1]}-d), {len(texts):,} queries of {queries}, k=10:")
+    return title, [*DENSE_HEADER, *flat_vs_hnsw(idx.vectors(), list(idx.docids), q, efs)]
 
 
 def main() -> None:
@@ -146,6 +169,8 @@ def main() -> None:
     p.add_argument("--sizes", default="10000,100000,1000000", help="BM25 corpus sizes ('' = skip)")
     p.add_argument("--dense-sizes", default="100000,1000000", help="dense vector counts ('' = skip)")
     p.add_argument("--ef-search", default="16,64,128,256", help="HNSW efSearch values to try")
+    p.add_argument("--real-index", type=Path, help="also compare Flat/HNSW on the vectors of this built Flat dense index")
+    p.add_argument("--real-queries", type=Path, help="queries for --real-index (JSONL or a BEIR folder)")
     p.add_argument("--peer-max", type=int, default=100000, help="run the bm25s-holds-texts peer up to this size")
     p.add_argument("--work", type=Path, help="scratch dir (default: a temp dir)")
     a = p.parse_args()
@@ -165,6 +190,9 @@ def main() -> None:
         if a.dense_sizes:
             lines += ["Dense, random unit 384-d vectors, inner product, 1,000 queries, k=10:", "",
                       *dense_rows([int(s) for s in a.dense_sizes.split(",")], [int(e) for e in a.ef_search.split(",")]), ""]
+        if a.real_index:
+            title, rows = real_rows(a.real_index, a.real_queries, [int(e) for e in a.ef_search.split(",")])
+            lines += [title, "", *rows, ""]
         lines.append(f"Total {time.perf_counter() - t0:.0f} s. Command: `{' '.join([Path(sys.executable).name, *sys.argv])}`")
     print("\n".join(lines))
 
