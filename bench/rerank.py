@@ -66,7 +66,8 @@ def main():
         m = json.loads(Path(f"{out}.manifest.json").read_text())
         w = m["windows"]
         fail = re.search(r"parse-failure rate ([\d.]+)%", err)
-        cost[out.name] = {"secs": secs, "usage": m["usage"],
+        # a resumed run's LLM calls and time cover only the queries it reranked now; window outcomes cover all
+        cost[out.name] = {"secs": secs, "usage": m["usage"], "ran": m["queries"] - m["resumed"],
                           "fail": f"{w['ok']}/{w['repaired']}/{w['failed']} ({fail.group(1)}% failed)" if fail else "-"}
         runs.append(out)
     _, stdout, _ = retrctl("eval", *runs, "--qrels", qrels_sel, "-m", "nDCG@10", "--json")
@@ -74,6 +75,10 @@ def main():
     base = rows[0]["nDCG@10"]
 
     print(f"rerank of BM25 top-{args.top_k} on {data.name} test, {len(test_ids)} queries, with {args.llm}")
+    for name, c in cost.items():
+        if c["ran"] < len(test_ids):
+            print(f"{name}: {len(test_ids) - c['ran']} queries resumed from the checkpoint; LLM calls, tokens and s/query "
+                  f"are those of the {c['ran']} reranked by this run")
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared), Python "
           f"{platform.python_version()}")
     print()
@@ -87,7 +92,7 @@ def main():
         if c:
             u = c["usage"]
             print(f"| {name.removesuffix('.trec')} | {row['nDCG@10']:.4f} | {delta} | {p:.3g} | {u['calls']} | "
-                  f"{u['prompt_tokens']} | {u['generated_tokens']} | {c['secs'] / max(len(test_ids), 1):.1f} | {c['fail']} |")
+                  f"{u['prompt_tokens']} | {u['generated_tokens']} | {c['secs'] / max(c['ran'], 1):.1f} | {c['fail']} |")
         else:
             print(f"| BM25 (peer) | {row['nDCG@10']:.4f} | - | - | - | - | - | - | - |")
 

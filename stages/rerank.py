@@ -263,6 +263,7 @@ def rerank(items: Iterable[dict], llm: LLM | str = "smollm2", *, mode: str = "li
                                 + [d["docid"] for d in q["docs"][top_k:]], "scores": [s[i] for i in order]})
             return results
         heads = {q["query_id"]: list(q["docs"][:top_k]) for q in batch}
+        outcomes = {qid: {"ok": 0, "repaired": 0, "failed": 0} for qid in heads}  # kept per query: a resume adds them back
         plans = {qid: windows(len(h), window, stride) for qid, h in heads.items()}
         for step in range(max((len(p) for p in plans.values()), default=0)):
             live = [q for q in batch if step < len(plans[q["query_id"]])]
@@ -273,7 +274,7 @@ def rerank(items: Iterable[dict], llm: LLM | str = "smollm2", *, mode: str = "li
             answers = llm.generate(prompts, max_new_tokens=max_new, temperature=0.0)
             for q, (s, e), answer in zip(live, spans, answers, strict=True):
                 perm, status = parse_permutation(answer, e - s)
-                st["windows"][status] += 1
+                outcomes[q["query_id"]][status] += 1
                 if status != "ok":
                     log.debug("query %s window %d-%d %s: %r", q["query_id"], s + 1, e, status, answer[:300])
                 head = heads[q["query_id"]]
@@ -281,7 +282,8 @@ def rerank(items: Iterable[dict], llm: LLM | str = "smollm2", *, mode: str = "li
         for q in batch:
             head = heads[q["query_id"]]
             results.append({"query_id": q["query_id"], "docids": [d["docid"] for d in head]
-                            + [d["docid"] for d in q["docs"][top_k:]], "scores": [1.0 / r for r in range(1, len(head) + 1)]})
+                            + [d["docid"] for d in q["docs"][top_k:]], "scores": [1.0 / r for r in range(1, len(head) + 1)],
+                            "windows": outcomes[q["query_id"]]})
         return results
 
     batch: list[dict] = []
@@ -293,17 +295,23 @@ def rerank(items: Iterable[dict], llm: LLM | str = "smollm2", *, mode: str = "li
         batch.clear()
         return out
 
+    def counted(results: list[dict]) -> list[dict]:
+        for r in results:
+            for status, n in r.get("windows", {}).items():
+                st["windows"][status] += n
+        return results
+
     for item in items:
         st["queries"] += 1
         if item["query_id"] in done:
             st["resumed"] += 1
-            yield done[item["query_id"]]
+            yield from counted([done[item["query_id"]]])
             continue
         batch.append(item)
         if len(batch) == batch_size:
-            yield from flush()
+            yield from counted(flush())
     if batch:
-        yield from flush()
+        yield from counted(flush())
     w = st["windows"]
     total = sum(w.values())
     if mode == "listwise":
@@ -458,7 +466,8 @@ def command(input, output, llm, queries, corpus, qrels, negative_ranks, dry_run,
     log.info("wrote %d %s to %s", n, "groups" if groups_mode else "run rows", "stdout" if output == "-" else output)
     if output != "-":
         manifest = {"stage": "rerank", "input": "groups" if groups_mode else "run", "llm": stats["llm"],
-                    "settings": stats["settings"], "windows": stats["windows"], "usage": model.usage,
+                    "settings": stats["settings"], "queries": stats["queries"], "resumed": stats["resumed"],
+                    "windows": stats["windows"], "usage": model.usage,  # usage: this run's calls (queries - resumed)
                     "negative_ranks": list(negative_ranks or NEGATIVE_RANKS) if groups_mode else None}
         with records.atomic_path(f"{output}.manifest.json") as tmp:
             Path(tmp).write_text(json.dumps(manifest, indent=2, default=str) + "\n")

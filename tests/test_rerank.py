@@ -4,6 +4,7 @@ an oracle LLM, DRAMA relabelling, CLI run and group modes, dry run, resume, the 
 import json
 import random
 import re
+from pathlib import Path
 
 import pytest
 from conftest import DOCS, QUERIES, shared_data
@@ -268,6 +269,11 @@ def test_cli_resumes_per_query(runner, tiny_llama, run_file, queries_file, corpu
     assert res.exit_code == 0, res.stderr
     assert "resumed: 1 of 3 queries" in res.stderr
     assert out.read_text() == full.read_text() and not partial.exists()
+    # window outcomes cover every query, the resumed one included; LLM usage only what this run called
+    whole, resumed = (json.loads(Path(f"{f}.manifest.json").read_text()) for f in (full, out))
+    assert resumed["windows"] == whole["windows"] and sum(whole["windows"].values()) == 3 * len(windows(len(DOCS), 3, 2))
+    assert (resumed["queries"], resumed["resumed"]) == (3, 1)
+    assert resumed["usage"]["calls"] == 2 * len(windows(len(DOCS), 3, 2)) < whole["usage"]["calls"]
 
 
 def test_cli_openai_backend_pointwise_matches_hf(runner, tiny_llama, run_file, queries_file, corpus_file):
