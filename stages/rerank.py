@@ -32,8 +32,9 @@ the failure rate goes to stderr with LLM calls and tokens.
 
 Cost (PEER 15): the same window of every query in a batch goes to the LLM together; `--dry-run` prints the
 number of windows, LLM calls and prompt tokens (a table on stderr; nothing on stdout) without loading weights.
-Resumable per query: finished queries are appended to `<output>.partial.jsonl` and skipped by a re-run; the
-output is written atomically and the checkpoint removed on success. Backend, model fingerprint, template and
+Resumable per query: finished queries are appended to `<output>.partial.jsonl` (with their window outcomes, so
+the totals of a resumed run cover every query) and skipped by a re-run; the output is written atomically and the
+checkpoint removed on success. Backend, model fingerprint, template and
 versions go to `<output>.manifest.json` (TREC runs have no header; rank_llm#410, tevatron#112).
 
 Deviations: rank_llm slides one window past the top when (top_k - window) is not a multiple of the stride; we
