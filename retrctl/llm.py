@@ -39,7 +39,6 @@ import json
 import logging
 import math
 import os
-import platform
 import random
 import threading
 import time
@@ -47,6 +46,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+
+from retrctl import records
 
 log = logging.getLogger("retrctl.llm")
 
@@ -81,17 +82,6 @@ def llm_from_flags(name, opts: dict) -> LLM:
             log.warning("--base-url/--concurrency/--timeout/--max-retries apply to --backend openai only")
         base_url, kw = None, ({"batch_size": batch_size} if batch_size else {})
     return load_llm(name, backend, base_url, **kw)
-
-
-def versions() -> dict:
-    """Library versions for manifests and run headers (PEER 14)."""
-    from retrctl import __version__
-
-    out = {"retrctl": __version__, "python": platform.python_version()}
-    for mod in ("torch", "transformers", "tokenizers"):
-        with contextlib.suppress(Exception):
-            out[mod] = __import__(mod).__version__
-    return out
 
 
 def sha(text: str) -> str:
@@ -371,7 +361,7 @@ class HFLLM(LLM):
         tmpl = getattr(self.tokenizer, "chat_template", None)
         return {"backend": "hf", "model": self.name, "path": str(self.path), "revision": fingerprint(self.path),
                 "chat_template": sha(tmpl) if isinstance(tmpl, str) else None, "dtype": self.dtype,
-                "device": str(self.device), "versions": versions()}
+                "device": str(self.device), "versions": records.versions()}
 
 
 class _GumbelSampler:
@@ -602,7 +592,7 @@ class OpenAILLM(LLM):
         return {"backend": "openai", "model": self.name, "base_url": self.base_url, "server_models": self.server_models(),
                 "chat_template": sha(tmpl) if isinstance(tmpl, str) else None,
                 "token_counts": "exact" if self.tokenizer is not None else "approximate (chars/4)",
-                "versions": versions()}
+                "versions": records.versions()}
 
 
 # ---------------------------------------------------------------- resumable work

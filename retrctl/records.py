@@ -582,6 +582,27 @@ def atomic_path(path, suffix: str = ""):
         raise
 
 
+def versions() -> dict:
+    """Installed versions of retrctl and the libraries that shape its outputs, for manifests (PEER 14, 39)."""
+    import importlib.metadata as md
+    import platform
+
+    out = {"python": platform.python_version()}
+    for pkg in ("retrctl", "torch", "transformers", "tokenizers", "faiss-cpu", "faiss-gpu-cu12", "bm25s"):
+        with contextlib.suppress(md.PackageNotFoundError):
+            out[pkg] = md.version(pkg)
+    return out
+
+
+def write_manifest_beside(output, manifest: dict) -> None:
+    """``<output>.manifest.json``, atomically: a run or query file's provenance (TREC and JSONL have no header).
+    Nothing when the output is stdout."""
+    if output in (None, "-"):
+        return
+    with atomic_path(f"{output}.manifest.json") as tmp:
+        Path(tmp).write_text(json.dumps({**manifest, "versions": versions()}, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
 @contextlib.contextmanager
 def atomic_dir(path):
     """Build a directory at ``<path>.partial`` and swap it into place on success.

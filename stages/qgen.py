@@ -315,7 +315,6 @@ def command(docs, output, llm, retriever, consistency_k, examples, candidates, *
                                 ("min_words", "max_words", "dedupe", "drop_copies", "keep_top", "consistency_k")},
                     "score_threshold": stats.get("score_threshold"), "retriever": retriever,
                     "candidates": candidates, "usage": model.usage}
-        with records.atomic_path(f"{output}.manifest.json") as tmp:
-            Path(tmp).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+        records.write_manifest_beside(output, manifest)
     return n
 

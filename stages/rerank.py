@@ -470,8 +470,7 @@ def command(input, output, llm, queries, corpus, qrels, negative_ranks, dry_run,
                     "settings": stats["settings"], "queries": stats["queries"], "resumed": stats["resumed"],
                     "windows": stats["windows"], "usage": model.usage,  # usage: this run's calls (queries - resumed)
                     "negative_ranks": list(negative_ranks or NEGATIVE_RANKS) if groups_mode else None}
-        with records.atomic_path(f"{output}.manifest.json") as tmp:
-            Path(tmp).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+        records.write_manifest_beside(output, manifest)
         Path(f"{output}.partial.jsonl").unlink(missing_ok=True)
     return n
 

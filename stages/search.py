@@ -16,6 +16,10 @@ recorded in the manifest). The flag vocabulary is Pyserini's (`--hits`, `--batch
 | output                                           | `--output-format trec|jsonl|parquet`, `--run-tag` | by `-o` extension, else TREC |
 | doc text in the output (for `rerank` in a pipe)  | `--with-text` (+ `--corpus`) | off   |
 
+A run written to a file gets `<run>.manifest.json` beside it: the index, its BM25 variant or encoder recipe and
+library versions, the search settings and the run tag (TREC runs have no header; PEER 39: BM25 numbers cannot be
+re-derived without the variant).
+
 Order: score descending, ties by docid ascending, in every backend. BM25 returns only docs that match at least
 one query term (Lucene's semantics), so a query can get fewer than `--hits` results. Queries are read and
 searched in bounded chunks, and rows are written as each chunk finishes.
@@ -30,6 +34,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 import click
 
@@ -125,7 +130,17 @@ def command(index_dir, queries, output, input_format, batch_size, corpus, hits, 
             raise click.UsageError("--with-text needs --corpus (the index does not record where its corpus is)")
     recs = progress(records.read(queries, "query", input_format), desc="search", unit="query")
     rows = search(recs, idx, hits=hits, remove_query=remove_query, texts=corpus_lookup(corpus) if with_text else None)
-    n = records.write_run(rows, output, fmt, tag=run_tag or default_tag(manifest))
+    tag = run_tag or default_tag(manifest)
+    n = records.write_run(rows, output, fmt, tag=tag)
     if hasattr(idx, "encoder") and idx.encoder is not None:
         idx.encoder.report_truncation()
+    # the run's provenance (PEER 14, 39): which index, BM25 variant or encoder recipe, search settings, versions
+    records.write_manifest_beside(output, {
+        "stage": "search", "index": str(Path(index_dir).resolve()),
+        "queries": queries if queries == "-" else str(Path(queries).resolve()), "run_tag": tag, "rows": n,
+        "settings": {"hits": hits, "remove_query": remove_query, "with_text": with_text,
+                     **{k: getattr(idx, k) for k in ("batch_size", "ef_search", "nprobe") if hasattr(idx, k)}},
+        "encoder_overrides": overrides or None,
+        "index_manifest": {k: manifest.get(k) for k in ("backend", "variant", "settings", "encoder", "doc_count", "source", "versions")
+                           if k in manifest}})
     log.info("wrote %d run rows to %s", n, "stdout" if output == "-" else output)

@@ -95,6 +95,25 @@ def test_cli_output_formats(runner, bm25_dir, queries_file, tmp_path, name, fmt)
         trec_rows(out.read_text())
 
 
+def test_cli_run_file_gets_a_provenance_manifest(runner, bm25_dir, dense_dir, queries_file, tmp_path, monkeypatch):
+    """TREC runs have no header: the BM25 variant or encoder recipe, settings and versions go beside the run."""
+    out = tmp_path / "bm25.trec"
+    assert runner("search", bm25_dir, queries_file, "--hits", 2, "--remove-query", "-o", out).exit_code == 0
+    m = json.loads((tmp_path / "bm25.trec.manifest.json").read_text())
+    assert m["index_manifest"]["backend"] == "bm25" and m["index_manifest"]["settings"]["k1"] == 0.9
+    assert m["settings"]["hits"] == 2 and m["settings"]["remove_query"] is True
+    assert m["run_tag"] == trec_rows(out.read_text())[0][5] and m["rows"] == len(out.read_text().splitlines())
+    assert m["versions"]["bm25s"] and m["versions"]["retrctl"]
+    out = tmp_path / "dense.jsonl"
+    assert runner("search", dense_dir, queries_file, "--hits", 2, "--query-max-len", 16, "-o", out).exit_code == 0
+    m = json.loads((tmp_path / "dense.jsonl.manifest.json").read_text())
+    assert m["index_manifest"]["encoder"]["query_prompt"] == "zzz qq " and m["encoder_overrides"] == {"query_max_len": 16}
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert runner("search", bm25_dir, queries_file, "--hits", 2).exit_code == 0  # stdout: no file beside anything
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 def test_cli_queries_from_stdin_and_beir_folder(runner, bm25_dir, tmp_path):
     lines = "".join(json.dumps({"_id": q["query_id"], "text": q["query_text"]}) + "\n" for q in QUERIES)
     r = runner("search", bm25_dir, "-", "--hits", 1, input=lines)

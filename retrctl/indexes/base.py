@@ -172,18 +172,8 @@ def top_k(scores: np.ndarray, key: np.ndarray, k: int) -> np.ndarray:
 # ---------------------------------------------------------------- files
 
 
-def versions() -> dict:
-    import importlib.metadata as md
-
-    out = {}
-    for pkg in ("retrctl", "faiss-cpu", "faiss-gpu-cu12", "bm25s", "torch", "transformers"):
-        with contextlib.suppress(md.PackageNotFoundError):
-            out[pkg] = md.version(pkg)
-    return out
-
-
 def write_manifest(directory: Path, manifest: dict) -> None:
-    manifest = {"format_version": FORMAT_VERSION, **manifest, "versions": versions()}
+    manifest = {"format_version": FORMAT_VERSION, **manifest, "versions": records.versions()}
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
 
 
