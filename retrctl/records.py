@@ -9,6 +9,11 @@ Containers: .jsonl (also .json lines), .jsonl.gz, .jsonl.zst, .parquet; '-' is s
 A BEIR folder (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) is accepted where a corpus, queries or
 qrels is expected. Runs are TREC 6-column by default, or JSONL/Parquet; qrels are TREC 4-column, BEIR TSV
 (header ``query-id corpus-id score``) or JSONL.
+
+Ids never contain whitespace (space, tab, newline, no-break space, ...: any character Python's str.split()
+splits on): TREC runs and qrels, trec_eval and Pyserini split lines on whitespace, so such an id would come back
+as other ids or other columns. Readers reject it with file:line and the field, before any work is done.
+A qrels line split on tabs is read cell by cell (BEIR TSV), so an id like ``q 1`` is reported, not mis-split.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
+import zlib
 from collections.abc import Iterable, Iterator
 from operator import itemgetter
 from pathlib import Path
@@ -166,7 +173,7 @@ def _lines(path) -> Iterator[tuple[int, str]]:
                     line = line.removeprefix("\ufeff")  # UTF-8 byte order mark
                 if line.strip():
                     yield lineno, line
-    except (OSError, EOFError) as e:  # truncated or corrupt gzip/zstd
+    except (OSError, EOFError, zlib.error) as e:  # truncated or corrupt gzip/zstd (zlib.error: a bad block mid-stream)
         raise RecordError(path, lineno + 1, None, f"unreadable compressed stream: {e}") from None
 
 
@@ -191,8 +198,16 @@ def read_parquet(path, batch_size: int = 4096) -> Iterator[tuple[int, dict]]:
     except Exception as e:
         raise RecordError(path, message=f"not a Parquet file ({e})") from None
     row = 0
-    for batch in pf.iter_batches(batch_size=batch_size):
-        for obj in batch.to_pylist():
+    batches = pf.iter_batches(batch_size=batch_size)
+    while True:
+        try:  # a corrupt page or a truncated column chunk fails here, mid-file
+            batch = next(batches, None)
+            objs = [] if batch is None else batch.to_pylist()
+        except Exception as e:
+            raise RecordError(path, row + 1, None, f"unreadable Parquet data ({type(e).__name__}: {e})") from None
+        if batch is None:
+            return
+        for obj in objs:
             row += 1
             yield row, obj
 
@@ -218,7 +233,13 @@ def _as_id(path, line, field, value) -> str:
     value = str(value)
     if not value.strip():
         raise RecordError(path, line, field, "empty id")
+    if _SPACE.search(value):
+        raise RecordError(path, line, field, f"id {value!r} contains whitespace, which TREC runs and qrels cannot carry: "
+                          "rename it")
     return value
+
+
+_SPACE = re.compile(r"\s")  # exactly the characters str.split() splits on
 
 
 def _as_text(path, line, field, value, required=True) -> str:
@@ -532,9 +553,11 @@ def read_qrels(path, split: str | None = None) -> dict[str, dict[str, int]]:
             row = _normalize_row("qrels", obj, path, line)
             add(row["query_id"], row["doc_id"], row["relevance"], line)
     else:
+        tsv = False  # a tab-separated BEIR header makes every line TSV
         for line, text in _lines(path):
-            parts = text.split()
-            if line == 1 and parts[:2] == ["query-id", "corpus-id"]:
+            parts = _qrels_cells(text, tsv)
+            if line == 1 and [p.strip() for p in parts[:2]] == ["query-id", "corpus-id"]:
+                tsv = "\t" in text
                 continue  # BEIR header
             if len(parts) == 4:
                 qid, _, docid, rel = parts
@@ -542,6 +565,7 @@ def read_qrels(path, split: str | None = None) -> dict[str, dict[str, int]]:
                 qid, docid, rel = parts
             else:
                 raise RecordError(path, line, None, f"expected 'qid 0 docid rel' or 'query-id corpus-id score', got {len(parts)} columns")
+            qid, docid = _as_id(path, line, "query_id", qid), _as_id(path, line, "doc_id", docid)
             try:
                 add(qid, docid, int(rel), line)
             except ValueError:
@@ -549,6 +573,18 @@ def read_qrels(path, split: str | None = None) -> dict[str, dict[str, int]]:
     if not qrels:
         raise RecordError(path, message="empty input: no qrels rows")
     return qrels
+
+
+def _qrels_cells(text: str, tsv: bool) -> list[str]:
+    """Columns of a qrels line: split on tabs in a BEIR TSV file, and on any line whose tabs give 3 or 4
+    columns (so 'q 1<TAB>d1<TAB>1' is query 'q 1', reported as an id with whitespace, never query 'q');
+    otherwise on whitespace (TREC)."""
+    line = text.rstrip("\r\n")
+    if tsv or "\t" in line:
+        cells = line.split("\t")
+        if tsv or len(cells) in (3, 4):
+            return cells  # cells are not stripped: an id with a stray space is reported, not silently changed
+    return text.split()
 
 
 def batched(items: Iterable, n: int) -> Iterator[list]:
@@ -564,6 +600,41 @@ def batched(items: Iterable, n: int) -> Iterator[list]:
 
 
 # ---------------------------------------------------------------- writers
+
+
+def _flat(paths) -> list[str]:
+    out = []
+    for p in paths:
+        if isinstance(p, (list, tuple)):
+            out += _flat(p)
+        elif p is not None and str(p) != "-":
+            out.append(str(p))
+    return out
+
+
+def check_outputs(outputs, inputs, *, dir_output: bool = False) -> None:
+    """Refuse an output that is, is inside, or contains an input (real paths, symlinks resolved), before
+    anything is read: writing it would destroy the input. '-' never clashes; inputs that do not exist cannot be
+    lost (and are reported as missing by their reader). A file output that is an existing directory (or a
+    directory output that is an existing file) is refused too, instead of failing after all the work."""
+    ins = [(i, Path(os.path.realpath(i))) for i in _flat(inputs) if os.path.lexists(i)]
+    for out in _flat(outputs):
+        if dir_output and os.path.isfile(out):
+            raise RecordError(out, message="is a file: -o needs a directory here")
+        if not dir_output and os.path.isdir(out):
+            raise RecordError(out, message="is a directory: -o needs a file path here")
+        real = Path(os.path.realpath(out))
+        for given, rin in ins:
+            if real == rin:
+                how = "is"
+            elif real.is_relative_to(rin):
+                how = "is inside"
+            elif rin.is_relative_to(real):
+                how = "contains"
+            else:
+                continue
+            raise RecordError(out, message=f"the output {how} the input {given}: writing it would destroy the input; "
+                              "nothing written (choose another -o)")
 
 
 @contextlib.contextmanager
@@ -705,9 +776,15 @@ def write_run(rows: Iterable[dict], path="-", fmt: str | None = None, tag: str =
     """Write run rows ({query_id, doc_id, score, rank}) as TREC (default), JSONL or Parquet."""
     if fmt in ("jsonl", "parquet") or is_parquet(path, fmt) or (fmt is None and _is_jsonl_name(path)):
         return write(rows, path, "parquet" if is_parquet(path, fmt) else "jsonl")
+    if _SPACE.search(tag) or not tag:
+        raise RecordError(path, None, "tag", f"run tag {tag!r} is empty or contains whitespace (TREC's sixth column)")
     n = 0
     with open_output(path) as f:
         for r in rows:
+            if _SPACE.search(f"{r['query_id']}{r['doc_id']}"):  # e.g. an index built before ids were checked
+                bad = r["query_id"] if _SPACE.search(str(r["query_id"])) else r["doc_id"]
+                raise RecordError(path, n + 1, None, f"id {bad!r} contains whitespace, which a TREC run cannot carry: "
+                                  "write --output-format jsonl")
             f.write(f"{r['query_id']} Q0 {r['doc_id']} {r['rank']} {r['score']:.6f} {tag}\n")
             n += 1
     return n

@@ -49,7 +49,7 @@ from pathlib import Path
 import click
 
 from retrctl import records
-from retrctl.stage import ENCODER_FLAGS, options, stage
+from retrctl.stage import ENCODER_FLAGS, SHARED_TYPES, options, stage
 from retrctl.trainer import TrainConfig, Trainer
 
 
@@ -85,7 +85,7 @@ def config_options(f):
             f = click.option(flag, field.name, help=help, callback=_int_list)(f)
         else:
             base = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
-            f = click.option(flag, field.name, type=base, default=None, help=help)(f)
+            f = click.option(flag, field.name, type=SHARED_TYPES.get(field.name, base), default=None, help=help)(f)
     return f
 
 
