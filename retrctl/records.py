@@ -94,7 +94,7 @@ def open_text(path, mode: str = "r"):
         if "r" in mode:
             stream = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
         else:
-            stream = zstandard.ZstdCompressor(level=10).stream_writer(raw, closefd=True)
+            stream = zstandard.ZstdCompressor(level=10, write_checksum=True).stream_writer(raw, closefd=True)  # damage is detected
         return io.TextIOWrapper(stream, encoding="utf-8", newline="\n")
     return open(path, mode, encoding="utf-8", newline="\n")
 
@@ -537,7 +537,7 @@ def _looks_jsonl(path) -> bool:
 
 
 def read_qrels(path, split: str | None = None) -> dict[str, dict[str, int]]:
-    """query_id -> {doc_id: relevance} from TREC 4-column, BEIR TSV (with header), JSONL, or a BEIR folder."""
+    """query_id -> {doc_id: relevance} from TREC 4-column, BEIR TSV (with header), JSONL, Parquet, or a BEIR folder."""
     path = resolve(path, "qrels", split)
     qrels: dict[str, dict[str, int]] = {}
 
@@ -548,7 +548,7 @@ def read_qrels(path, split: str | None = None) -> dict[str, dict[str, int]]:
             rel = int(rel)
         qrels.setdefault(qid, {})[docid] = rel
 
-    if _looks_jsonl(path) and not path.lower().endswith(".tsv"):
+    if is_parquet(path) or (_looks_jsonl(path) and not path.lower().endswith(".tsv")):
         for line, obj in read_objects(path):
             row = _normalize_row("qrels", obj, path, line)
             add(row["query_id"], row["doc_id"], row["relevance"], line)
@@ -613,28 +613,28 @@ def _flat(paths) -> list[str]:
 
 
 def check_outputs(outputs, inputs, *, dir_output: bool = False) -> None:
-    """Refuse an output that is, is inside, or contains an input (real paths, symlinks resolved), before
-    anything is read: writing it would destroy the input. '-' never clashes; inputs that do not exist cannot be
+    """Refuse an output that is, is inside, or (a directory output) contains an input (real paths, symlinks
+    resolved), before anything is read: writing it would destroy the input. '-' never clashes; inputs that do not exist cannot be
     lost (and are reported as missing by their reader). A file output that is an existing directory (or a
     directory output that is an existing file) is refused too, instead of failing after all the work."""
     ins = [(i, Path(os.path.realpath(i))) for i in _flat(inputs) if os.path.lexists(i)]
     for out in _flat(outputs):
-        if dir_output and os.path.isfile(out):
-            raise RecordError(out, message="is a file: -o needs a directory here")
-        if not dir_output and os.path.isdir(out):
-            raise RecordError(out, message="is a directory: -o needs a file path here")
         real = Path(os.path.realpath(out))
         for given, rin in ins:
             if real == rin:
                 how = "is"
             elif real.is_relative_to(rin):
                 how = "is inside"
-            elif rin.is_relative_to(real):
+            elif dir_output and rin.is_relative_to(real):  # a directory output replaces what is inside it
                 how = "contains"
             else:
                 continue
             raise RecordError(out, message=f"the output {how} the input {given}: writing it would destroy the input; "
                               "nothing written (choose another -o)")
+        if dir_output and os.path.isfile(out):
+            raise RecordError(out, message="is a file: -o needs a directory here")
+        if not dir_output and os.path.isdir(out):
+            raise RecordError(out, message="is a directory: -o needs a file path here")
 
 
 @contextlib.contextmanager
