@@ -607,7 +607,7 @@ def _flat(paths) -> list[str]:
     for p in paths:
         if isinstance(p, (list, tuple)):
             out += _flat(p)
-        elif p is not None and str(p) != "-":
+        elif isinstance(p, (str, os.PathLike)) and str(p) != "-":  # records given in memory are no paths
             out.append(str(p))
     return out
 

@@ -57,6 +57,7 @@ def train(groups, *, output, corpus=None, config: TrainConfig | None = None, on_
     """Train an encoder on groups (a path, '-' for stdin, or a list of group records) and save it to ``output``:
     a sentence-transformers directory with retrctl.json, metrics.jsonl and train_config.json.
     ``settings`` are TrainConfig fields overriding ``config``. Returns the output directory."""
+    records.check_outputs([output], [groups, corpus], dir_output=True)  # never train onto the groups or corpus
     cfg = (config or TrainConfig()).replace(**settings)
     if not cfg.model:
         raise ValueError("a model is required (--model)")

@@ -528,3 +528,13 @@ def test_no_temp_files_after_failed_writes_in_any_container(tmp_path):
         with pytest.raises(RecordError):
             records.write(rows(), tmp_path / name)
     assert os.listdir(tmp_path) == []
+
+
+def test_train_api_refuses_an_output_onto_its_groups(data):
+    from stages.train import train
+
+    before = tree(data["groups"])
+    with pytest.raises(RecordError, match="the output is the input"):
+        train(str(data["groups"]), output=str(data["groups"]), corpus=str(data["corpus"]), model="x")
+    assert tree(data["groups"]) == before
+    records.check_outputs([str(data["dir"] / "m")], [GROUPS, {"d1": {}}], dir_output=True)  # in-memory inputs: no paths
