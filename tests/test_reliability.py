@@ -538,3 +538,14 @@ def test_train_api_refuses_an_output_onto_its_groups(data):
         train(str(data["groups"]), output=str(data["groups"]), corpus=str(data["corpus"]), model="x")
     assert tree(data["groups"]) == before
     records.check_outputs([str(data["dir"] / "m")], [GROUPS, {"d1": {}}], dir_output=True)  # in-memory inputs: no paths
+
+
+def test_search_run_tag_with_a_space_exits_2_before_writing(runner, data, bm25_index, tmp_path):
+    out = tmp_path / "run.trec"
+    res = runner("search", bm25_index, data["queries"], "--run-tag", "my run", "-o", out)
+    assert res.exit_code == 2
+    assert res.stderr.strip().splitlines()[-1] == (f"retrctl search: {out}: field 'tag': run tag 'my run' is empty or contains "
+                                                   "whitespace (TREC's sixth column)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+    res = runner("search", bm25_index, data["queries"], "--run-tag", "my run", "--output-format", "jsonl", "-o", out)
+    assert res.exit_code == 0, res.stderr  # JSONL runs carry no tag
