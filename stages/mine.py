@@ -36,6 +36,9 @@ Memory: queries are processed `--batch-size` at a time (ST#3164 materialized que
 are kept in bounded reservoirs. Retrievers (bm25, dense with cached corpus vectors, hybrid RRF, index, run) are
 retrctl/retrievers.py; with `hybrid` the fused scores are RRF scores, so margins apply to them.
 
+Judgments none of whose query ids is among the queries are the wrong file for them: exit 2 after the last query
+(nothing written) unless `--allow-empty`; some unknown query ids are a counted warning.
+
 Every judged positive of a query is written (not only the first, tevatron#107), so training can mask in-batch
 candidates that share an id or text with any of them (PEER_LESSONS 29).
 
