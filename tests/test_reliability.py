@@ -549,3 +549,32 @@ def test_search_run_tag_with_a_space_exits_2_before_writing(runner, data, bm25_i
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
     res = runner("search", bm25_index, data["queries"], "--run-tag", "my run", "--output-format", "jsonl", "-o", out)
     assert res.exit_code == 0, res.stderr  # JSONL runs carry no tag
+
+
+@pytest.mark.parametrize("content", [b"my notes\nsecond line\n", b"my notes, no newline", b"\xff\xfe\x00binary\n",
+                                     b'{"not": "a checkpoint"}\n'])
+def test_a_file_given_as_qgen_checkpoint_is_refused_not_truncated(runner, data, tmp_path, content):
+    """Checkpoint.resume used to cut a non-checkpoint file to nothing as a 'torn last line'."""
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(content)
+    out = tmp_path / "q.jsonl"
+    res = runner("qgen", data["corpus"], *NO_SERVER, "-o", out, "--candidates", notes)
+    assert res.exit_code == 2 and "is not a retrctl checkpoint" in res.stderr, res.stderr
+    assert notes.read_bytes() == content and not out.exists()
+
+
+def test_a_checkpoint_damaged_before_its_end_is_refused_and_kept(tmp_path):
+    from retrctl.llm import Checkpoint, CheckpointMismatch
+
+    path = tmp_path / "c.jsonl"
+    cp = Checkpoint(path)
+    cp.resume({"seed": 1})
+    cp.append([{"id": 1}, {"id": 2}, {"id": 3}])
+    cp.close()
+    damaged = path.read_bytes().replace(b'{"id": 2}', b'{"id": 2', 1)
+    path.write_bytes(damaged)
+    with pytest.raises(CheckpointMismatch, match=r"c.jsonl:3: damaged checkpoint line"):
+        Checkpoint(path).resume({"seed": 1})
+    assert path.read_bytes() == damaged  # rows after the damage are not thrown away
+    path.write_bytes(b'{"checkp')  # a header torn by a kill is still cut (nothing was done yet)
+    assert Checkpoint(path).resume({"seed": 1}) == [] and path.read_bytes() == b""
