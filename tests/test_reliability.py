@@ -578,3 +578,49 @@ def test_a_checkpoint_damaged_before_its_end_is_refused_and_kept(tmp_path):
     assert path.read_bytes() == damaged  # rows after the damage are not thrown away
     path.write_bytes(b'{"checkp')  # a header torn by a kill is still cut (nothing was done yet)
     assert Checkpoint(path).resume({"seed": 1}) == [] and path.read_bytes() == b""
+
+
+# ---------------------------------------------------------------- the Parquet writer never changes a value
+
+values = st.one_of(st.none(), st.integers(-(2**40), 2**40), st.floats(allow_nan=False, allow_infinity=False),
+                   st.text(max_size=5), st.lists(st.floats(allow_nan=False, allow_infinity=False, width=32), max_size=3))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.dictionaries(st.sampled_from(["a", "b", "c"]), values, max_size=3), min_size=1, max_size=12),
+       batch_size=st.integers(1, 5))
+def test_parquet_writer_keeps_every_key_and_value_or_refuses(tmp_path_factory, rows, batch_size):
+    """pyarrow's from_pylist kept only the first record's keys and cut 1.5 to 1 in an int column; a later batch
+    with another type failed with a bare ArrowInvalid (exit 1) after all the work."""
+    folder = tmp_path_factory.mktemp("pq")
+    path = folder / "out.parquet"
+    try:
+        records.write(rows, path, batch_size=batch_size)
+    except RecordError as e:
+        assert str(e).startswith(f"{path}: record") and "write JSONL instead" in str(e)
+        assert os.listdir(folder) == []
+        return
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    back = [obj for _, obj in records.read_parquet(path)]
+    assert back == [{k: r.get(k) for k in keys} for r in rows]  # 1 == 1.0: an int column widened to float is equal
+    assert os.listdir(folder) == ["out.parquet"]
+
+
+def test_parquet_writer_widens_across_batches(tmp_path):
+    path = tmp_path / "g.parquet"
+    rows = [{"q": "a", "positive_scores": None}, {"q": "b", "positive_scores": [0.5], "extra": 1}, {"q": "c", "extra": 2.5}]
+    assert records.write(rows, path, batch_size=1) == 3
+    assert [o for _, o in records.read_parquet(path)] == [
+        {"q": "a", "positive_scores": None, "extra": None}, {"q": "b", "positive_scores": [0.5], "extra": 1.0},
+        {"q": "c", "positive_scores": None, "extra": 2.5}]
+    with pytest.raises(RecordError, match=r"g.parquet: record 2 cannot be written as Parquet"):
+        records.write([{"q": "a"}, {"q": 5}], path, batch_size=1)
+    assert [o["q"] for _, o in records.read_parquet(path)] == ["a", "b", "c"]  # the previous file is kept
+    assert sorted(os.listdir(tmp_path)) == ["g.parquet"]
+
+
+def test_parquet_to_stdout_is_a_usage_error(runner, data, bm25_index):
+    res = runner("search", bm25_index, data["queries"], "--output-format", "parquet")
+    assert res.exit_code == 2 and not res.stdout
+    assert res.stderr.strip().splitlines()[-1] == ("retrctl search: -: Parquet output needs a file, not stdout: use -o "
+                                                   "FILE.parquet")
