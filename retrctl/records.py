@@ -183,6 +183,8 @@ def read_jsonl(path) -> Iterator[tuple[int, dict]]:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise RecordError(path, lineno, None, f"invalid JSON ({e.msg} at column {e.colno})") from None
+        except RecursionError:  # a hostile '[[[[…' line
+            raise RecordError(path, lineno, None, "JSON nested too deeply") from None
         if not isinstance(obj, dict):
             raise RecordError(path, lineno, None, f"expected a JSON object, got {type(obj).__name__}")
         yield lineno, obj
@@ -191,6 +193,8 @@ def read_jsonl(path) -> Iterator[tuple[int, dict]]:
 def read_parquet(path, batch_size: int = 4096) -> Iterator[tuple[int, dict]]:
     import pyarrow.parquet as pq
 
+    if str(path) == "-":
+        raise RecordError("-", message="Parquet cannot be read from stdin (stdin is JSONL): give the file's path")
     try:
         pf = pq.ParquetFile(str(path))
     except FileNotFoundError:

@@ -195,7 +195,7 @@ def _damage(blob: bytes) -> bytes:
 
 
 BAD = ["invalid_json", "missing_field", "wrong_type", "empty", "binary", "non_utf8", "gz_corrupt", "gz_truncated",
-       "zst_corrupt", "zst_truncated", "parquet_schema", "parquet_garbage", "duplicate_id", "whitespace_id"]
+       "zst_corrupt", "zst_truncated", "parquet_schema", "parquet_garbage", "duplicate_id", "whitespace_id", "deep_json"]
 
 
 def make_bad(folder: Path, kind: str, case: str) -> tuple[Path, str]:
@@ -241,6 +241,9 @@ def make_bad(folder: Path, kind: str, case: str) -> tuple[Path, str]:
             path.write_text(good + good)
         else:
             return None, None  # groups and qrels may repeat a query id
+        line = 2
+    elif case == "deep_json":  # json.loads raises RecursionError, not JSONDecodeError
+        path.write_text(good + '{"x": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
         line = 2
     elif case == "whitespace_id":
         row = dict(GOOD[kind])
@@ -624,3 +627,20 @@ def test_parquet_to_stdout_is_a_usage_error(runner, data, bm25_index):
     assert res.exit_code == 2 and not res.stdout
     assert res.stderr.strip().splitlines()[-1] == ("retrctl search: -: Parquet output needs a file, not stdout: use -o "
                                                    "FILE.parquet")
+
+
+def test_parquet_on_stdin_is_refused_with_a_reason(runner, tmp_path):
+    path = tmp_path / "docs.parquet"
+    records.write(DOCS, path)
+    res = runner("crop", "-", "--input-format", "parquet", input=path.read_bytes())
+    assert res.exit_code == 2 and not res.stdout
+    assert res.stderr.strip() == "retrctl crop: -: Parquet cannot be read from stdin (stdin is JSONL): give the file's path"
+
+
+def test_bad_input_on_stdin_names_the_line(runner):
+    res = runner("crop", "-", input=json.dumps(DOCS[0]) + "\n{oops\n")
+    assert res.exit_code == 2
+    # stdout streams (a pipe cannot be taken back): only whole records of the lines before the error, and the
+    # exit status says the stage failed; -o FILE is all or nothing
+    assert [json.loads(x)["source_docid"] for x in res.stdout.splitlines()] == ["d1"]
+    assert res.stderr.strip().startswith("retrctl crop: -:2: invalid JSON")
