@@ -563,3 +563,4 @@ def test_check_outputs_resolves_symlinks_and_checks_the_kind(tmp_path):
     assert "the output is the input" in _clash([str(tmp_path / "dirlink" / "c.jsonl")], [str(f)])
     assert _clash([str(tmp_path)], []) == f"{tmp_path}: is a directory: -o needs a file path here"
     assert _clash([str(f)], [], dir_output=True) == f"{f}: is a file: -o needs a directory here"
+    assert _clash([str(f / "sub" / "out.jsonl")], []) == f"{f / 'sub' / 'out.jsonl'}: cannot be created: {f} is a file, not a directory"
