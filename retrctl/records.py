@@ -8,7 +8,7 @@ turns into one line naming file, line and field, with exit status 2.
 Containers: .jsonl (also .json lines), .jsonl.gz, .jsonl.zst, .parquet; '-' is stdin/stdout (JSONL).
 A BEIR folder (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) is accepted where a corpus, queries or
 qrels is expected. Runs are TREC 6-column by default, or JSONL/Parquet; qrels are TREC 4-column, BEIR TSV
-(header ``query-id corpus-id score``) or JSONL.
+(header ``query-id corpus-id score``), JSONL or Parquet.
 
 Ids never contain whitespace (space, tab, newline, no-break space, ...: any character Python's str.split()
 splits on): TREC runs and qrels, trec_eval and Pyserini split lines on whitespace, so such an id would come back
