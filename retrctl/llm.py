@@ -602,12 +602,17 @@ class CheckpointMismatch(ValueError):
     pass
 
 
+_HEADER = b'{"checkpoint": '
+
+
 class Checkpoint:
     """Append-only JSONL of finished work for resumable LLM jobs.
 
     ``resume(settings)`` returns the rows already done; the file's first line records the settings that produced
     them, and resuming with other settings is refused, so a file never mixes two configurations. A line torn by
-    a kill mid-write is cut off. ``append(rows)`` writes and flushes."""
+    a kill mid-write (only the last line can be: rows are appended whole) is cut off. A file that is not a
+    checkpoint, or one damaged before its end, is refused and left as it is: cutting it would destroy a
+    user's file given by mistake. ``append(rows)`` writes and flushes."""
 
     def __init__(self, path):
         self.path = Path(path)
@@ -621,14 +626,22 @@ class Checkpoint:
         rows, good = [], 0
         with open(self.path, "rb") as f:
             for n, line in enumerate(f):
-                if not line.endswith(b"\n"):
-                    break  # killed mid-write: the line may parse, yet the next append would join it
+                if not line.endswith(b"\n"):  # killed mid-write: the line may parse, yet the next append would join it
+                    if n == 0 and not _HEADER.startswith(line[: len(_HEADER)]):
+                        raise CheckpointMismatch(f"{self.path} is not a retrctl checkpoint: delete it or write elsewhere")
+                    break
                 try:
                     obj = json.loads(line)
-                except json.JSONDecodeError:
-                    break
+                except ValueError:  # JSONDecodeError, UnicodeDecodeError
+                    obj = None
+                if n == 0 and not (isinstance(obj, dict) and "checkpoint" in obj):
+                    raise CheckpointMismatch(f"{self.path} is not a retrctl checkpoint (no header line): delete it or "
+                                             "write elsewhere")
+                if not isinstance(obj, dict):
+                    raise CheckpointMismatch(f"{self.path}:{n + 1}: damaged checkpoint line (not a JSON object): delete "
+                                             "the file or write elsewhere")
                 if n == 0:
-                    old = obj.get("settings") if isinstance(obj, dict) else None
+                    old = obj.get("settings")
                     if old != self.settings:
                         diff = sorted(k for k in set(old or {}) | set(self.settings)
                                       if (old or {}).get(k) != self.settings.get(k))
@@ -651,7 +664,7 @@ class Checkpoint:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._f = open(self.path, "a", encoding="utf-8")
             if fresh:
-                self._f.write(json.dumps({"checkpoint": 1, "settings": self.settings}) + "\n")
+                self._f.write(json.dumps({"checkpoint": 1, "settings": self.settings}) + "\n")  # starts with _HEADER
         for r in rows:
             self._f.write(json.dumps(r, ensure_ascii=False) + "\n")
         self._f.flush()

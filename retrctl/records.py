@@ -8,7 +8,12 @@ turns into one line naming file, line and field, with exit status 2.
 Containers: .jsonl (also .json lines), .jsonl.gz, .jsonl.zst, .parquet; '-' is stdin/stdout (JSONL).
 A BEIR folder (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) is accepted where a corpus, queries or
 qrels is expected. Runs are TREC 6-column by default, or JSONL/Parquet; qrels are TREC 4-column, BEIR TSV
-(header ``query-id corpus-id score``) or JSONL.
+(header ``query-id corpus-id score``), JSONL or Parquet.
+
+Ids never contain whitespace (space, tab, newline, no-break space, ...: any character Python's str.split()
+splits on): TREC runs and qrels, trec_eval and Pyserini split lines on whitespace, so such an id would come back
+as other ids or other columns. Readers reject it with file:line and the field, before any work is done.
+A qrels line split on tabs is read cell by cell (BEIR TSV), so an id like ``q 1`` is reported, not mis-split.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
+import zlib
 from collections.abc import Iterable, Iterator
 from operator import itemgetter
 from pathlib import Path
@@ -87,7 +94,7 @@ def open_text(path, mode: str = "r"):
         if "r" in mode:
             stream = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
         else:
-            stream = zstandard.ZstdCompressor(level=10).stream_writer(raw, closefd=True)
+            stream = zstandard.ZstdCompressor(level=10, write_checksum=True).stream_writer(raw, closefd=True)  # damage is detected
         return io.TextIOWrapper(stream, encoding="utf-8", newline="\n")
     return open(path, mode, encoding="utf-8", newline="\n")
 
@@ -166,7 +173,7 @@ def _lines(path) -> Iterator[tuple[int, str]]:
                     line = line.removeprefix("\ufeff")  # UTF-8 byte order mark
                 if line.strip():
                     yield lineno, line
-    except (OSError, EOFError) as e:  # truncated or corrupt gzip/zstd
+    except (OSError, EOFError, zlib.error) as e:  # truncated or corrupt gzip/zstd (zlib.error: a bad block mid-stream)
         raise RecordError(path, lineno + 1, None, f"unreadable compressed stream: {e}") from None
 
 
@@ -176,6 +183,8 @@ def read_jsonl(path) -> Iterator[tuple[int, dict]]:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise RecordError(path, lineno, None, f"invalid JSON ({e.msg} at column {e.colno})") from None
+        except RecursionError:  # a hostile '[[[[…' line
+            raise RecordError(path, lineno, None, "JSON nested too deeply") from None
         if not isinstance(obj, dict):
             raise RecordError(path, lineno, None, f"expected a JSON object, got {type(obj).__name__}")
         yield lineno, obj
@@ -184,6 +193,8 @@ def read_jsonl(path) -> Iterator[tuple[int, dict]]:
 def read_parquet(path, batch_size: int = 4096) -> Iterator[tuple[int, dict]]:
     import pyarrow.parquet as pq
 
+    if str(path) == "-":
+        raise RecordError("-", message="Parquet cannot be read from stdin (stdin is JSONL): give the file's path")
     try:
         pf = pq.ParquetFile(str(path))
     except FileNotFoundError:
@@ -191,8 +202,16 @@ def read_parquet(path, batch_size: int = 4096) -> Iterator[tuple[int, dict]]:
     except Exception as e:
         raise RecordError(path, message=f"not a Parquet file ({e})") from None
     row = 0
-    for batch in pf.iter_batches(batch_size=batch_size):
-        for obj in batch.to_pylist():
+    batches = pf.iter_batches(batch_size=batch_size)
+    while True:
+        try:  # a corrupt page or a truncated column chunk fails here, mid-file
+            batch = next(batches, None)
+            objs = [] if batch is None else batch.to_pylist()
+        except Exception as e:
+            raise RecordError(path, row + 1, None, f"unreadable Parquet data ({type(e).__name__}: {e})") from None
+        if batch is None:
+            return
+        for obj in objs:
             row += 1
             yield row, obj
 
@@ -218,7 +237,13 @@ def _as_id(path, line, field, value) -> str:
     value = str(value)
     if not value.strip():
         raise RecordError(path, line, field, "empty id")
+    if _SPACE.search(value):
+        raise RecordError(path, line, field, f"id {value!r} contains whitespace, which TREC runs and qrels cannot carry: "
+                          "rename it")
     return value
+
+
+_SPACE = re.compile(r"\s")  # exactly the characters str.split() splits on
 
 
 def _as_text(path, line, field, value, required=True) -> str:
@@ -516,7 +541,7 @@ def _looks_jsonl(path) -> bool:
 
 
 def read_qrels(path, split: str | None = None) -> dict[str, dict[str, int]]:
-    """query_id -> {doc_id: relevance} from TREC 4-column, BEIR TSV (with header), JSONL, or a BEIR folder."""
+    """query_id -> {doc_id: relevance} from TREC 4-column, BEIR TSV (with header), JSONL, Parquet, or a BEIR folder."""
     path = resolve(path, "qrels", split)
     qrels: dict[str, dict[str, int]] = {}
 
@@ -527,14 +552,16 @@ def read_qrels(path, split: str | None = None) -> dict[str, dict[str, int]]:
             rel = int(rel)
         qrels.setdefault(qid, {})[docid] = rel
 
-    if _looks_jsonl(path) and not path.lower().endswith(".tsv"):
+    if is_parquet(path) or (_looks_jsonl(path) and not path.lower().endswith(".tsv")):
         for line, obj in read_objects(path):
             row = _normalize_row("qrels", obj, path, line)
             add(row["query_id"], row["doc_id"], row["relevance"], line)
     else:
+        tsv = False  # a tab-separated BEIR header makes every line TSV
         for line, text in _lines(path):
-            parts = text.split()
-            if line == 1 and parts[:2] == ["query-id", "corpus-id"]:
+            parts = _qrels_cells(text, tsv)
+            if line == 1 and [p.strip() for p in parts[:2]] == ["query-id", "corpus-id"]:
+                tsv = "\t" in text
                 continue  # BEIR header
             if len(parts) == 4:
                 qid, _, docid, rel = parts
@@ -542,6 +569,7 @@ def read_qrels(path, split: str | None = None) -> dict[str, dict[str, int]]:
                 qid, docid, rel = parts
             else:
                 raise RecordError(path, line, None, f"expected 'qid 0 docid rel' or 'query-id corpus-id score', got {len(parts)} columns")
+            qid, docid = _as_id(path, line, "query_id", qid), _as_id(path, line, "doc_id", docid)
             try:
                 add(qid, docid, int(rel), line)
             except ValueError:
@@ -549,6 +577,18 @@ def read_qrels(path, split: str | None = None) -> dict[str, dict[str, int]]:
     if not qrels:
         raise RecordError(path, message="empty input: no qrels rows")
     return qrels
+
+
+def _qrels_cells(text: str, tsv: bool) -> list[str]:
+    """Columns of a qrels line: split on tabs in a BEIR TSV file, and on any line whose tabs give 3 or 4
+    columns (so 'q 1<TAB>d1<TAB>1' is query 'q 1', reported as an id with whitespace, never query 'q');
+    otherwise on whitespace (TREC)."""
+    line = text.rstrip("\r\n")
+    if tsv or "\t" in line:
+        cells = line.split("\t")
+        if tsv or len(cells) in (3, 4):
+            return cells  # cells are not stripped: an id with a stray space is reported, not silently changed
+    return text.split()
 
 
 def batched(items: Iterable, n: int) -> Iterator[list]:
@@ -564,6 +604,44 @@ def batched(items: Iterable, n: int) -> Iterator[list]:
 
 
 # ---------------------------------------------------------------- writers
+
+
+def _flat(paths) -> list[str]:
+    out = []
+    for p in paths:
+        if isinstance(p, (list, tuple)):
+            out += _flat(p)
+        elif isinstance(p, (str, os.PathLike)) and str(p) != "-":  # records given in memory are no paths
+            out.append(str(p))
+    return out
+
+
+def check_outputs(outputs, inputs, *, dir_output: bool = False) -> None:
+    """Refuse an output that is, is inside, or (a directory output) contains an input (real paths, symlinks
+    resolved), before anything is read: writing it would destroy the input. '-' never clashes; inputs that do not exist cannot be
+    lost (and are reported as missing by their reader). A file output that is an existing directory (or a
+    directory output that is an existing file) is refused too, instead of failing after all the work."""
+    ins = [(i, Path(os.path.realpath(i))) for i in _flat(inputs) if os.path.lexists(i)]
+    for out in _flat(outputs):
+        real = Path(os.path.realpath(out))
+        for given, rin in ins:
+            if real == rin:
+                how = "is"
+            elif real.is_relative_to(rin):
+                how = "is inside"
+            elif dir_output and rin.is_relative_to(real):  # a directory output replaces what is inside it
+                how = "contains"
+            else:
+                continue
+            raise RecordError(out, message=f"the output {how} the input {given}: writing it would destroy the input; "
+                              "nothing written (choose another -o)")
+        above = next(a for a in real.parents if a.exists())
+        if not above.is_dir():
+            raise RecordError(out, message=f"cannot be created: {above} is a file, not a directory")
+        if dir_output and os.path.isfile(out):
+            raise RecordError(out, message="is a file: -o needs a directory here")
+        if not dir_output and os.path.isdir(out):
+            raise RecordError(out, message="is a directory: -o needs a file path here")
 
 
 @contextlib.contextmanager
@@ -658,35 +736,89 @@ def dumps(rec: dict) -> str:
     return json.dumps(rec, ensure_ascii=False, default=_json_default)
 
 
+class _ParquetSink:
+    """Batches of records into one Parquet file whose schema grows with them.
+
+    A batch's columns are the union of its records' keys, each typed from all its values (pyarrow's from_pylist
+    keeps only the first record's keys and truncates 1.5 to 1 in an int column). When a batch brings a new
+    column or a wider type (null -> list, int -> float), the rows written so far are rewritten under the unified
+    schema. Values no one type can hold (a string and a number in one column) are a RecordError, before the
+    target is touched.
+    """
+
+    def __init__(self, tmp: str, target):
+        self.tmp, self.target, self.writer = tmp, str(target), None
+
+    def write(self, batch: list[dict], first_row: int) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        keys = list(dict.fromkeys(k for rec in batch for k in rec))
+        try:
+            if batch and not keys:  # a table without columns has no rows either: the records would vanish
+                raise pa.ArrowInvalid("records without fields")
+            table = pa.table({k: pa.array([rec.get(k) for rec in batch]) for k in keys})
+            schema = table.schema if self.writer is None else pa.unify_schemas([self.writer.schema, table.schema],
+                                                                              promote_options="permissive")
+            if self.writer is not None and schema != self.writer.schema:
+                self._rewrite(schema)
+            if self.writer is None:
+                self.writer = pq.ParquetWriter(self.tmp, schema)
+            self.writer.write_table(_conform(table, schema))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+            last = first_row + len(batch) - 1
+            rows = f"records {first_row}-{last}" if last > first_row else f"record {first_row}"
+            raise RecordError(self.target, None, None, f"{rows} cannot be written as Parquet ({e}); write JSONL "
+                              "instead") from None
+
+    def _rewrite(self, schema) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.writer.close()
+        old = self.tmp + ".old"
+        os.replace(self.tmp, old)
+        try:
+            self.writer = pq.ParquetWriter(self.tmp, schema)
+            for b in pq.ParquetFile(old).iter_batches():
+                self.writer.write_table(_conform(pa.Table.from_batches([b]), schema))
+        finally:
+            os.unlink(old)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _conform(table, schema):
+    """``table`` with exactly ``schema``'s columns: missing ones null, others cast (safely: no lossy casts)."""
+    import pyarrow as pa
+
+    cols = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(len(table), f.type)
+            for f in schema]
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
 def write(records: Iterable[dict], path="-", fmt: str | None = None, batch_size: int = 10000) -> int:
     """Write records as JSONL (compressed by extension) or Parquet; atomic for files. Returns the count."""
     n = 0
     if is_parquet(path, fmt):
-        if str(path) == "-":
-            raise ValueError("Parquet output needs a file: use -o FILE.parquet")
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
+        if str(path) == "-":  # a usage error: exit 2
+            raise RecordError("-", message="Parquet output needs a file, not stdout: use -o FILE.parquet")
         with atomic_path(path) as tmp:
-            writer = None
-            batch: list[dict] = []
-
-            def flush():
-                nonlocal writer
-                table = pa.Table.from_pylist(batch) if writer is None else pa.Table.from_pylist(batch, schema=writer.schema)
-                if writer is None:
-                    writer = pq.ParquetWriter(tmp, table.schema)
-                writer.write_table(table)
-                batch.clear()
-
-            for rec in records:
-                batch.append(rec)
-                n += 1
-                if len(batch) >= batch_size:
-                    flush()
-            if batch or writer is None:
-                flush()
-            writer.close()
+            sink = _ParquetSink(tmp, path)
+            try:
+                batch: list[dict] = []
+                for rec in records:
+                    batch.append(rec)
+                    n += 1
+                    if len(batch) >= batch_size:
+                        sink.write(batch, n - len(batch) + 1)
+                        batch = []
+                if batch or sink.writer is None:
+                    sink.write(batch, n - len(batch) + 1)
+            finally:
+                sink.close()
         return n
     with open_output(path, fmt) as f:
         for rec in records:
@@ -705,9 +837,15 @@ def write_run(rows: Iterable[dict], path="-", fmt: str | None = None, tag: str =
     """Write run rows ({query_id, doc_id, score, rank}) as TREC (default), JSONL or Parquet."""
     if fmt in ("jsonl", "parquet") or is_parquet(path, fmt) or (fmt is None and _is_jsonl_name(path)):
         return write(rows, path, "parquet" if is_parquet(path, fmt) else "jsonl")
+    if _SPACE.search(tag) or not tag:
+        raise RecordError(path, None, "tag", f"run tag {tag!r} is empty or contains whitespace (TREC's sixth column)")
     n = 0
     with open_output(path) as f:
         for r in rows:
+            if _SPACE.search(f"{r['query_id']}{r['doc_id']}"):  # e.g. an index built before ids were checked
+                bad = r["query_id"] if _SPACE.search(str(r["query_id"])) else r["doc_id"]
+                raise RecordError(path, n + 1, None, f"id {bad!r} contains whitespace, which a TREC run cannot carry: "
+                                  "write --output-format jsonl")
             f.write(f"{r['query_id']} Q0 {r['doc_id']} {r['rank']} {r['score']:.6f} {tag}\n")
             n += 1
     return n

@@ -2,7 +2,8 @@
 
 A stage module holds its method as a plain function and a few-line click command. ``stage()`` turns that
 command into a full subcommand: it adds the input argument and the common flags, opens and shards the input,
-shows progress on stderr, writes the output atomically, and copies the function's defaults onto the
+shows progress on stderr, writes the output atomically, refuses an output that would overwrite one of the
+command's inputs (before anything is read), and copies the function's defaults onto the
 matching options so ``--help`` shows them (defaults are written once, in the function's signature).
 """
 
@@ -84,31 +85,35 @@ def _opt(*decls, **kw):
     return click.option(*decls, **kw)
 
 
+# the value types of shared flags that a stage defines itself (train takes --batch-size from TrainConfig)
+SHARED_TYPES = {"batch_size": click.IntRange(min=1)}
 OPTIONS: dict[str, Callable] = {
     "output": _opt("-o", "--output", default="-", show_default=True, help="Output path ('-' = stdout); written atomically."),
     "output_dir": _opt("-o", "--output", required=True, help="Output directory; built beside it and renamed on success."),
     "input_format": _opt(
         "--input-format", type=click.Choice(["jsonl", "parquet"]), default=None, help="Input container (default: from the extension)."
     ),
-    "shard": lambda f: _opt("--shard-id", type=int, default=0, show_default=True, help="This shard's index.")(
-        _opt("--shard-num", type=int, default=1, show_default=True, help="Number of shards (stable hash of the record id).")(f)
+    "shard": lambda f: _opt("--shard-id", type=click.IntRange(min=0), default=0, show_default=True, help="This shard's index.")(
+        _opt("--shard-num", type=click.IntRange(min=1), default=1, show_default=True,
+             help="Number of shards (stable hash of the record id).")(f)
     ),
-    "batch_size": _opt("--batch-size", type=int, help="Texts per forward pass."),
+    "batch_size": _opt("--batch-size", type=SHARED_TYPES["batch_size"], help="Texts per forward pass."),
     "seed": _opt("--seed", type=int, help="Random seed."),
     "model": _opt("--model", help="Encoder: directory (sentence-transformers or Hugging Face), GGUF file, or 'minilm' / 'smollm2'."),
     "corpus": _opt("--corpus", help="Corpus (JSONL/Parquet/BEIR folder) beside the main input."),
     "qrels": _opt("--qrels", help="Judgments: TREC, BEIR TSV, JSONL, or a BEIR folder."),
     "retriever": _opt("--retriever", help="Retriever: an index dir, 'bm25', a model (see --model), or a run file."),
-    "per_doc": _opt("--per-doc", type=int, help="Queries to make per document."),
-    "top_k": _opt("--top-k", type=int, help="Candidates retrieved (or reranked) per query."),
+    "per_doc": _opt("--per-doc", type=click.IntRange(min=1), help="Queries to make per document."),
+    "top_k": _opt("--top-k", type=click.IntRange(min=1), help="Candidates retrieved (or reranked) per query."),
     "llm": lambda f: _opt("--llm", help="Language model: a directory, GGUF file, 'smollm2', or a served model name.")(
         _opt("--backend", type=click.Choice(["hf", "openai"]), help="Generation backend.")(
             _opt("--base-url", help="OpenAI-compatible server URL (backend openai).")(f)
         )
     ),
-    "llm_server": lambda f: _opt("--concurrency", type=int, help="Parallel requests to the server (backend openai; default 4).")(
-        _opt("--timeout", type=float, help="Seconds per request (backend openai; default 120).")(
-            _opt("--max-retries", type=int, help="Retries with exponential backoff on connection errors, 429, 5xx (default 5).")(f)
+    "llm_server": lambda f: _opt("--concurrency", type=click.IntRange(min=1),
+                                 help="Parallel requests to the server (backend openai; default 4).")(
+        _opt("--timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds per request (backend openai; default 120).")(
+            _opt("--max-retries", type=click.IntRange(min=0), help="Retries with exponential backoff on connection errors, 429, 5xx (default 5).")(f)
         )
     ),
     "encoder": lambda f: functools.reduce(
@@ -118,8 +123,8 @@ OPTIONS: dict[str, Callable] = {
             _opt("--bidirectional/--causal", default=None, help="Bidirectional attention for decoders (default: the model's own)."),
             _opt("--query-prompt", help="Prefix for queries, e.g. 'query: '."),
             _opt("--passage-prompt", help="Prefix for passages, e.g. 'passage: '."),
-            _opt("--query-max-len", type=int, help="Query length cap in tokens (default: the model's own)."),
-            _opt("--passage-max-len", type=int, help="Passage length cap in tokens (default: the model's own)."),
+            _opt("--query-max-len", type=click.IntRange(min=1), help="Query length cap in tokens (default: the model's own)."),
+            _opt("--passage-max-len", type=click.IntRange(min=1), help="Passage length cap in tokens (default: the model's own)."),
             _opt("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), help="Compute dtype."),
             _opt("--device", help="Device (default: cuda when present, else cpu)."),
         ],
@@ -149,6 +154,11 @@ def encoder_overrides(opts: dict) -> dict:
 
 # ---------------------------------------------------------------- the stage wrapper
 
+# parameters that name files a command reads (besides its arguments, which are always inputs) or writes:
+# an output may not be, be inside, or contain any of them (records.check_outputs)
+INPUT_OPTIONS = ("corpus", "qrels", "retriever", "queries", "examples", "config_file")
+OUTPUT_OPTIONS = ("output", "candidates")
+
 
 def _copy_defaults(cmd: click.Command, func: Callable | None) -> None:
     if func is None:
@@ -176,6 +186,9 @@ def stage(func: Callable | None = None, *, reads: str | None = None, writes: str
         @functools.wraps(body)
         def run(**kw):
             setup_logging(kw.pop("log_level"), kw.pop("quiet"))
+            arguments = [p.name for p in cmd.params if isinstance(p, click.Argument)]
+            records.check_outputs([kw.get(o) for o in OUTPUT_OPTIONS], [kw.get(i) for i in (*arguments, *INPUT_OPTIONS)],
+                                  dir_output=writes == "dir")
             args = []
             if reads:
                 path, fmt = kw.pop("input"), kw.pop("input_format")

@@ -224,8 +224,12 @@ def _span_crops(text, per_doc, min_words, max_tokens, rng) -> list[tuple[int, in
 @stage(crop, reads="doc", writes="query")
 @options("seed", "per_doc")
 @click.option("--unit", type=click.Choice(["sentence", "span"]), help="sentence (DRAMA/DRAGON) or span (Contriever).")
-@click.option("--min-words", type=int, help="Shortest crop, in words (a Han character or ~4 Thai graphemes = 1 word).")
-@click.option("--max-tokens", type=int, help="Longest crop, in words; longer sentences are cut to a random window.")
+@click.option("--min-words", type=click.IntRange(min=1), help="Shortest crop, in words (a Han character or ~4 Thai graphemes = 1 word).")
+@click.option("--max-tokens", type=click.IntRange(min=1), help="Longest crop, in words; longer sentences are cut to a random window.")
 def command(docs, **opts):
     """Sentence-crop pseudo-queries (DRAMA / DRAGON / Contriever): one query per crop, its doc the positive."""
-    return crop(docs, **{k: v for k, v in opts.items() if v is not None})
+    opts = {k: v for k, v in opts.items() if v is not None}
+    defaults = crop.__kwdefaults__
+    if opts.get("max_tokens", defaults["max_tokens"]) < opts.get("min_words", defaults["min_words"]):
+        raise click.BadParameter("must be >= --min-words", param_hint="'--max-tokens'")
+    return crop(docs, **opts)

@@ -109,7 +109,7 @@ def _log_counts(row: dict, ignore_self: bool) -> None:
 @click.option("-m", "--measure", "measures", multiple=True, help="ir_measures name, repeatable (e.g. -m nDCG@10 -m 'AP(rel=2)').")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per run and line instead of a table.")
 @click.option("--per-query", is_flag=True, help="Per-query values (query_id, measure, value), then 'all'.")
-@click.option("--alpha", type=float, help="Significance level of the paired t-test against the first run.")
+@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), help="Significance level of the paired t-test against the first run.")
 @click.option("--capped-recall", is_flag=True, help="BEIR's capped recall: R@k as hits@k / min(k, #relevant), named R_cap@k.")
 @click.option("--ignore-self/--keep-self", "self_flag", default=None,
               help="Drop retrieved docs whose id equals the query id (default: on for ArguAna/Quora qrels, else off).")

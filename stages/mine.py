@@ -36,6 +36,9 @@ Memory: queries are processed `--batch-size` at a time (ST#3164 materialized que
 are kept in bounded reservoirs. Retrievers (bm25, dense with cached corpus vectors, hybrid RRF, index, run) are
 retrctl/retrievers.py; with `hybrid` the fused scores are RRF scores, so margins apply to them.
 
+Judgments none of whose query ids is among the queries are the wrong file for them: exit 2 after the last query
+(nothing written) unless `--allow-empty`; some unknown query ids are a counted warning.
+
 Every judged positive of a query is written (not only the first, tevatron#107), so training can mask in-batch
 candidates that share an id or text with any of them (PEER_LESSONS 29).
 
@@ -116,8 +119,11 @@ def mine(queries: Iterable[dict], *, corpus: dict[str, dict], retriever, qrels: 
          top_k: int | None = None, positive_ranks: int = 0, source_positives: bool = True,
          negative_range: str = "30-100", num_negatives: int = 7, margin: float | None = None,
          relative_margin: float | None = None, seed: int = 0, batch_size: int = 64, output_format: str = "tevatron",
-         stats: dict | None = None) -> Iterator[dict]:
-    """Yield one training group per query with a positive. ``stats`` (a dict), when given, receives the counters."""
+         allow_empty: bool = False, qrels_path: str = "qrels", stats: dict | None = None) -> Iterator[dict]:
+    """Yield one training group per query with a positive. ``stats`` (a dict), when given, receives the counters.
+
+    Judgments none of whose query ids is among the queries are the wrong file: RecordError (naming ``qrels_path``)
+    after the last query, so an atomic writer leaves nothing, unless ``allow_empty``."""
     lo, hi = parse_range(negative_range)
     depth = top_k or max(hi, positive_ranks)
     if depth < hi:
@@ -152,6 +158,10 @@ def mine(queries: Iterable[dict], *, corpus: dict[str, dict], retriever, qrels: 
         log.warning("%d query ids in the judgments are not among the queries (e.g. %s)", len(unknown), min(unknown))
     st["qrels_unknown_queries"] = len(unknown)
     _report(st, dists, num_negatives)
+    if qrels and len(unknown) == len(qrels) and not allow_empty:
+        raise records.RecordError(qrels_path, message=f"none of its {len(qrels)} query ids is among the {st['queries']} "
+                                  f"queries (e.g. {min(unknown)!r}): wrong judgments for these queries? (--allow-empty "
+                                  "writes the groups anyway)")
 
 
 def _group(q, cands, retriever, corpus, judged, source_positives, positive_ranks, lo, hi, num_negatives,
@@ -279,14 +289,15 @@ def _check_range(ctx, param, value):
 
 @stage(mine, reads="query", writes="group")
 @options("corpus", "qrels", "retriever", "model", "encoder", "top_k", "batch_size", "seed")
-@click.option("--positive-ranks", type=int, help="Also take ranks 1..m as positives (DRAMA: m=10).")
+@click.option("--positive-ranks", type=click.IntRange(min=0), help="Also take ranks 1..m as positives (DRAMA: m=10).")
 @click.option("--source-positives/--no-source-positives", default=None, help="Use a query's source_docid as a positive.")
 @click.option("--negative-range", callback=_check_range, help="Ranks negatives are sampled from, 1-based inclusive (e.g. 30-100).")
-@click.option("--num-negatives", type=int, help="Negatives per group.")
+@click.option("--num-negatives", type=click.IntRange(min=0), help="Negatives per group.")
 @click.option("--margin", type=float, help="Drop candidates with score > positive score - MARGIN.")
-@click.option("--relative-margin", type=float, help="Drop candidates with score > positive score * (1 - REL).")
+@click.option("--relative-margin", type=click.FloatRange(min=0), help="Drop candidates with score > positive score * (1 - REL).")
 @click.option("--output-format", type=click.Choice(FORMATS), help="Group format written.")
 @click.option("--cache/--no-cache", default=True, show_default=True, help="Cache dense corpus vectors by (model, content hash).")
+@click.option("--allow-empty", is_flag=True, help="Write the groups even when no query id of --qrels is among the queries.")
 def command(queries, corpus, qrels, retriever, model, cache, **opts):
     """Hard negatives for queries (DRAMA / FlagEmbedding / sentence-transformers): training groups."""
     if not corpus:
@@ -300,4 +311,4 @@ def command(queries, corpus, qrels, retriever, model, cache, **opts):
         judged = {q: v for q, v in judged.items() if shard_of(q, params["shard_num"]) == params["shard_id"]}
     ret = open_retriever(retriever, model=model, docs=docs, corpus_path=corpus, batch_size=opts.get("batch_size", 64),
                          cache=cache, **overrides)
-    return mine(queries, corpus=docs, retriever=ret, qrels=judged, **opts)
+    return mine(queries, corpus=docs, retriever=ret, qrels=judged, qrels_path=qrels, **opts)

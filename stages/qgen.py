@@ -271,22 +271,24 @@ def open_consistency_retriever(spec: str, sharded: bool):
 @stage(qgen, reads="doc")
 @options("output", "llm", "llm_server", "batch_size", "seed", "per_doc", "retriever")
 @click.option("--examples", type=click.Path(dir_okay=False), help="Few-shot examples (JSONL: document, query).")
-@click.option("--shots", type=int, help="Examples used from --examples (DRAMA and InPars use 3).")
+@click.option("--shots", type=click.IntRange(min=0), help="Examples used from --examples (DRAMA and InPars use 3).")
 @click.option("--prompt-style", type=click.Choice(["auto", "chat", "plain"]), help="chat template or InPars plain prompt.")
-@click.option("--temperature", type=float, help="Sampling temperature (0 = greedy).")
-@click.option("--top-p", type=float, help="Nucleus sampling mass.")
-@click.option("--max-new-tokens", type=int, help="Tokens per query at most; generation also stops at newline/EOS.")
-@click.option("--doc-max-words", type=int, help="Document words shown in the prompt.")
-@click.option("--min-words", type=int, help="Drop queries shorter than this (words).")
-@click.option("--max-words", type=int, help="Drop queries longer than this (words).")
+@click.option("--temperature", type=click.FloatRange(min=0), help="Sampling temperature (0 = greedy).")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), help="Nucleus sampling mass.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), help="Tokens per query at most; generation also stops at newline/EOS.")
+@click.option("--doc-max-words", type=click.IntRange(min=1), help="Document words shown in the prompt.")
+@click.option("--min-words", type=click.IntRange(min=0), help="Drop queries shorter than this (words).")
+@click.option("--max-words", type=click.IntRange(min=1), help="Drop queries longer than this (words).")
 @click.option("--dedupe/--no-dedupe", default=None, help="Drop repeated queries (case and punctuation folded).")
 @click.option("--drop-copies/--keep-copies", default=None, help="Drop queries copied verbatim from their doc (>= 6 words).")
-@click.option("--keep-top", type=float, help="InPars filter: keep this fraction of queries with the best mean log-prob.")
-@click.option("--consistency-k", type=int, help="Keep a query only if --retriever ranks its source doc in the top k.")
+@click.option("--keep-top", type=click.FloatRange(0, 1, min_open=True), help="InPars filter: keep this fraction of queries with the best mean log-prob.")
+@click.option("--consistency-k", type=click.IntRange(min=0), help="Keep a query only if --retriever ranks its source doc in the top k.")
 @click.option("--candidates", help="Checkpoint of raw generations (default: <output>.candidates.jsonl; none for stdout).")
 def command(docs, output, llm, retriever, consistency_k, examples, candidates, **opts):
     """LLM-written queries for documents (InPars / Promptagator / DRAMA), filtered; resumable."""
     opts = {k: v for k, v in opts.items() if v is not None}
+    if opts.get("max_words", qgen.__kwdefaults__["max_words"]) < opts.get("min_words", qgen.__kwdefaults__["min_words"]):
+        raise click.BadParameter("must be >= --min-words", param_hint="'--max-words'")
     if (retriever is not None) != (consistency_k > 0):
         raise click.UsageError("the consistency filter needs both --retriever and --consistency-k")
     if retriever is not None:

@@ -416,16 +416,18 @@ def _probe(before: dict, after: dict, qrels_path: str) -> None:
 @options("output", "llm", "llm_server", "corpus", "qrels", "top_k", "batch_size", "shard")
 @click.option("--queries", help="Queries of the run (JSONL/Parquet/BEIR folder); without it INPUT is read as groups.")
 @click.option("--mode", type=click.Choice(["listwise", "pointwise"]), help="Listwise sliding window or pointwise yes/no.")
-@click.option("--window", type=int, help="Passages per listwise window (RankGPT/rank_llm: 20).")
-@click.option("--stride", type=int, help="Step between windows (RankGPT/rank_llm: 10).")
+@click.option("--window", type=click.IntRange(min=2), help="Passages per listwise window (RankGPT/rank_llm: 20).")
+@click.option("--stride", type=click.IntRange(min=1), help="Step between windows (RankGPT/rank_llm: 10).")
 @click.option("--template", help=f"Prompt template ({', '.join(TEMPLATES)}; default: the one tied to the model).")
-@click.option("--passage-max-words", type=int, help="Words of each passage shown to the LLM.")
+@click.option("--passage-max-words", type=click.IntRange(min=1), help="Words of each passage shown to the LLM.")
 @click.option("--negative-ranks", callback=_parse_ranks, help="Groups: reranked ranks that become negatives [10-20].")
 @click.option("--dry-run", is_flag=True, help="Print windows, LLM calls and prompt tokens on stderr; call nothing.")
 def command(input, output, llm, queries, corpus, qrels, negative_ranks, dry_run, shard_id, shard_num, **opts):
     """Rerank a run (with --queries and --corpus) or relabel groups (no --queries) with an LLM."""
     check_shard(shard_id, shard_num)
     opts = {k: v for k, v in opts.items() if v is not None}
+    if opts.get("stride", rerank.__kwdefaults__["stride"]) > opts.get("window", rerank.__kwdefaults__["window"]):
+        raise click.BadParameter("must be <= --window", param_hint="'--stride'")
     groups_mode = queries is None
     if groups_mode:
         try:

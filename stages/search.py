@@ -93,13 +93,13 @@ def default_tag(manifest: dict) -> str:
 @options("output", "input_format", "batch_size", "corpus", "encoder")
 @click.argument("index_dir")
 @click.argument("queries", default="-", required=False)
-@click.option("--hits", type=int, help="Results per query.")
+@click.option("--hits", type=click.IntRange(min=1), help="Results per query.")
 @click.option("--remove-query", is_flag=True, help="Drop a doc whose id equals the query id (BEIR ArguAna convention).")
 @click.option("--output-format", type=click.Choice(["trec", "jsonl", "parquet"]), help="Run format. [default: by -o extension, else trec]")
 @click.option("--run-tag", help="TREC tag column. [default: names the retriever]")
 @click.option("--with-text", is_flag=True, help="Add query_text, title and text to each row (JSONL/Parquet), for rerank in a pipe.")
-@click.option("--ef-search", type=int, help="HNSW: candidates explored per query (default: the index's).")
-@click.option("--nprobe", type=int, help="IVF: inverted lists probed per query (default: the index's).")
+@click.option("--ef-search", type=click.IntRange(min=1), help="HNSW: candidates explored per query (default: the index's).")
+@click.option("--nprobe", type=click.IntRange(min=1), help="IVF: inverted lists probed per query (default: the index's).")
 def command(index_dir, queries, output, input_format, batch_size, corpus, hits, remove_query, output_format, run_tag,
             with_text, ef_search, nprobe, **opts):
     """Search an index (from `retrctl index`) with queries (JSONL/Parquet/BEIR folder, '-' = stdin); write a run."""

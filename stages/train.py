@@ -49,7 +49,7 @@ from pathlib import Path
 import click
 
 from retrctl import records
-from retrctl.stage import ENCODER_FLAGS, options, stage
+from retrctl.stage import ENCODER_FLAGS, SHARED_TYPES, options, stage
 from retrctl.trainer import TrainConfig, Trainer
 
 
@@ -57,6 +57,7 @@ def train(groups, *, output, corpus=None, config: TrainConfig | None = None, on_
     """Train an encoder on groups (a path, '-' for stdin, or a list of group records) and save it to ``output``:
     a sentence-transformers directory with retrctl.json, metrics.jsonl and train_config.json.
     ``settings`` are TrainConfig fields overriding ``config``. Returns the output directory."""
+    records.check_outputs([output], [groups, corpus], dir_output=True)  # never train onto the groups or corpus
     cfg = (config or TrainConfig()).replace(**settings)
     if not cfg.model:
         raise ValueError("a model is required (--model)")
@@ -85,7 +86,7 @@ def config_options(f):
             f = click.option(flag, field.name, help=help, callback=_int_list)(f)
         else:
             base = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
-            f = click.option(flag, field.name, type=base, default=None, help=help)(f)
+            f = click.option(flag, field.name, type=SHARED_TYPES.get(field.name, base), default=None, help=help)(f)
     return f
 
 

@@ -405,3 +405,18 @@ def test_scifact_train_bm25_never_mines_a_judged_positive():
         assert not set(g["negative_document_ids"]) & set(qrels[g["query_id"]])
         assert len(g["negative_document_ids"]) == 7
     assert st["short_groups"] == 0
+
+
+def test_qrels_matching_no_query_raise_after_the_last_query_unless_allow_empty():
+    """Issue 12.13: judgments for other queries used to give an empty groups file and exit 0."""
+    corpus = {f"x{i}": {"title": "", "text": f"doc {i}"} for i in range(5)}
+    run = RunRetriever({"q": [(f"x{i}", 5.0 - i) for i in range(5)]})
+    queries = [{"query_id": "q", "query_text": "x"}]
+    with pytest.raises(records.RecordError) as e:
+        list(mine(queries, corpus=corpus, retriever=run, qrels={"other": {"x1": 1}}, qrels_path="judged.tsv"))
+    assert str(e.value) == ("judged.tsv: none of its 1 query ids is among the 1 queries (e.g. 'other'): wrong judgments "
+                            "for these queries? (--allow-empty writes the groups anyway)")
+    assert list(mine(queries, corpus=corpus, retriever=run, qrels={"other": {"x1": 1}}, allow_empty=True)) == []
+    # one matching query is enough: the others are the counted warning, not an error
+    groups = list(mine(queries, corpus=corpus, retriever=run, qrels={"other": {"x1": 1}, "q": {"x0": 1}}, negative_range="2-5"))
+    assert [g["query_id"] for g in groups] == ["q"]

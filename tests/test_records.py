@@ -392,3 +392,175 @@ def test_atomic_dir_swaps_only_on_success(tmp_path):
     with records.atomic_dir(target) as d:
         (d / "a").write_text("3")
     assert (target / "a").read_text() == "3" and sorted(p.name for p in tmp_path.iterdir()) == ["idx"]
+
+
+# ---------------------------------------------------------------- issue 12: corrupt streams, whitespace ids, TSV qrels
+
+
+def test_gzip_corrupt_mid_stream_names_file_and_line(tmp_path):
+    """A damaged deflate block raises zlib.error (not OSError): it must still be a RecordError (issue 12.11)."""
+    import zlib
+
+    good = gzip.compress(_big_corpus_bytes(), mtime=0)
+    for pos in range(len(good) // 2, len(good), 97):  # the first damage past the middle that zlib itself detects
+        blob = good[:pos] + b"\xff" * 8 + good[pos + 8 :]
+        with pytest.raises((zlib.error, gzip.BadGzipFile, EOFError)) as raised:
+            gzip.decompress(blob)
+        if raised.type is zlib.error:
+            break
+    assert raised.type is zlib.error
+    path = tmp_path / "corpus.jsonl.gz"
+    path.write_bytes(blob)
+    msg = error(path)
+    assert msg.startswith(f"{path}:") and "unreadable compressed stream" in msg and "Error -3" in msg
+    assert int(msg[len(str(path)) + 1 :].split(":")[0]) > 1  # the line reached, not line 1
+
+
+def test_zstd_corrupt_mid_stream(tmp_path):
+    blob = bytearray(zstandard.ZstdCompressor().compress(_big_corpus_bytes()))
+    blob[len(blob) // 2 : len(blob) // 2 + 20] = b"\x5a" * 20
+    path = tmp_path / "corpus.jsonl.zst"
+    path.write_bytes(bytes(blob))
+    assert "unreadable compressed stream" in error(path)
+
+
+def test_parquet_corrupt_page_and_truncated_file(tmp_path):
+    path = tmp_path / "corpus.parquet"
+    records.write(docs(3000), path, batch_size=500)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 4 : len(data) // 4 + 200] = bytes(b ^ 0x5A for b in data[len(data) // 4 : len(data) // 4 + 200])
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(bytes(data))
+    assert error(bad).startswith(f"{bad}:") and "unreadable Parquet data" in error(bad)
+    bad.write_bytes(path.read_bytes()[: len(data) // 2])
+    assert error(bad).startswith(f"{bad}: not a Parquet file")
+
+
+def test_parquet_wrong_schema(tmp_path):
+    path = tmp_path / "corpus.parquet"
+    records.write([{"name": "x", "size": 3}], path)
+    assert error(path).startswith(f'{path}:1: missing field "docid"')
+    records.write([{"docid": "d1", "text": 5}], path)
+    assert error(path) == f"{path}:1: field 'text': expected a string, got int"
+
+
+SPACEY = ["a b", "a\tb", "a\nb", "trail ", " lead", "nb\u00a0sp", "ideo\u3000sp"]
+
+
+@pytest.mark.parametrize("bad", SPACEY)
+@pytest.mark.parametrize(
+    "kind, row, field",
+    [
+        ("doc", lambda i: {"docid": i, "text": "x"}, "docid"),
+        ("query", lambda i: {"query_id": i, "query_text": "x"}, "query_id"),
+        ("query", lambda i: {"query_id": "q", "query_text": "x", "source_docid": i}, "source_docid"),
+        ("group", lambda i: {"query_id": i, "query_text": "x", "positive_document_ids": ["d"]}, "query_id"),
+        ("group", lambda i: {"query_id": "q", "query_text": "x", "positive_document_ids": ["d", i]}, "positive_document_ids"),
+        ("group", lambda i: {"query_id": "q", "query_text": "x", "positive_document_ids": ["d"], "negative_document_ids": [i]},
+         "negative_document_ids"),
+        ("qrels", lambda i: {"query_id": "q", "doc_id": i, "relevance": 1}, "doc_id"),
+    ],
+)
+def test_ids_with_whitespace_are_rejected_at_read_time(tmp_path, kind, row, field, bad):
+    """TREC runs/qrels (and trec_eval, Pyserini) split on whitespace: such an id cannot survive a run (issue 12.7)."""
+    path = jsonl(tmp_path / "in.jsonl", [row("ok1"), row(bad)])
+    with pytest.raises(RecordError) as e:
+        if kind == "qrels":
+            records.read_qrels(path)
+        else:
+            list(records.read(path, kind))
+    assert str(e.value) == (f"{path}:2: field '{field}': id {bad!r} contains whitespace, which TREC runs and qrels "
+                            "cannot carry: rename it")
+
+
+def test_run_jsonl_with_whitespace_id_is_rejected(tmp_path):
+    path = jsonl(tmp_path / "run.jsonl", [{"query_id": "q", "doc_id": "a b", "score": 1}])
+    with pytest.raises(RecordError) as e:
+        records.read_run(path)
+    assert str(e.value).startswith(f"{path}:1: field 'doc_id': id 'a b' contains whitespace")
+
+
+def test_trec_writer_refuses_whitespace_ids_and_tags(tmp_path):
+    """Ids from an index built before the read-time check must not become 7-column lines."""
+    out = tmp_path / "run.trec"
+    rows = [{"query_id": "q", "doc_id": "d1", "score": 2.0, "rank": 1}, {"query_id": "q", "doc_id": "a b", "score": 1.0, "rank": 2}]
+    with pytest.raises(RecordError) as e:
+        records.write_run(rows, out)
+    assert str(e.value) == f"{out}:2: id 'a b' contains whitespace, which a TREC run cannot carry: write --output-format jsonl"
+    assert list(tmp_path.iterdir()) == []
+    records.write_run(rows, tmp_path / "run.jsonl")  # JSONL carries any id
+    assert (tmp_path / "run.jsonl").read_text().count('"a b"') == 1
+    with pytest.raises(RecordError, match="run tag 'my run'"):
+        records.write_run(rows[:1], out, tag="my run")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("query-id\tcorpus-id\tscore\nq 1\td1\t1\n", ":2: field 'query_id': id 'q 1' contains whitespace"),
+        ("q 1\td1\t1\n", ":1: field 'query_id': id 'q 1' contains whitespace"),
+        ("q1\td 1\t1\n", ":1: field 'doc_id': id 'd 1' contains whitespace"),
+        ("q1\t0\td1 \t1\n", ":1: field 'doc_id': id 'd1 ' contains whitespace"),
+        ("query-id\tcorpus-id\tscore\nq1 d1 1\n", ":2: expected 'qid 0 docid rel' or 'query-id corpus-id score', got 1 columns"),
+        ("q1\t\t1\n", ":1: field 'doc_id': empty id"),
+    ],
+)
+def test_tab_separated_qrels_split_on_tabs_only(tmp_path, text, message):
+    """BEIR TSV with a space in an id was read as 4-column TREC (query 'q'): issue 12.8."""
+    path = tmp_path / "qrels.tsv"
+    path.write_text(text)
+    with pytest.raises(RecordError) as e:
+        records.read_qrels(path)
+    assert str(e.value).startswith(f"{path}{message}")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["query-id\tcorpus-id\tscore\r\nq1\td1\t1\r\nq1\td2\t0\r\nq2\td3\t2\r\n",  # Windows line ends
+     "q1\t0\td1\t1\nq1\t0\td2\t0\nq2\t0\td3\t2\n",  # MS MARCO: TREC columns, tab-separated
+     "query-id corpus-id score\nq1 d1 1\nq1 d2 0\nq2 d3 2\n"],  # a space-separated header keeps whitespace splitting
+)
+def test_tab_separated_qrels_variants(tmp_path, text):
+    path = tmp_path / "qrels.tsv"
+    path.write_bytes(text.encode())
+    assert records.read_qrels(path) == {"q1": {"d1": 1, "d2": 0}, "q2": {"d3": 2}}
+
+
+# ---------------------------------------------------------------- issue 12.3: an output never overwrites an input
+
+
+def _clash(outputs, inputs, **kw) -> str:
+    with pytest.raises(RecordError) as e:
+        records.check_outputs(outputs, inputs, **kw)
+    return str(e.value)
+
+
+def test_check_outputs_relations(tmp_path):
+    f, d = tmp_path / "c.jsonl", tmp_path / "idx"
+    f.write_text("{}\n")
+    d.mkdir()
+    (d / "index.json").write_text("{}")
+    assert _clash([str(f)], [str(f)]) == (f"{f}: the output is the input {f}: writing it would destroy the input; "
+                                         "nothing written (choose another -o)")
+    assert "the output is inside the input" in _clash([str(d / "index.json")], ["-", str(d)])
+    assert "the output is inside the input" in _clash([str(d / "new" / "run.trec")], [str(d)])
+    assert "the output contains the input" in _clash([str(tmp_path)], [str(f)], dir_output=True)
+    assert "the output contains the input" in _clash(["/"], [str(f)], dir_output=True)
+    assert "the input " + str(f) in _clash([None, str(f)], [[str(d / "x"), str(f)]])  # lists flattened, None skipped
+    records.check_outputs(["-"], [str(f), "-"])
+    records.check_outputs([str(tmp_path / "other.jsonl")], [str(f), str(d), "-", None, "bm25"])
+    records.check_outputs([str(tmp_path / "gone")], [str(tmp_path / "gone")])  # a missing input cannot be lost
+
+
+def test_check_outputs_resolves_symlinks_and_checks_the_kind(tmp_path):
+    f = tmp_path / "c.jsonl"
+    f.write_text("{}\n")
+    (tmp_path / "link.jsonl").symlink_to(f)
+    (tmp_path / "dirlink").symlink_to(tmp_path)
+    assert "the output is the input" in _clash([str(tmp_path / "link.jsonl")], [str(f)])
+    assert "the output is the input" in _clash([str(f)], [str(tmp_path / "link.jsonl")])
+    assert "the output is the input" in _clash([str(tmp_path / "dirlink" / "c.jsonl")], [str(f)])
+    assert _clash([str(tmp_path)], []) == f"{tmp_path}: is a directory: -o needs a file path here"
+    assert _clash([str(f)], [], dir_output=True) == f"{f}: is a file: -o needs a directory here"
+    assert _clash([str(f / "sub" / "out.jsonl")], []) == f"{f / 'sub' / 'out.jsonl'}: cannot be created: {f} is a file, not a directory"
