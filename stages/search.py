@@ -93,7 +93,7 @@ def default_tag(manifest: dict) -> str:
 @options("output", "input_format", "batch_size", "corpus", "encoder")
 @click.argument("index_dir")
 @click.argument("queries", default="-", required=False)
-@click.option("--hits", type=int, help="Results per query.")
+@click.option("--hits", type=click.IntRange(min=1), help="Results per query.")
 @click.option("--remove-query", is_flag=True, help="Drop a doc whose id equals the query id (BEIR ArguAna convention).")
 @click.option("--output-format", type=click.Choice(["trec", "jsonl", "parquet"]), help="Run format. [default: by -o extension, else trec]")
 @click.option("--run-tag", help="TREC tag column. [default: names the retriever]")
@@ -103,19 +103,21 @@ def default_tag(manifest: dict) -> str:
 def command(index_dir, queries, output, input_format, batch_size, corpus, hits, remove_query, output_format, run_tag,
             with_text, ef_search, nprobe, **opts):
     """Search an index (from `retrctl index`) with queries (JSONL/Parquet/BEIR folder, '-' = stdin); write a run."""
-    from retrctl.indexes import open_index
-    from retrctl.indexes.base import read_manifest
+    from retrctl.indexes import open_index, resolve
 
-    manifest = read_manifest(index_dir)
+    if output != "-" and Path(output).is_dir():
+        raise click.UsageError(f"-o {output} is a directory: give a run file name (or '-' for stdout)")
+    version = resolve(index_dir)  # once: an update publishing meanwhile cannot mix versions into this search
+    manifest = version.manifest
     overrides = encoder_overrides(opts)
     if manifest.get("backend") == "dense":
-        idx = open_index(index_dir, device=overrides.pop("device", None), **overrides)
+        idx = open_index(version, device=overrides.pop("device", None), **overrides)
         log.info("dense index %s: %d docs, %s, encoder %s (pooling %s, query prompt %r)", index_dir, len(idx),
                  manifest["settings"]["index_type"], manifest["encoder"]["model"], idx.encoder.config.pooling, idx.encoder.config.query_prompt)
     else:
         if overrides:
             log.warning("encoder flags are ignored by a %s index", manifest.get("backend"))
-        idx = open_index(index_dir)
+        idx = open_index(version)
         log.info("bm25 index %s: %d docs, %s", index_dir, len(idx), manifest.get("variant"))
     for name, value in (("batch_size", batch_size), ("ef_search", ef_search), ("nprobe", nprobe)):
         if value is not None and hasattr(idx, name):
@@ -136,7 +138,7 @@ def command(index_dir, queries, output, input_format, batch_size, corpus, hits, 
         idx.encoder.report_truncation()
     # the run's provenance (PEER 14, 39): which index, BM25 variant or encoder recipe, search settings, versions
     records.write_manifest_beside(output, {
-        "stage": "search", "index": str(Path(index_dir).resolve()),
+        "stage": "search", "index": str(Path(index_dir).resolve()), "index_version": version.name,
         "queries": queries if queries == "-" else str(Path(queries).resolve()), "run_tag": tag, "rows": n,
         "settings": {"hits": hits, "remove_query": remove_query, "with_text": with_text,
                      **{k: getattr(idx, k) for k in ("batch_size", "ef_search", "nprobe") if hasattr(idx, k)}},
