@@ -103,21 +103,22 @@ def default_tag(manifest: dict) -> str:
 def command(index_dir, queries, output, input_format, batch_size, corpus, hits, remove_query, output_format, run_tag,
             with_text, ef_search, nprobe, **opts):
     """Search an index (from `retrctl index`) with queries (JSONL/Parquet/BEIR folder, '-' = stdin); write a run."""
-    from retrctl.indexes import open_index, resolve
+    from retrctl.indexes import open_index
 
     if output != "-" and Path(output).is_dir():
         raise click.UsageError(f"-o {output} is a directory: give a run file name (or '-' for stdout)")
-    version = resolve(index_dir)  # once: an update publishing meanwhile cannot mix versions into this search
-    manifest = version.manifest
     overrides = encoder_overrides(opts)
+    device = overrides.pop("device", None)
+    # one version, resolved once: an update publishing meanwhile cannot mix versions into this search
+    idx = open_index(index_dir, device=device, **overrides)
+    version = idx.version
+    manifest = version.manifest
     if manifest.get("backend") == "dense":
-        idx = open_index(version, device=overrides.pop("device", None), **overrides)
         log.info("dense index %s: %d docs, %s, encoder %s (pooling %s, query prompt %r)", index_dir, len(idx),
                  manifest["settings"]["index_type"], manifest["encoder"]["model"], idx.encoder.config.pooling, idx.encoder.config.query_prompt)
     else:
-        if overrides:
+        if overrides or device:
             log.warning("encoder flags are ignored by a %s index", manifest.get("backend"))
-        idx = open_index(version)
         log.info("bm25 index %s: %d docs, %s", index_dir, len(idx), manifest.get("variant"))
     for name, value in (("batch_size", batch_size), ("ef_search", ef_search), ("nprobe", nprobe)):
         if value is not None and hasattr(idx, name):

@@ -19,14 +19,16 @@ BACKENDS: dict[str, type[Index]] = {"dense": DenseIndex, "bm25": BM25Index}
 
 def open_index(directory: str | Path | Version, **kw) -> Index:
     """Open a saved index (a directory, or a ``Version`` already resolved); ``kw`` (encoder=, device=, encoder
-    overrides) go to dense backends."""
+    overrides) go to dense backends. ``index.version`` tells which version was opened (and its manifest)."""
     from retrctl.records import RecordError
 
-    version = store.resolved(directory)
-    backend = version.manifest.get("backend")
-    if backend not in BACKENDS:
-        raise RecordError(version.path / store.MANIFEST, None, "backend", f"unknown backend {backend!r} ({', '.join(BACKENDS)})")
-    return BACKENDS[backend].load(version, **kw)
+    def load(version: Version) -> Index:
+        backend = version.manifest.get("backend")
+        if backend not in BACKENDS:
+            raise RecordError(version.path / store.MANIFEST, None, "backend", f"unknown backend {backend!r} ({', '.join(BACKENDS)})")
+        return BACKENDS[backend].load(version, **kw)
+
+    return store.open_consistent(directory, load)
 
 
 __all__ = ["BACKENDS", "BM25Index", "DenseIndex", "Index", "Version", "open_index", "read_manifest", "resolve"]

@@ -108,18 +108,23 @@ def _parse(path: Path, text: str, limit: int) -> dict:
     return data
 
 
-def resolve(directory: str | os.PathLike) -> Version:
-    """The version a reader must use: one read of the pointer, then only that version's directory."""
-    root = Path(directory)
+def _read_pointer(root: Path) -> str:
     path = root / MANIFEST
     try:
-        text = path.read_text()
+        return path.read_text()
     except (FileNotFoundError, NotADirectoryError):
         raise records.RecordError(root, message=f"not an index directory (no {MANIFEST})") from None
     except IsADirectoryError:
         raise records.RecordError(path, message="not an index manifest (a directory)") from None
     except UnicodeDecodeError:
         raise records.RecordError(path, message="not an index manifest (not UTF-8 text)") from None
+
+
+def resolve(directory: str | os.PathLike, text: str | None = None) -> Version:
+    """The version a reader must use: one read of the pointer (or its ``text``), then only that version's directory."""
+    root = Path(directory)
+    path = root / MANIFEST
+    text = _read_pointer(root) if text is None else text
     if '"' + MARKER + '"' not in text:
         return Version(root, root, None, _parse(path, text, FORMAT_VERSION))
     data = _parse(path, text, LAYOUT_VERSION)
@@ -135,6 +140,28 @@ def resolve(directory: str | os.PathLike) -> Version:
     except (FileNotFoundError, NotADirectoryError):
         raise damaged(vdir if not vdir.exists() else vpath, "missing") from None
     return Version(root, vdir, name, _parse(vpath, vtext, FORMAT_VERSION))
+
+
+def open_consistent(directory, load, attempts: int = 5):
+    """``load(version)`` of the current version; when it fails because writers replaced and removed that version
+    while it was being read (the pointer moved meanwhile), the new current version is opened instead. A failure
+    while the pointer stays put is real damage and is raised."""
+    if isinstance(directory, Version):
+        return load(directory)
+    root = Path(directory)
+    for attempt in range(attempts):
+        text = _read_pointer(root)
+        try:
+            return load(resolve(root, text))
+        except records.RecordError:
+            try:
+                moved = _read_pointer(root) != text
+            except records.RecordError:
+                moved = False
+            if not moved or attempt == attempts - 1:
+                raise
+            log.debug("%s: the version being opened was replaced meanwhile; opening the current one", root)
+    raise AssertionError("unreachable")
 
 
 def resolved(directory) -> Version:
