@@ -14,16 +14,34 @@ arXiv:2407.03618). A doc is "title text" in both (BEIR's convention, Thakur et a
 | BM25 variant (Kamphuis et al. 2020)        | `--bm25-method lucene|robertson|atire|bm25l|bm25+` | lucene |
 | stopwords (bm25s lists)                    | `--stopwords en|none|de|…`              | en |
 | encode batch                               | `--batch-size`                          | 32 |
+| dense resume checkpoint interval (docs)    | `--checkpoint-every`                    | 4096 |
+| old versions kept (see below)              | `--keep`                                | 2 |
 | shard of the corpus (stable hash of docid) | `--shard-id/--shard-num`, then `--merge` | one shard |
 
 Updates (pyserini#1964, faiss#3339): run again on an existing IDX and it is brought in line with the corpus by
 content hash — new docs are added, changed docs re-encoded, docs no longer in the corpus deleted (`--no-delete`
 keeps them); nothing is rewritten when nothing changed. Changing a setting that the stored data depends on
-(model or its settings, index type, BM25 settings) rebuilds from scratch, with a warning; `--rebuild` forces it.
-The new index is written beside IDX and renamed into place, so searchers never see a half-built one (cron-safe).
+(model or its settings, index type, BM25 settings) rebuilds from scratch, with a warning; `--rebuild` forces it
+(also the way out of a damaged index: a missing or truncated file is named, exit 2).
 
-Resume: dense encoding goes in chunks of 4096 docs saved under `IDX.partial/`; a killed run restarted on the same
-corpus reuses the chunks whose docids and content hashes match, and the directory is removed on success.
+Layout and what is atomic (retrctl.indexes.store; issue 12.4/12.5): IDX/versions/N/ are complete, immutable
+indexes; IDX/index.json is a pointer naming the current one (plus a copy of its manifest). An update writes
+versions/.N.tmp-PID, renames it to versions/N, then replaces the pointer with os.replace — the one atomic step.
+A searcher resolves the pointer once and reads only that version, so it gets the old or the new index, never a
+mix; a kill -9 at any point leaves the previous version current, and the next run sweeps the leftovers and
+finishes. A version is deleted once `--keep` newer ones exist (default 2: the version a searcher just opened
+survives the next whole update). IDX written by earlier retrctl (flat, no versions/) opens as it is; its first
+update converts it.
+
+Refusals: an existing `-o` must be recognisably a retrctl index (the pointer's format marker, or a flat retrctl
+manifest) with nothing foreign in it; a project dir, a file, `/` are refused with exit 2 and left untouched.
+
+Lock: `retrctl index` holds an flock on IDX/index.lock (with its pid) from start to publish; a second writer on the
+same IDX exits 75 (EX_TEMPFAIL) naming the holder's pid. A lock left by a killed run is taken over with a warning.
+
+Resume: dense encoding goes in chunks of `--checkpoint-every` docs (4096) saved under `IDX.partial/`; a killed run
+restarted on the same corpus reuses the chunks whose docids and content hashes match (it logs how many docs came
+from checkpoints), and the directory is removed on success.
 
 Shards: `--shard-id i --shard-num n` indexes the docs whose docid hashes to shard i (e.g. one per GPU/machine);
 `retrctl index --merge IDX.0 IDX.1 … -o IDX` joins them (an IVF is re-trained on the merged vectors, BM25

@@ -1,14 +1,21 @@
 """The Index interface every backend implements; `search`, `mine` and `index` use only this.
 
-An index directory always holds ``index.json`` (the manifest: format version, backend, its settings, doc
-count, encoder description for dense backends) and the backend's files; doc ids and per-doc content hashes
-are stored as Parquet, vectors as arrays, never pickles. ``open_index(dir)`` reads the manifest to pick
-the class.
+One index *version* is a directory holding ``index.json`` (the manifest: format version, backend, its
+settings, doc count, encoder description for dense backends) and the backend's files; doc ids and per-doc
+content hashes are stored as Parquet, vectors as arrays, never pickles. An index directory holds immutable
+versions under ``versions/`` and a pointer (its own ``index.json``) naming the current one; see
+``retrctl.indexes.store`` for the layout, what is atomic (only the pointer switch, an os.replace), the writer lock
+(``records.BusyError``, exit 75) and ``--keep``. ``open_index(dir)`` resolves the pointer once and the backend
+reads only that version (``load``); ``save(dir)`` publishes a new version (``write_files`` into a temp version,
+rename, switch), so a reader never sees a half-written or mixed index. A flat directory written by earlier
+retrctl (files next to index.json, no pointer) opens as one version.
 
 Updates are by content hash (``records.content_hash(title, text)``): ``sync(docs)`` adds new docs,
 re-processes changed ones, leaves unchanged ones alone and (with ``delete=True``) drops docs that are no
-longer in the stream — the incremental update peers lack (pyserini#1964, faiss#3339). ``save(dir)``
-writes a sibling directory and swaps it in, so a reader never sees a half-written index.
+longer in the stream — the incremental update peers lack (pyserini#1964, faiss#3339).
+
+A missing, truncated or corrupt file of a version is reported as one ``RecordError`` naming the file and the
+way out (``--rebuild``), never as a bare library exception (issue 12.12).
 """
 
 from __future__ import annotations
