@@ -196,6 +196,34 @@ def test_readers_during_many_updates_see_exactly_one_version(method, tiny_bert, 
     assert len(reads) >= 10 and len(seen) >= 2, (len(reads), len(seen))
 
 
+def test_cli_searches_during_updates_all_succeed(tmp_path):
+    """The issue's probe: `retrctl search` processes while updates publish (1 in 40 exited 1 before versions)."""
+    import threading
+
+    out = tmp_path / "idx"
+    index(version_docs(0), out, method="bm25")
+    q = write_jsonl(tmp_path / "q.jsonl", [{"query_id": "q", "query_text": "marker"}])
+    stop = threading.Event()
+
+    def updates():
+        i = 1
+        while not stop.is_set():
+            index(version_docs(i), out, keep=1)
+            i += 1
+
+    t = threading.Thread(target=updates)
+    t.start()
+    try:
+        runs = [cli("search", out, q, "--output-format", "jsonl") for _ in range(8)]
+    finally:
+        stop.set()
+        t.join()
+    corpora = [{d["docid"] for d in version_docs(i)} for i in range(200)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+        assert {json.loads(line)["doc_id"] for line in r.stdout.splitlines()} in corpora
+
+
 # ---------------------------------------------------------------- the lock (12.9)
 
 
