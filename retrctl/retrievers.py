@@ -145,7 +145,7 @@ def dense_index(model, docs: dict[str, dict], corpus_path: str | None, batch_siz
         changes = idx.sync(stream, delete=True)
         if changes["added"] or changes["updated"] or changes["removed"] or not (where / "index.json").exists():
             idx.meta = {"source": ident}
-            idx.save(where)
+            idx.save(where, keep=1)  # every reader of the cache holds _locked: no one can be reading an old version
         shutil.rmtree(idx.workdir, ignore_errors=True)
     log.info("corpus vectors: %d encoded, %d reused, %d dropped (cache %s)", idx.encoded, changes["unchanged"], changes["removed"], where)
     return idx

@@ -260,6 +260,29 @@ def test_a_second_writer_exits_75_naming_the_holder_then_takes_over_a_stale_lock
     assert r.exit_code == 0 and "stale" not in r.stderr
 
 
+def test_a_second_writer_thread_in_the_same_process_is_refused(tmp_path):
+    import threading
+
+    out, inside, release = tmp_path / "idx", threading.Event(), threading.Event()
+
+    def slow_docs():
+        yield DOCS[0]
+        inside.set()
+        release.wait(30)
+        yield from DOCS[1:]
+
+    t = threading.Thread(target=index, args=(slow_docs(), out), kwargs={"method": "bm25"})
+    t.start()
+    try:
+        assert inside.wait(30)
+        with pytest.raises(BusyError, match=f"pid {os.getpid()}"):
+            index(DOCS, out, method="bm25")
+    finally:
+        release.set()
+        t.join()
+    assert len(open_index(out)) == len(DOCS)
+
+
 def test_two_concurrent_cli_writers_one_waits_out_with_75(tmp_path):
     docs = version_docs(1, n=3000)
     c = write_jsonl(tmp_path / "c.jsonl", docs)

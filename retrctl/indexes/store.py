@@ -239,7 +239,7 @@ def check_target(directory) -> bool:
 
 # ---------------------------------------------------------------- the writer lock
 
-_HELD: dict[str, int] = {}
+_HELD: dict[str, tuple[int, int]] = {}  # realpath -> (thread, depth) of the writers in this process
 _HELD_GUARD = threading.Lock()
 
 
@@ -304,24 +304,28 @@ def writer(directory):
     call created, the directory is removed again.
     """
     root = Path(directory)
-    key = os.path.realpath(root)
+    key, me = os.path.realpath(root), threading.get_ident()
     with _HELD_GUARD:
-        nested = key in _HELD
-        if nested:
-            _HELD[key] += 1
-    if nested:
+        holder = _HELD.get(key)
+        if holder is not None and holder[0] != me:  # flock would not stop a second thread of this process
+            raise records.BusyError(f"{root} is being written by another thread of this process (pid {os.getpid()})")
+        if holder is not None:
+            _HELD[key] = (me, holder[1] + 1)
+    if holder is not None:
         try:
             yield
         finally:
             with _HELD_GUARD:
-                _HELD[key] -= 1
+                _HELD[key] = (me, _HELD[key][1] - 1)
         return
     _restore_old_swap(root)
     existed = check_target(root)
     root.mkdir(parents=True, exist_ok=True)
     with _flock(root):
         with _HELD_GUARD:
-            _HELD[key] = 1
+            if key in _HELD:
+                raise records.BusyError(f"{root} is being written by another thread of this process (pid {os.getpid()})")
+            _HELD[key] = (me, 1)
         try:
             check_target(root)  # again under the lock: another writer may have changed it meanwhile
             sweep(root)
