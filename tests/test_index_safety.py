@@ -540,3 +540,20 @@ def test_search_output_onto_a_directory_exits_2(runner, queries_file, tmp_path):
     r = runner("search", tmp_path / "idx", queries_file, "-o", tmp_path / "runs")
     assert r.exit_code == 2 and "is a directory" in r.stderr
     assert list((tmp_path / "runs").iterdir()) == []
+
+
+def test_mine_cache_is_versioned_and_keeps_one_version(tiny_bert, monkeypatch, tmp_path):
+    from retrctl.retrievers import IndexRetriever, dense_index, open_retriever
+
+    monkeypatch.setenv("RETRCTL_CACHE", str(tmp_path / "cache"))
+    corpus = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    docs = {d["docid"]: d for d in DOCS}
+    dense_index(str(tiny_bert), docs, str(corpus), device="cpu")
+    docs["d1"] = {**docs["d1"], "text": "changed"}
+    again = dense_index(str(tiny_bert), docs, str(corpus), device="cpu")
+    assert again.encoded == 1
+    (where,) = [p for p in (tmp_path / "cache" / "mine").iterdir() if p.is_dir() and not p.name.endswith(".work")]
+    assert resolve(where).name == "000002" and [p.name for p in (where / "versions").iterdir()] == ["000002"]
+    # an index dir given as --retriever is opened through the pointer too
+    r = open_retriever(str(where), model=None, docs={}, corpus_path=None)
+    assert isinstance(r, IndexRetriever) and len(r.index) == len(DOCS)
