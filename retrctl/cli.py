@@ -2,7 +2,8 @@
 
 Stages are referred to by name only and imported on first use (click's lazy-loading group pattern), so
 `retrctl --help` starts without importing torch. Errors are converted here, once: RecordError and usage
-errors exit 2 with one line; anything else exits 1 with one line (the traceback with --log-level debug).
+errors exit 2 with one line; an output locked by another run (BusyError) exits 75 (EX_TEMPFAIL: retry later,
+cron can skip quietly); anything else exits 1 with one line (the traceback with --log-level debug).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import sys
 import click
 
 from retrctl import __version__
-from retrctl.records import RecordError
+from retrctl.records import BusyError, RecordError
 from retrctl.stage import STATE
+
+EX_TEMPFAIL = 75
 
 # subcommand -> one line of help, in pipeline order; the module is stages.<name> and exposes `command`
 STAGES = {
@@ -76,6 +79,9 @@ def main(argv=None) -> None:
     except RecordError as e:
         click.echo(f"{prog}: {e}", err=True)
         sys.exit(2)
+    except BusyError as e:  # another run holds the output's lock: a retry later will do (sysexits EX_TEMPFAIL)
+        click.echo(f"{prog}: {e}", err=True)
+        sys.exit(EX_TEMPFAIL)
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as e:

@@ -62,6 +62,10 @@ class RecordError(Exception):
         return f"{where}: {what}"
 
 
+class BusyError(Exception):
+    """An output another process is writing right now (its lock is held): try again later (exit 75, EX_TEMPFAIL)."""
+
+
 # ---------------------------------------------------------------- raw text containers
 
 

@@ -118,6 +118,7 @@ def _locked(path: Path):
 def dense_index(model, docs: dict[str, dict], corpus_path: str | None, batch_size: int = 64, cache: bool = True,
                 **overrides):
     """A Flat (exact) DenseIndex of the corpus; with ``cache`` it lives under cache_dir()/mine and is synced."""
+    from retrctl.indexes import store
     from retrctl.indexes.dense import DenseIndex
     from retrctl.models import Encoder, cache_dir
 
@@ -146,6 +147,7 @@ def dense_index(model, docs: dict[str, dict], corpus_path: str | None, batch_siz
         if changes["added"] or changes["updated"] or changes["removed"] or not (where / "index.json").exists():
             idx.meta = {"source": ident}
             idx.save(where)
+            store.gc(where, keep=1)  # every reader of the cache holds _locked: no one is reading an old version
         shutil.rmtree(idx.workdir, ignore_errors=True)
     log.info("corpus vectors: %d encoded, %d reused, %d dropped (cache %s)", idx.encoded, changes["unchanged"], changes["removed"], where)
     return idx

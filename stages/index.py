@@ -14,16 +14,34 @@ arXiv:2407.03618). A doc is "title text" in both (BEIR's convention, Thakur et a
 | BM25 variant (Kamphuis et al. 2020)        | `--bm25-method lucene|robertson|atire|bm25l|bm25+` | lucene |
 | stopwords (bm25s lists)                    | `--stopwords en|none|de|…`              | en |
 | encode batch                               | `--batch-size`                          | 32 |
+| dense resume checkpoint interval (docs)    | `--checkpoint-every`                    | 4096 |
+| old versions kept (see below)              | `--keep`                                | 2 |
 | shard of the corpus (stable hash of docid) | `--shard-id/--shard-num`, then `--merge` | one shard |
 
 Updates (pyserini#1964, faiss#3339): run again on an existing IDX and it is brought in line with the corpus by
 content hash — new docs are added, changed docs re-encoded, docs no longer in the corpus deleted (`--no-delete`
 keeps them); nothing is rewritten when nothing changed. Changing a setting that the stored data depends on
-(model or its settings, index type, BM25 settings) rebuilds from scratch, with a warning; `--rebuild` forces it.
-The new index is written beside IDX and renamed into place, so searchers never see a half-built one (cron-safe).
+(model or its settings, index type, BM25 settings) rebuilds from scratch, with a warning; `--rebuild` forces it
+(also the way out of a damaged index: a missing or truncated file is named, exit 2).
 
-Resume: dense encoding goes in chunks of 4096 docs saved under `IDX.partial/`; a killed run restarted on the same
-corpus reuses the chunks whose docids and content hashes match, and the directory is removed on success.
+Layout and what is atomic (retrctl.indexes.store; issue 12.4/12.5): IDX/versions/N/ are complete, immutable
+indexes; IDX/index.json is a pointer naming the current one (plus a copy of its manifest). An update writes
+versions/.N.tmp-PID, renames it to versions/N, then replaces the pointer with os.replace — the one atomic step.
+A searcher resolves the pointer once and reads only that version, so it gets the old or the new index, never a
+mix; a kill -9 at any point leaves the previous version current, and the next run sweeps the leftovers and
+finishes. A version is deleted once `--keep` newer ones exist (default 2: the version a searcher just opened
+survives the next whole update). IDX written by earlier retrctl (flat, no versions/) opens as it is; its first
+update converts it.
+
+Refusals: an existing `-o` must be recognisably a retrctl index (the pointer's format marker, or a flat retrctl
+manifest) with nothing foreign in it; a project dir, a file, `/` are refused with exit 2 and left untouched.
+
+Lock: `retrctl index` holds an flock on IDX/index.lock (with its pid) from start to publish; a second writer on the
+same IDX exits 75 (EX_TEMPFAIL) naming the holder's pid. A lock left by a killed run is taken over with a warning.
+
+Resume: dense encoding goes in chunks of `--checkpoint-every` docs (4096) saved under `IDX.partial/`; a killed run
+restarted on the same corpus reuses the chunks whose docids and content hashes match (it logs how many docs came
+from checkpoints), and the directory is removed on success.
 
 Shards: `--shard-id i --shard-num n` indexes the docs whose docid hashes to shard i (e.g. one per GPU/machine);
 `retrctl index --merge IDX.0 IDX.1 … -o IDX` joins them (an IVF is re-trained on the merged vectors, BM25
@@ -43,6 +61,7 @@ from pathlib import Path
 import click
 
 from retrctl import records
+from retrctl.indexes.store import KEEP
 from retrctl.stage import check_shard, encoder_overrides, options, progress, shard, stage
 
 log = logging.getLogger("retrctl.index")
@@ -54,17 +73,33 @@ class SettingsError(ValueError):
 
 def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None = None, method: str | None = None,
           index_type: str = "Flat", batch_size: int = 32, k1: float = 0.9, b: float = 0.4, stopwords: str | None = "en",
-          bm25_method: str = "lucene", delete: bool = True, rebuild: bool = False, meta: dict | None = None,
-          encoder_settings: dict | None = None) -> dict:
+          bm25_method: str = "lucene", delete: bool = True, rebuild: bool = False, keep: int = KEEP,
+          checkpoint_every: int = 4096, meta: dict | None = None, encoder_settings: dict | None = None) -> dict:
     """Build the index at ``output`` from doc records, or bring an existing one in line with them.
 
-    Returns the counts {"added", "updated", "unchanged", "removed"} and "rebuilt"/"written" flags.
+    Holds ``output``'s writer lock throughout (records.BusyError when another writer has it) and publishes
+    the result as a new version (``keep`` = versions that must supersede an old one before it is deleted).
+    Returns the counts {"added", "updated", "unchanged", "removed"}, "encoded" (docs run through the encoder,
+    dense) and "rebuilt"/"written" flags.
     """
-    from retrctl.indexes import BM25Index, DenseIndex, open_index
+    from retrctl.indexes import store
 
     output = Path(output)
+    if keep < 1 or checkpoint_every < 1:
+        raise SettingsError("--keep and --checkpoint-every must be at least 1")
+    with store.writer(output):
+        return _index(docs, output, model=model, method=method, index_type=index_type, batch_size=batch_size, k1=k1,
+                      b=b, stopwords=stopwords, bm25_method=bm25_method, delete=delete, rebuild=rebuild, keep=keep,
+                      checkpoint_every=checkpoint_every, meta=meta, encoder_settings=encoder_settings)
+
+
+def _index(docs, output: Path, *, model, method, index_type, batch_size, k1, b, stopwords, bm25_method, delete,
+           rebuild, keep, checkpoint_every, meta, encoder_settings) -> dict:
+    from retrctl.indexes import BM25Index, DenseIndex, open_index
+
     workdir = output.with_name(output.name + ".partial")
-    old_manifest = _manifest_or_none(output)
+    old = _current_or_none(output, rebuild)  # resolved once: the update reads only this version
+    old_manifest = old.manifest if old else None
     method = method or (old_manifest or {}).get("backend") or "dense"
     stopwords = None if stopwords in (None, "", "none") else stopwords
     meta = meta or {}
@@ -73,7 +108,7 @@ def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None 
         if model or encoder_settings:
             log.warning("--model and encoder flags are ignored by --method bm25")
         fresh = BM25Index(k1=k1, b=b, stopwords=stopwords, method=bm25_method)
-        idx = _reuse(output, old_manifest, fresh, rebuild, lambda: open_index(output))
+        idx = _reuse(output, old_manifest, fresh, rebuild, lambda: open_index(old))
     elif method == "dense":
         from retrctl.models import Encoder
 
@@ -88,9 +123,9 @@ def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None 
                     settings.setdefault(k, old_manifest["encoder"][k])
         device, dtype = settings.pop("device", None), settings.pop("dtype", None)
         encoder = Encoder.load(model, device=device, dtype=dtype, **settings)
-        fresh = DenseIndex(encoder, index_type=index_type, batch_size=batch_size)
-        idx = _reuse(output, old_manifest, fresh, rebuild, lambda: DenseIndex.load(output, encoder=encoder))
-        idx.batch_size = batch_size
+        fresh = DenseIndex(encoder, index_type=index_type, batch_size=batch_size, chunk_size=checkpoint_every)
+        idx = _reuse(output, old_manifest, fresh, rebuild, lambda: DenseIndex.load(old, encoder=encoder))
+        idx.batch_size, idx.chunk_size = batch_size, checkpoint_every
         idx.workdir = workdir
     else:
         raise SettingsError(f"unknown method {method!r}")
@@ -103,22 +138,37 @@ def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None 
     changed = stats["added"] or stats["updated"] or stats["removed"] or idx is fresh or idx.meta != before
     log.info("%s index %s: %d docs (%d added, %d updated, %d unchanged, %d removed)", method, output, len(idx),
              stats["added"], stats["updated"], stats["unchanged"], stats["removed"])
+    encoded = getattr(idx, "encoded", 0)
+    if method == "dense" and encoded != stats["added"] + stats["updated"]:
+        log.info("encoded %d docs; %d came from the checkpoints in %s", encoded, stats["added"] + stats["updated"] - encoded, workdir)
     if changed:
-        idx.save(output)
+        idx.save(output, keep=keep)
+        log.info("published %s as version %s", output, _current_name(output))
     else:
         log.info("%s is up to date; left as it is", output)
     shutil.rmtree(workdir, ignore_errors=True)
-    return {**stats, "rebuilt": idx is fresh, "written": bool(changed)}
+    return {**stats, "encoded": encoded, "rebuilt": idx is fresh, "written": bool(changed)}
 
 
-def _manifest_or_none(output: Path) -> dict | None:
-    from retrctl.indexes.base import read_manifest
+def _current_or_none(output: Path, rebuild: bool):
+    """The version to update (resolved once), or None for a new index; with --rebuild a damaged one is ignored."""
+    from retrctl.indexes import store
 
-    if not (output / "index.json").exists():
-        if output.exists() and any(output.iterdir()):
-            raise SettingsError(f"{output} exists and is not an index (no index.json): choose another -o")
+    if not (output / store.MANIFEST).exists():
         return None
-    return read_manifest(output)
+    try:
+        return store.resolve(output)
+    except records.RecordError as e:
+        if not rebuild:
+            raise
+        log.warning("%s; --rebuild: building a new version", e)
+        return None
+
+
+def _current_name(output: Path) -> str:
+    from retrctl.indexes import store
+
+    return store.resolve(output).name or "(flat)"
 
 
 def _reuse(output: Path, old: dict | None, fresh, rebuild: bool, load):
@@ -142,12 +192,12 @@ def _content_settings(backend: str | None, settings: dict, encoder: dict | None)
     return dict(settings)
 
 
-def merge(parts: list[str | os.PathLike], output: str | os.PathLike) -> int:
+def merge(parts: list[str | os.PathLike], output: str | os.PathLike, keep: int = KEEP) -> int:
     """Join shard indexes into one at ``output``; returns the doc count."""
-    from retrctl.indexes import BACKENDS, open_index
-    from retrctl.indexes.base import read_manifest
+    from retrctl.indexes import BACKENDS, open_index, store
 
-    manifests = [read_manifest(p) for p in parts]
+    versions = [store.resolve(p) for p in parts]  # each part resolved once
+    manifests = [v.manifest for v in versions]
     backends = {m.get("backend") for m in manifests}
     if len(backends) != 1:
         raise SettingsError(f"cannot merge different backends: {', '.join(sorted(map(str, backends)))}")
@@ -157,14 +207,15 @@ def merge(parts: list[str | os.PathLike], output: str | os.PathLike) -> int:
         ids = sorted(s["id"] for s in shards)
         if len(nums) == 1 and ids != list(range(nums.pop())):
             log.warning("merging shards %s of %d: the merged index is not the whole corpus", ids, shards[0]["num"])
-    first = open_index(parts[0])
-    rest = [open_index(p, encoder=first.encoder) if first.name == "dense" else open_index(p) for p in parts[1:]]
-    try:
-        merged = BACKENDS[first.name].merge([first, *rest])
-    except ValueError as e:
-        raise SettingsError(str(e)) from None
-    merged.meta = {k: v for k, v in first.meta.items() if k != "shard"}
-    merged.save(output)
+    with store.writer(output):
+        first = open_index(versions[0])
+        rest = [open_index(v, encoder=first.encoder) if first.name == "dense" else open_index(v) for v in versions[1:]]
+        try:
+            merged = BACKENDS[first.name].merge([first, *rest])
+        except ValueError as e:
+            raise SettingsError(str(e)) from None
+        merged.meta = {k: v for k, v in first.meta.items() if k != "shard"}
+        merged.save(output, keep=keep)
     log.info("merged %d indexes (%d docs) into %s", len(parts), len(merged), output)
     return len(merged)
 
@@ -180,6 +231,10 @@ def merge(parts: list[str | os.PathLike], output: str | os.PathLike) -> int:
 @click.option("--bm25-method", type=click.Choice(["lucene", "robertson", "atire", "bm25l", "bm25+"]), help="BM25 variant.")
 @click.option("--delete/--no-delete", default=True, show_default=True, help="On update, delete docs no longer in the corpus.")
 @click.option("--rebuild", is_flag=True, help="Build from scratch even if -o holds an up-to-date-able index.")
+@click.option("--keep", type=click.IntRange(min=1), help="Delete an old version once this many newer ones exist "
+              "(2: a searcher that opened the previous version is not pulled from under it).")
+@click.option("--checkpoint-every", type=click.IntRange(min=1), help="Dense: save encoded vectors every N docs "
+              "under IDX.partial, so a killed run resumes from there.")
 @click.option("--merge", "merge_", is_flag=True, help="INPUTS are index dirs (e.g. shards) to merge into -o.")
 def command(inputs, output, merge_, shard_id, shard_num, input_format, **opts):
     """Build (or update) a dense or BM25 index of a corpus (JSONL/Parquet/BEIR folder, '-' = stdin)."""
@@ -187,7 +242,7 @@ def command(inputs, output, merge_, shard_id, shard_num, input_format, **opts):
         if merge_:
             if len(inputs) < 2:
                 raise click.UsageError("--merge needs two or more index directories")
-            merge(list(inputs), output)
+            merge(list(inputs), output, keep=opts["keep"])
             return
         if len(inputs) > 1:
             raise click.UsageError("give one corpus (or --merge with index directories)")

@@ -104,18 +104,21 @@ def command(index_dir, queries, output, input_format, batch_size, corpus, hits, 
             with_text, ef_search, nprobe, **opts):
     """Search an index (from `retrctl index`) with queries (JSONL/Parquet/BEIR folder, '-' = stdin); write a run."""
     from retrctl.indexes import open_index
-    from retrctl.indexes.base import read_manifest
 
-    manifest = read_manifest(index_dir)
+    if output != "-" and Path(output).is_dir():
+        raise click.UsageError(f"-o {output} is a directory: give a run file name (or '-' for stdout)")
     overrides = encoder_overrides(opts)
+    device = overrides.pop("device", None)
+    # one version, resolved once: an update publishing meanwhile cannot mix versions into this search
+    idx = open_index(index_dir, device=device, **overrides)
+    version = idx.version
+    manifest = version.manifest
     if manifest.get("backend") == "dense":
-        idx = open_index(index_dir, device=overrides.pop("device", None), **overrides)
         log.info("dense index %s: %d docs, %s, encoder %s (pooling %s, query prompt %r)", index_dir, len(idx),
                  manifest["settings"]["index_type"], manifest["encoder"]["model"], idx.encoder.config.pooling, idx.encoder.config.query_prompt)
     else:
-        if overrides:
+        if overrides or device:
             log.warning("encoder flags are ignored by a %s index", manifest.get("backend"))
-        idx = open_index(index_dir)
         log.info("bm25 index %s: %d docs, %s", index_dir, len(idx), manifest.get("variant"))
     for name, value in (("batch_size", batch_size), ("ef_search", ef_search), ("nprobe", nprobe)):
         if value is not None and hasattr(idx, name):
@@ -136,7 +139,7 @@ def command(index_dir, queries, output, input_format, batch_size, corpus, hits, 
         idx.encoder.report_truncation()
     # the run's provenance (PEER 14, 39): which index, BM25 variant or encoder recipe, search settings, versions
     records.write_manifest_beside(output, {
-        "stage": "search", "index": str(Path(index_dir).resolve()),
+        "stage": "search", "index": str(Path(index_dir).resolve()), "index_version": version.name,
         "queries": queries if queries == "-" else str(Path(queries).resolve()), "run_tag": tag, "rows": n,
         "settings": {"hits": hits, "remove_query": remove_query, "with_text": with_text,
                      **{k: getattr(idx, k) for k in ("batch_size", "ef_search", "nprobe") if hasattr(idx, k)}},

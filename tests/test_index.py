@@ -5,13 +5,18 @@ import json
 import pytest
 from conftest import DOCS, QUERIES
 
-from retrctl.indexes import open_index
+from retrctl.indexes import open_index, resolve
 from stages.index import SettingsError, index
 
 
 def write_jsonl(path, recs):
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     return path
+
+
+def current(idx_dir):
+    """The directory holding the files of the version idx_dir points to."""
+    return resolve(idx_dir).path
 
 
 def results(idx_dir, k=4):
@@ -85,7 +90,7 @@ def test_cli_builds_dense_index_with_manifest(runner, tiny_bert, corpus_file, tm
     assert m["backend"] == "dense" and m["doc_count"] == 6 and m["metric"] == "inner_product"
     assert m["encoder"]["query_prompt"] == "query: " and m["encoder"]["pooling"] == "mean" and m["dim"] == 32
     assert m["source"] == str(corpus_file)
-    assert {p.name for p in out.iterdir()} == {"index.json", "index.faiss", "docids.parquet"}
+    assert {p.name for p in current(out).iterdir()} == {"index.json", "index.faiss", "docids.parquet"}
 
 
 def test_cli_reports_truncated_passages(runner, tiny_bert, corpus_file, tmp_path):
@@ -122,11 +127,11 @@ def test_cli_bad_corpus_line_exits_2_and_leaves_no_index(runner, tiny_bert, corp
 def test_cli_bad_corpus_on_update_keeps_the_old_index(runner, corpus_file, tmp_path):
     out = tmp_path / "bm"
     assert runner("index", corpus_file, "--method", "bm25", "-o", out).exit_code == 0
-    before = (out / "docids.parquet").read_bytes()
+    before = (current(out) / "docids.parquet").read_bytes()
     corpus_file.write_text(corpus_file.read_text() + '{"docid": 5}\n')
     r = runner("index", corpus_file, "-o", out)
     assert r.exit_code == 2 and "corpus.jsonl:7" in r.stderr
-    assert (out / "docids.parquet").read_bytes() == before
+    assert (current(out) / "docids.parquet").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bm", "corpus.jsonl"]  # no temp dirs left
 
 

@@ -1,24 +1,34 @@
-"""Index backends: ``BACKENDS`` maps a manifest's "backend" to its class; ``open_index(dir)`` opens any index."""
+"""Index backends: ``BACKENDS`` maps a manifest's "backend" to its class; ``open_index(dir)`` opens any index.
+
+An index directory holds immutable versions behind one pointer (retrctl.indexes.store): ``open_index`` resolves
+the pointer once and the backend reads only that version, so an update running meanwhile cannot mix versions.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from retrctl.indexes import store
 from retrctl.indexes.base import Index, read_manifest
 from retrctl.indexes.bm25 import BM25Index
 from retrctl.indexes.dense import DenseIndex
+from retrctl.indexes.store import Version, resolve
 
 BACKENDS: dict[str, type[Index]] = {"dense": DenseIndex, "bm25": BM25Index}
 
 
-def open_index(directory: str | Path, **kw) -> Index:
-    """Open a saved index; ``kw`` (encoder=, device=, encoder overrides) go to dense backends."""
+def open_index(directory: str | Path | Version, **kw) -> Index:
+    """Open a saved index (a directory, or a ``Version`` already resolved); ``kw`` (encoder=, device=, encoder
+    overrides) go to dense backends. ``index.version`` tells which version was opened (and its manifest)."""
     from retrctl.records import RecordError
 
-    backend = read_manifest(directory).get("backend")
-    if backend not in BACKENDS:
-        raise RecordError(Path(directory) / "index.json", None, "backend", f"unknown backend {backend!r} ({', '.join(BACKENDS)})")
-    return BACKENDS[backend].load(directory, **kw)
+    def load(version: Version) -> Index:
+        backend = version.manifest.get("backend")
+        if backend not in BACKENDS:
+            raise RecordError(version.path / store.MANIFEST, None, "backend", f"unknown backend {backend!r} ({', '.join(BACKENDS)})")
+        return BACKENDS[backend].load(version, **kw)
+
+    return store.open_consistent(directory, load)
 
 
-__all__ = ["BACKENDS", "BM25Index", "DenseIndex", "Index", "open_index"]
+__all__ = ["BACKENDS", "BM25Index", "DenseIndex", "Index", "Version", "open_index", "read_manifest", "resolve"]

@@ -1,31 +1,34 @@
 """The Index interface every backend implements; `search`, `mine` and `index` use only this.
 
-An index directory always holds ``index.json`` (the manifest: format version, backend, its settings, doc
-count, encoder description for dense backends) and the backend's files; doc ids and per-doc content hashes
-are stored as Parquet, vectors as arrays, never pickles. ``open_index(dir)`` reads the manifest to pick
-the class.
+One index *version* is a directory holding ``index.json`` (the manifest: format version, backend, its
+settings, doc count, encoder description for dense backends) and the backend's files; doc ids and per-doc
+content hashes are stored as Parquet, vectors as arrays, never pickles. An index directory holds immutable
+versions under ``versions/`` and a pointer (its own ``index.json``) naming the current one; see
+``retrctl.indexes.store`` for the layout, what is atomic (only the pointer switch, an os.replace), the writer lock
+(``records.BusyError``, exit 75) and ``--keep``. ``open_index(dir)`` resolves the pointer once and the backend
+reads only that version (``load``); ``save(dir)`` publishes a new version (``write_files`` into a temp version,
+rename, switch), so a reader never sees a half-written or mixed index. A flat directory written by earlier
+retrctl (files next to index.json, no pointer) opens as one version.
 
 Updates are by content hash (``records.content_hash(title, text)``): ``sync(docs)`` adds new docs,
 re-processes changed ones, leaves unchanged ones alone and (with ``delete=True``) drops docs that are no
-longer in the stream — the incremental update peers lack (pyserini#1964, faiss#3339). ``save(dir)``
-writes a sibling directory and swaps it in, so a reader never sees a half-written index.
+longer in the stream — the incremental update peers lack (pyserini#1964, faiss#3339).
+
+A missing, truncated or corrupt file of a version is reported as one ``RecordError`` naming the file and the
+way out (``--rebuild``), never as a bare library exception (issue 12.12).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from retrctl import records
+from retrctl.indexes import store
 
-FORMAT_VERSION = 1
-MANIFEST = "index.json"
 DOCIDS = "docids.parquet"
 
 
@@ -41,6 +44,7 @@ class Index:
     def __init__(self) -> None:
         self._clear_ids()
         self.meta: dict = {}
+        self.version: store.Version | None = None  # the version this index was loaded from
 
     # ------------------------------------------------------------ the interface
 
@@ -75,7 +79,12 @@ class Index:
         """Exactly the constructor's arguments (saved under "settings" in the manifest)."""
         raise NotImplementedError
 
-    def save(self, directory: str | Path) -> None:
+    def save(self, directory: str | Path, keep: int = store.KEEP) -> None:
+        """Publish as a new version of ``directory``: write_files into a temp version, rename, switch the pointer."""
+        raise NotImplementedError
+
+    def write_files(self, directory: Path) -> None:
+        """Write the complete index (manifest + backend files) into an empty directory."""
         raise NotImplementedError
 
     @classmethod
@@ -171,6 +180,14 @@ def top_k(scores: np.ndarray, key: np.ndarray, k: int) -> np.ndarray:
 
 # ---------------------------------------------------------------- files
 
+# The directory layout (versions, pointer, lock) lives in retrctl.indexes.store; a backend writes one complete
+# version with ``write_files(dir)`` and reads one with ``load(dir)``, where dir is resolved once by store.resolve.
+FORMAT_VERSION = store.FORMAT_VERSION
+MANIFEST = store.MANIFEST
+KEEP = store.KEEP
+resolve = store.resolve
+reading = store.reading
+
 
 def write_manifest(directory: Path, manifest: dict) -> None:
     manifest = {"format_version": FORMAT_VERSION, **manifest, "versions": records.versions()}
@@ -178,16 +195,8 @@ def write_manifest(directory: Path, manifest: dict) -> None:
 
 
 def read_manifest(directory: str | Path) -> dict:
-    path = Path(directory) / MANIFEST
-    if not path.exists():
-        raise records.RecordError(directory, message=f"not an index directory (no {MANIFEST})")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise records.RecordError(path, e.lineno, None, f"invalid JSON ({e.msg})") from None
-    if manifest.get("format_version", 0) > FORMAT_VERSION:
-        raise records.RecordError(path, None, "format_version", f"{manifest['format_version']} is newer than this retrctl reads ({FORMAT_VERSION})")
-    return manifest
+    """The manifest of the version ``directory`` currently points to (or of a flat/version dir itself)."""
+    return store.resolve(directory).manifest
 
 
 def write_docids(directory: Path, docids: list[str], hashes: list[str]) -> None:
@@ -201,21 +210,7 @@ def write_docids(directory: Path, docids: list[str], hashes: list[str]) -> None:
 def read_docids(directory: Path) -> tuple[list[str], list[str]]:
     import pyarrow.parquet as pq
 
-    table = pq.read_table(directory / DOCIDS)
-    return table.column("docid").to_pylist(), table.column("hash").to_pylist()
-
-
-@contextlib.contextmanager
-def swap_into(directory: str | Path):
-    """Yield an empty sibling directory; on success it replaces ``directory`` (rename, not copy)."""
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    records.swap_dir(tmp, directory)
+    path = Path(directory) / DOCIDS
+    with reading(path):
+        table = pq.read_table(path)
+        return table.column("docid").to_pylist(), table.column("hash").to_pylist()

@@ -18,6 +18,7 @@ for the same reason.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from collections.abc import Iterable
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from retrctl import records
-from retrctl.indexes import base
+from retrctl.indexes import base, store
 
 log = logging.getLogger("retrctl.index")
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
@@ -98,6 +99,22 @@ def score_matrix(tokens: np.ndarray, offsets: np.ndarray, n_vocab: int, *, k1: f
     return {"data": data, "indices": indices, "indptr": indptr, "num_docs": n}, nonocc
 
 
+@contextlib.contextmanager
+def _naming_bad_file(where: Path):
+    """bm25s names no file when an array is truncated: find the one that does not load."""
+    try:
+        yield
+    except (ValueError, EOFError, OSError) as e:
+        if getattr(e, "filename", None):
+            raise
+        for f in sorted(where.glob("*.npy")):
+            try:
+                np.load(f, mmap_mode="r")
+            except (ValueError, EOFError, OSError) as bad:
+                raise store.damaged(f, f"unreadable ({type(bad).__name__})") from None
+        raise
+
+
 class BM25Index(base.Index):
     name = "bm25"
 
@@ -132,8 +149,12 @@ class BM25Index(base.Index):
 
     def _load_tokens(self) -> None:
         if self._dir is not None:  # opened from disk: token arrays are read only when an update needs them
-            self._tokens = np.load(self._dir / "tokens.npy")
-            self._offsets = np.load(self._dir / "offsets.npy")
+            with base.reading(self._dir / "tokens.npy"):
+                self._tokens = np.load(self._dir / "tokens.npy")
+            with base.reading(self._dir / "offsets.npy"):
+                self._offsets = np.load(self._dir / "offsets.npy")
+            if len(self._offsets) != len(self.docids) + 1 or (len(self._offsets) and self._offsets[-1] != len(self._tokens)):
+                raise store.damaged(self._dir / "tokens.npy", "token arrays do not match the doc ids")
             self._dir = None
 
     def _tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -233,40 +254,57 @@ class BM25Index(base.Index):
                 "files": {"bm25s": "bm25s", "tokens": "tokens.npy", "offsets": "offsets.npy", "docids": base.DOCIDS},
                 **self.meta}
 
-    def save(self, directory: str | Path) -> None:
+    def save(self, directory: str | Path, keep: int = base.KEEP) -> None:
+        """Publish this index as a new version of ``directory`` (see retrctl.indexes.store)."""
         self._load_tokens()
         if self._dirty:
             self._reindex([])
-        with base.swap_into(directory) as tmp:
-            if self.retriever is not None:
-                self.retriever.save(str(tmp / "bm25s"), show_progress=False)
-            else:
-                import json
+        with store.new_version(directory, keep) as tmp:
+            self.write_files(tmp)
 
-                (tmp / "bm25s").mkdir()
-                (tmp / "bm25s" / "vocab.index.json").write_text(json.dumps(self.tokenizer.word_to_id))
-            np.save(tmp / "tokens.npy", self._tokens)
-            np.save(tmp / "offsets.npy", self._offsets)
-            base.write_docids(tmp, self.docids, self._hash)
-            base.write_manifest(tmp, self.manifest())
+    def write_files(self, directory: Path) -> None:
+        """Write the complete index files into the empty ``directory`` (one version)."""
+        import json
+
+        self._load_tokens()
+        if self._dirty:
+            self._reindex([])
+        if self.retriever is not None:
+            self.retriever.save(str(directory / "bm25s"), show_progress=False)
+        else:
+            (directory / "bm25s").mkdir()
+            (directory / "bm25s" / "vocab.index.json").write_text(json.dumps(self.tokenizer.word_to_id))
+        np.save(directory / "tokens.npy", self._tokens)
+        np.save(directory / "offsets.npy", self._offsets)
+        base.write_docids(directory, self.docids, self._hash)
+        base.write_manifest(directory, self.manifest())
 
     @classmethod
     def load(cls, directory: str | Path, **_ignored) -> BM25Index:
         import json
 
         bm25s = _bm25s()
-        directory = Path(directory)
-        manifest = base.read_manifest(directory)
+        version = store.resolved(directory)
+        directory, manifest = version.path, version.manifest
         idx = cls(**manifest["settings"])
         idx.meta = {k: manifest[k] for k in ("source", "shard") if k in manifest}
         docids, hashes = base.read_docids(directory)
         idx._set_ids(docids, hashes)
+        where = directory / "bm25s"
         if docids:
-            idx.retriever = bm25s.BM25.load(str(directory / "bm25s"), mmap=True, show_progress=False, verbosity=0)
+            with base.reading(where), _naming_bad_file(where):
+                idx.retriever = bm25s.BM25.load(str(where), mmap=True, show_progress=False, verbosity=0)
             idx.tokenizer.word_to_id = dict(idx.retriever.vocab_dict)
+            if idx.retriever.scores.get("num_docs") != len(docids):
+                raise store.damaged(where, f"{idx.retriever.scores.get('num_docs')} docs but {base.DOCIDS} has {len(docids)} ids")
         else:
-            idx.tokenizer.word_to_id = json.loads((directory / "bm25s" / "vocab.index.json").read_text())
+            with base.reading(where / "vocab.index.json"):
+                idx.tokenizer.word_to_id = json.loads((where / "vocab.index.json").read_text())
+        for name in ("tokens.npy", "offsets.npy"):  # read on an update only, but a missing one is damage now
+            if not (directory / name).is_file():
+                raise store.damaged(directory / name, "missing")
         idx._dir = directory
+        idx.version = version
         return idx
 
     @classmethod

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from retrctl import records
-from retrctl.indexes import base
+from retrctl.indexes import base, store
 
 log = logging.getLogger("retrctl.index")
 logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build loaded is not news for stderr
@@ -272,17 +272,23 @@ class DenseIndex(base.Index):
             **self.meta,
         }
 
-    def save(self, directory: str | Path) -> None:
+    def save(self, directory: str | Path, keep: int = base.KEEP) -> None:
+        """Publish this index as a new version of ``directory`` (see retrctl.indexes.store)."""
+        self._train_pending()
+        with store.new_version(directory, keep) as tmp:
+            self.write_files(tmp)
+
+    def write_files(self, directory: Path) -> None:
+        """Write the complete index files into the empty ``directory`` (one version)."""
         import faiss
 
         self._train_pending()
-        with base.swap_into(directory) as tmp:
-            manifest = self.manifest()
-            faiss.write_index(self.index, str(tmp / "index.faiss"))
-            if manifest["files"]["vectors"]:
-                np.save(tmp / "vectors.npy", self.vectors())
-            base.write_docids(tmp, self.docids, self._hash)
-            base.write_manifest(tmp, manifest)
+        manifest = self.manifest()
+        faiss.write_index(self.index, str(directory / "index.faiss"))
+        if manifest["files"]["vectors"]:
+            np.save(directory / "vectors.npy", self.vectors())
+        base.write_docids(directory, self.docids, self._hash)
+        base.write_manifest(directory, manifest)
 
     @classmethod
     def load(cls, directory: str | Path, encoder=None, device: str | None = None, **overrides) -> DenseIndex:
@@ -293,8 +299,8 @@ class DenseIndex(base.Index):
         """
         import faiss
 
-        directory = Path(directory)
-        manifest = base.read_manifest(directory)
+        version = store.resolved(directory)
+        directory, manifest = version.path, version.manifest
         desc = manifest["encoder"]
         if encoder is None:
             from retrctl.models import Encoder
@@ -316,12 +322,21 @@ class DenseIndex(base.Index):
         idx.encoder_desc = desc
         idx.normalized = manifest.get("normalized")
         idx.meta = {k: manifest[k] for k in ("source", "shard") if k in manifest}
-        idx.index = faiss.read_index(str(directory / manifest["files"]["faiss"]))
+        files = manifest["files"]
+        with base.reading(directory / files["faiss"]):
+            idx.index = faiss.read_index(str(directory / files["faiss"]))
         docids, hashes = base.read_docids(directory)
         idx._set_ids(docids, hashes)
-        idx._vectors = [np.load(directory / manifest["files"]["vectors"])] if manifest["files"].get("vectors") else None
+        if files.get("vectors"):
+            with base.reading(directory / files["vectors"]):
+                idx._vectors = [np.load(directory / files["vectors"])]
+            if len(idx._vectors[0]) != len(docids):
+                raise store.damaged(directory / files["vectors"], f"{len(idx._vectors[0])} vectors for {len(docids)} ids")
+        else:
+            idx._vectors = None
         if idx.index.ntotal != len(docids):
-            raise records.RecordError(directory, message=f"index.faiss holds {idx.index.ntotal} vectors but docids.parquet {len(docids)} ids")
+            raise store.damaged(directory / files["faiss"], f"{idx.index.ntotal} vectors but {base.DOCIDS} has {len(docids)} ids")
+        idx.version = version
         return idx
 
     @classmethod
