@@ -42,6 +42,7 @@ from retrctl.engines import (
     DeepSpeedEngine,
     PlainEngine,
     checkpoints,
+    import_deepspeed,
     load_tensors,
     rng_state,
     set_rng_state,
@@ -472,9 +473,9 @@ class Trainer:
                 self._loop(pos)
                 self._export()
                 self.dist.barrier()
-        finally:  # also on failure, so a caller in the same process can train again
+        finally:  # also on failure; DeepSpeed's own call also drops its group handles, so this process can train again
             if self.dist.deepspeed and dist.is_initialized():
-                dist.destroy_process_group()
+                import_deepspeed().comm.destroy_process_group()
         return self.output
 
     def _metrics(self, pos: Position):
