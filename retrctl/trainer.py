@@ -167,11 +167,12 @@ MODEL_FILES = ("retrctl.json", "train_config.json", "metrics.jsonl", "modules.js
                "special_tokens_map.json", "added_tokens.json", "tokenizer.model", "vocab.txt", "vocab.json", "merges.txt",
                "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja", "chat_template.json")
 MODEL_DIRS = {"1_Pooling": ("config.json",), "2_Normalize": ()}
+SCRATCH_FILES = ("metrics.jsonl.tmp",)  # besides checkpoints/, in <output>.partial only
 
 
 def foreign_files(d: Path, partial: bool = False) -> list[str]:
     """Entries of ``d`` that no retrctl model (``partial``: or training scratch, i.e. checkpoints) contains."""
-    out = []
+    out, names = [], MODEL_FILES + (SCRATCH_FILES if partial else ())
     for p in sorted(d.iterdir()):
         real_dir = p.is_dir() and not p.is_symlink()
         if real_dir and p.name in MODEL_DIRS:
@@ -179,7 +180,7 @@ def foreign_files(d: Path, partial: bool = False) -> list[str]:
         elif real_dir and partial and p.name == "checkpoints":
             out += [f"checkpoints/{q.name}" for q in sorted(p.iterdir())
                     if not (q.is_dir() and not q.is_symlink() and re.fullmatch(r"step-\d+(\.tmp)?", q.name))]
-        elif not (p.is_file() and any(fnmatch.fnmatchcase(p.name, pat) for pat in MODEL_FILES)):
+        elif not (p.is_file() and any(fnmatch.fnmatchcase(p.name, pat) for pat in names)):
             out.append(p.name + ("/" if p.is_dir() else ""))
     return out
 
@@ -482,9 +483,15 @@ class Trainer:
         path = self.partial / "metrics.jsonl"
         if self.dist.rank != 0:
             return contextlib.nullcontext(None)
-        if path.exists():  # a kill after the checkpoint leaves later lines: drop them
-            keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= pos.step]
-            path.write_text("".join(ln + "\n" for ln in keep))
+        if path.exists():  # a kill after the checkpoint leaves later lines, the last maybe torn: drop them
+            keep = []
+            for ln in path.read_text().splitlines():
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    if json.loads(ln)["step"] <= pos.step:
+                        keep.append(ln)
+            tmp = path.with_name(path.name + ".tmp")  # replaced whole: a kill here must not lose earlier steps' lines
+            tmp.write_text("".join(ln + "\n" for ln in keep))
+            os.replace(tmp, path)
         return open(path, "a", encoding="utf-8")
 
     def _loop(self, pos: Position) -> None:
