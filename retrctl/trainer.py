@@ -106,6 +106,10 @@ class TrainConfig:
     @classmethod
     def from_json(cls, path) -> TrainConfig:
         data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict):
+            raise records.RecordError(path, message="expected a JSON object of training settings")
+        for key in ("resume", "overwrite"):  # per invocation: an earlier run's train_config.json must not carry them over
+            data.pop(key, None)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -199,6 +203,8 @@ def _names(files: list[str]) -> str:
 def check_output(output, cfg: TrainConfig) -> None:
     """Refuse (exit 2), before anything is loaded or written, an ``-o`` whose replacement would lose data."""
     out = Path(output)
+    if out.name in ("", ".", ".."):
+        raise records.RecordError(out, message="give -o a new directory's name, not '.', '..' or '/'")
     partial = out.with_name(out.name + ".partial")
     if out.exists() or out.is_symlink():
         if not out.is_dir():
@@ -304,6 +310,7 @@ class Trainer:
             raise ValueError("with several processes read groups from a file, not stdin (every process reads them)")
         self.source = GroupSource(groups, corpus)
         self.n_groups = self.source.validate()
+        self.resume_from = self.resume_point() if cfg.resume else None  # checked before any model is loaded
         rank, world = self.dist.rank, self.dist.world
         self.batches = Batches(self.source, group_size=cfg.train_group_size, global_batch=cfg.batch_size * world,
                                seed=cfg.seed, drop_last=world > 1, group_by_length=cfg.group_by_length)
@@ -424,11 +431,11 @@ class Trainer:
             log.info("checkpoint %s", d)
         self.dist.barrier()
 
-    def load_checkpoint(self) -> Position:
-        found = checkpoints(self.ckpt_root)
+    def resume_point(self) -> Path | None:
+        """The newest checkpoint, refused (exit 2) if it was written for other data, settings or process count."""
+        found = checkpoints(self.output.with_name(self.output.name + ".partial") / "checkpoints")
         if not found:
-            log.warning("--resume: no checkpoint in %s; starting from step 0", self.ckpt_root)
-            return Position()
+            return None
         d = found[-1]
         state = _read_state(d / "trainer_state.json")
         if state.get("world_size") != self.dist.world:
@@ -440,6 +447,14 @@ class Trainer:
             raise records.RecordError(d, message=f"--resume: this run differs from the checkpoint in {'; '.join(differ)}. Rerun with "
                                                  "the checkpoint's data and settings (its train_config.json), or drop --resume and "
                                                  "give --overwrite to start over")
+        return d
+
+    def load_checkpoint(self) -> Position:
+        d = self.resume_from
+        if d is None:
+            log.warning("--resume: no checkpoint in %s; starting from step 0", self.ckpt_root)
+            return Position()
+        state = _read_state(d / "trainer_state.json")
         self.engine.load(d)
         set_rng_state(load_tensors(d / f"rng-{self.dist.rank}.pt"))
         try:

@@ -117,7 +117,8 @@ def _int_list(ctx, param, value):
 @stage(train, writes="dir")
 @click.argument("groups", default="-", required=False)
 @options("model", "corpus", "encoder")
-@click.option("--config", "config_file", help="TrainConfig as JSON (train_config.json of an earlier run); flags override it.")
+@click.option("--config", "config_file", help="TrainConfig as JSON (train_config.json of an earlier run); flags override it. "
+              "--resume and --overwrite come from flags only.")
 @config_options
 def command(groups, output, corpus, config_file, **flags):
     """Contrastive training on groups (from `retrctl mine`, file or stdin): InfoNCE with in-batch and hard

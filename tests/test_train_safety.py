@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from retrctl import engines
+from retrctl import engines, trainer
 from retrctl.models import Encoder
 from retrctl.records import RecordError
 from stages.train import train
@@ -149,6 +149,12 @@ def test_o_that_is_a_file_is_refused(files, tmp_path, runner):
     assert groups.read_bytes() == before and not (tmp_path / "groups.jsonl.partial").exists()
 
 
+@pytest.mark.parametrize("out", ["/", ".", ".."])
+def test_o_without_a_directory_name_is_refused(tmp_path, runner, out):
+    r = runner("train", tmp_path / "none.jsonl", "--model", tmp_path / "no-model", "-o", out, "--overwrite")
+    assert r.exit_code == 2 and f"{out}: give -o a new directory's name" in r.stderr
+
+
 def test_an_existing_model_is_replaced_only_with_overwrite(tiny_bert, files, tmp_path, runner):
     corpus, groups = files
     out = train(str(groups), corpus=str(corpus), output=tmp_path / "m", model=str(tiny_bert), max_steps=2, **FAST)
@@ -218,10 +224,14 @@ def test_partial_scratch_without_checkpoints_is_started_afresh(tiny_bert, files,
 # ---------------------------------------------------------------- resume consistency
 
 
-def test_resume_refuses_other_settings_and_allows_reporting_ones(crashed, tiny_bert, tmp_path, runner):
+def test_resume_refuses_other_settings_and_allows_reporting_ones(crashed, tiny_bert, tmp_path, runner, monkeypatch):
     corpus, groups = _copy(crashed, tmp_path)
     partial = tmp_path / "m.partial"
     before = _snapshot(partial)
+    with monkeypatch.context() as m:  # refused before any model is loaded
+        m.setattr(trainer, "build_encoder", lambda *a, **k: pytest.fail("the model was loaded"))
+        with pytest.raises(RecordError, match=r"differs from the checkpoint in lr \(checkpoint 0.001, now 0.002\)"):
+            train(str(groups), corpus=str(corpus), output=tmp_path / "m", model=str(tiny_bert), resume=True, **{**RUN, "lr": 2e-3})
     base = ["train", groups, "--corpus", corpus, "--model", tiny_bert, "-o", tmp_path / "m", "--resume"]
     changes = [({"lr": 2e-3}, "lr (checkpoint 0.001, now 0.002)"),
                ({"temperature": 0.05}, "temperature (checkpoint 0.02, now 0.05)"),
@@ -308,6 +318,14 @@ def _spy_torch_load(monkeypatch) -> list:
 
     monkeypatch.setattr(torch, "load", spy)
     return calls
+
+
+def test_config_file_never_carries_resume_or_overwrite_over(tmp_path):
+    from retrctl.trainer import TrainConfig
+
+    (tmp_path / "train_config.json").write_text(json.dumps({"lr": 0.5, "resume": True, "overwrite": True}))
+    cfg = TrainConfig.from_json(tmp_path / "train_config.json")
+    assert cfg.lr == 0.5 and not cfg.resume and not cfg.overwrite
 
 
 def test_plain_resume_loads_every_file_weights_only(crashed, tiny_bert, tmp_path, monkeypatch):
