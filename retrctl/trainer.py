@@ -96,7 +96,7 @@ class TrainConfig:
     deepspeed: str | None = _f(None, "DeepSpeed JSON config ('auto' values are filled in).")
     save_steps: int = _f(0, "Checkpoint every N steps into <output>.partial/checkpoints (0 = none).")
     save_total_limit: int = _f(2, "Checkpoints kept.")
-    resume: bool = _f(False, "Continue from the newest checkpoint in <output>.partial.")
+    resume: bool = _f(False, "Continue from the newest checkpoint in <output>.partial (refused if its data or settings differ).")
     logging_steps: int = _f(10, "Log loss, lr and groups/s every N steps (metrics.jsonl gets every step).")
     first_step_max_len: bool = _f(True, "Pad step 1 to the max lengths so an out-of-memory shows at step 1.")
     lora_check_steps: int = _f(5, "Fail if LoRA B weights are still zero after this many steps.")
