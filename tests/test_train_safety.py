@@ -277,6 +277,47 @@ def test_resume_refuses_other_data_and_accepts_the_same_data_in_another_containe
     assert "resumed from" in r.stderr
 
 
+def test_fingerprint_covers_what_training_reads_and_only_that():
+    from retrctl.trainset import GroupSource
+
+    def fingerprint(groups, corpus):
+        src = GroupSource(groups, corpus)
+        src.validate()
+        return src.fingerprint
+
+    base = fingerprint(_groups(), _corpus(50))
+    assert fingerprint(_groups(), _corpus(50)) == base
+    docs = _corpus(50)
+    docs["d45"]["text"] += " x"  # named by no group: not read by training with negatives
+    assert fingerprint(_groups(), docs) == base
+    docs["d3"]["title"] = "other"  # a positive: its title is part of the passage text
+    assert fingerprint(_groups(), docs) != base
+    reordered = _groups()
+    reordered[0], reordered[1] = reordered[1], reordered[0]  # sampling depends on the position
+    assert fingerprint(reordered, _corpus(50)) != base
+    src = GroupSource(_groups(), _corpus(50))
+    src.validate()
+    other = GroupSource(_groups(), docs)
+    other.validate()
+    assert src.corpus_fingerprint() != other.corpus_fingerprint()
+
+
+def test_groups_without_negatives_make_the_whole_corpus_part_of_the_data(tiny_bert, tmp_path, runner):
+    """Their negatives are drawn from every corpus doc, so a change to a doc no group names is a change of data."""
+    groups = _groups()
+    groups[0]["negative_document_ids"] = []
+    files = (_jsonl(tmp_path / "corpus.jsonl", [{"docid": k, **v} for k, v in _corpus(50).items()]),
+             _jsonl(tmp_path / "groups.jsonl", groups))
+    named = {d for g in groups for d in g["positive_document_ids"] + g["negative_document_ids"]}
+    unnamed = sorted(set(_corpus(50)) - named)[0]
+    _crashed(tiny_bert, files, tmp_path / "m")
+    docs = _corpus(50)
+    docs[unnamed]["text"] += " changed"
+    other = _jsonl(tmp_path / "corpus2.jsonl", [{"docid": k, **v} for k, v in docs.items()])
+    r = runner("train", files[1], "--corpus", other, "--model", tiny_bert, "-o", tmp_path / "m", "--resume", *_flags(RUN))
+    assert r.exit_code == 2 and "differs from the checkpoint in the data" in r.stderr
+
+
 # ---------------------------------------------------------------- nothing executed
 
 
