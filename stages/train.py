@@ -34,14 +34,16 @@ Deviations and additions, each because a peer tool went wrong there (PEER_LESSON
 - Groups stream from a file or stdin; stdin is held in memory (ids and query text only), never written to disk,
   so epochs and the step count are known. ``--resume`` restores model, optimizer, scheduler, RNG and position.
 
-Nothing lost, nothing executed (issue 12); each refusal exits 2 with one line, before any model is loaded:
+Nothing lost, nothing executed (issue 12); each refusal exits 2 with one line (the first three before any model
+is loaded) and leaves every file as it was:
 - ``-o DIR`` must be new, empty, or a retrctl model (``retrctl.json`` and only the files a saved model holds);
   a model is replaced only with ``--overwrite``, and a directory with anything else in it never is.
 - ``DIR.partial`` (checkpoints, metrics of a run in progress) is continued only with ``--resume``; without it,
   checkpoints there are refused, naming ``--resume`` and ``--overwrite`` (which discards them). A ``.partial``
   holding files retrctl did not write is refused either way.
-- ``--resume`` refuses a checkpoint whose data (the groups in order and the text of every doc they name, in any
-  container: file or stdin, compressed or not) or settings differ from this run's, naming the differing keys;
+- ``--resume`` refuses a checkpoint whose data (the groups in order and the text of every doc they name, all the
+  corpus when a group has no negatives; in any container: file or stdin, compressed or not) or settings differ
+  from this run's, naming the differing keys;
   only ``--save-steps --save-total-limit --logging-steps --device --lora-check-steps`` (and ``--resume``,
   ``--overwrite``) may change, as they change where and how often the run reports, not what it computes.
 - Checkpoints load with ``torch.load(weights_only=True)``, DeepSpeed's included (its loader is swapped for ours,
