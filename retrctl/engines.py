@@ -10,6 +10,13 @@
 Both expose forward / backward(loss, last) / step / lr / save / load / full_state_dict, so the loop in
 ``trainer.py`` does not know which one it drives. ``backward(..., last=False)`` marks GradCache's inner chunk
 backwards as not ending the step, which is what lets GradCache run under ZeRO-2/3 (peers: tevatron#206, ST#3173).
+
+Loading a checkpoint never runs code (issue 12): a pickle can call anything, and ``<output>.partial`` is just a
+directory. Every checkpoint file goes through ``load_tensors`` (``torch.load(weights_only=True)``: tensors,
+containers, numbers, strings); RNG states are saved as exactly those types. DeepSpeed's ``load_checkpoint`` reads
+its files with ``weights_only=False`` (deepspeed 0.19 ``TorchCheckpointEngine.load``), so for resume its engine's
+loader is swapped for ``load_tensors`` allowing the three DeepSpeed classes its ZeRO 0-3 files hold
+(``DEEPSPEED_GLOBALS``), and every file is first scanned for any other global before DeepSpeed sees it.
 """
 
 from __future__ import annotations
@@ -20,7 +27,9 @@ import functools
 import json
 import logging
 import os
+import pickle
 import random
+import re
 import socket
 import sys
 from pathlib import Path
@@ -31,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from retrctl.models import cache_dir
+from retrctl.records import RecordError
 
 if TYPE_CHECKING:
     from retrctl.trainer import Tower, TrainConfig
@@ -146,7 +156,7 @@ class PlainEngine:
                     "scheduler": self.scheduler.state_dict()}, d / "engine.pt")
 
     def load(self, d: Path) -> None:
-        state = torch.load(d / "engine.pt", map_location=self.module.enc.device, weights_only=False)
+        state = load_tensors(d / "engine.pt", map_location=self.module.enc.device)
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -215,8 +225,19 @@ class DeepSpeedEngine:
             self.engine.save_checkpoint(str(d), tag="deepspeed", save_latest=False)
 
     def load(self, d: Path) -> None:
-        with contextlib.redirect_stdout(sys.stderr):
-            path, _ = self.engine.load_checkpoint(str(d), tag="deepspeed")
+        files = sorted((d / "deepspeed").glob("*.pt"))
+        if not files:
+            raise RecordError(d / "deepspeed", message="no DeepSpeed checkpoint files: delete this checkpoint to resume from an earlier one")
+        allowed = {f"{c.__module__}.{c.__qualname__}" for c in deepspeed_globals()}
+        for f in files:  # before DeepSpeed opens anything: only tensors, containers and its own three classes
+            _scan(f, allowed)
+        ce = self.engine.checkpoint_engine
+        ce.load = functools.partial(load_tensors, allow=deepspeed_globals())  # its own load uses weights_only=False
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                path, _ = self.engine.load_checkpoint(str(d), tag="deepspeed")
+        finally:
+            del ce.load  # back to the class's method (used by save)
         if path is None:
             raise RuntimeError(f"{d}: DeepSpeed found no checkpoint to resume")
 
@@ -231,16 +252,69 @@ class DeepSpeedEngine:
 
 # ---------------------------------------------------------------- checkpoints
 
+RESTART = "delete it (or the whole .partial directory) and start over"
+
+
+def deepspeed_globals() -> list[type]:
+    """The classes besides tensors and containers that DeepSpeed 0.19 pickles into ZeRO 0-3 checkpoints (fp32 and
+    bf16; found with torch.serialization.get_unsafe_globals_in_checkpoint): plain data, no code runs to build them."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, ZeroStageEnum, fragment_address]
+
+
+def _refuse(path, e: Exception) -> RecordError:
+    if isinstance(e, FileNotFoundError):
+        return RecordError(path, message=f"missing from the checkpoint; {RESTART}")
+    if isinstance(e, pickle.UnpicklingError):
+        m = re.search(r"GLOBAL (\S+)|Unsupported operand \d+|Unsupported class \S+", str(e))
+        what = f" (it asks for {m.group(1) or m.group(0)})" if m else ""
+        return RecordError(path, message=f"not a plain-tensor checkpoint{what}: refusing to unpickle it, as that could run "
+                                         f"code; retrctl did not write this file: {RESTART}")
+    first = str(e).split(". ")[0].splitlines()[0] if str(e) else type(e).__name__
+    return RecordError(path, message=f"damaged checkpoint file ({first}); {RESTART}")
+
+
+def load_tensors(path, map_location=None, allow: list[type] = ()):
+    """``torch.load`` that never runs code: ``weights_only=True`` (tensors, containers, numbers, strings) plus the
+    classes in ``allow``. Anything else, a damaged or a missing file is bad input: exit 2 naming the file."""
+    try:
+        with torch.serialization.safe_globals(list(allow)):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as e:
+        raise _refuse(path, e) from None
+
+
+def _scan(path: Path, allowed: set[str]) -> None:
+    """Refuse a file that names any global outside torch's weights-only set and ``allowed`` (reads the pickle
+    opcodes only, not the tensors); a file that is not torch's zip format is refused too."""
+    try:
+        unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(path)) - allowed
+    except (RuntimeError, ValueError, OSError, pickle.UnpicklingError) as e:
+        raise _refuse(path, e if isinstance(e, OSError) else pickle.UnpicklingError("not a torch zip file")) from None
+    if unsafe:
+        raise _refuse(path, pickle.UnpicklingError(f"GLOBAL {sorted(unsafe)[0]}"))
+
 
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+    """Every generator's state as tensors, numbers and lists only, so it loads with weights_only=True."""
+    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    version, mt, gauss_next = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "numpy": {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "gauss": float(gauss)},
+            "python": {"version": version, "state": list(mt), "gauss_next": gauss_next},
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
 def set_rng_state(s: dict) -> None:
     torch.set_rng_state(s["torch"])
-    np.random.set_state(s["numpy"])
-    random.setstate(s["python"])
+    n = s["numpy"]
+    np.random.set_state((n["kind"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    p = s["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
     if s.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(s["cuda"])
 

@@ -6,6 +6,13 @@
 stock loaders read. Both engines give the same losses for the same global batch (tested: 2 processes × B under
 ZeRO-2 = 1 process × 2B). Checkpoints (``<output>.partial/checkpoints/step-N``) hold the engine state (model,
 optimizer, scheduler), each process's RNG state and the input position; ``resume`` continues from the newest.
+
+Nothing lost, nothing executed (issue 12). ``check_output`` runs before any model is loaded: ``-o`` must be new,
+empty, or a retrctl model (``retrctl.json`` and only the files ``Encoder.save`` and the trainer write), the latter
+replaced only with ``overwrite``; a ``.partial`` holding anything else is refused, and one holding checkpoints is
+continued with ``resume`` or discarded with ``overwrite``, never silently. A resume checks that the data
+(``GroupSource.fingerprint``) and every setting outside ``RESUME_MAY_CHANGE`` equal the checkpoint's, so a run
+never records one setting and runs another. Checkpoints load with ``weights_only=True`` (``engines.load_tensors``).
 ``TrainConfig`` lives here rather than in the stage because every training stage shares it (the core never
 imports a stage).
 """
@@ -14,11 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fnmatch
 import functools
 import json
 import logging
 import math
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -33,6 +42,8 @@ from retrctl.engines import (
     DeepSpeedEngine,
     PlainEngine,
     checkpoints,
+    import_deepspeed,
+    load_tensors,
     rng_state,
     set_rng_state,
     setup_processes,
@@ -85,14 +96,20 @@ class TrainConfig:
     deepspeed: str | None = _f(None, "DeepSpeed JSON config ('auto' values are filled in).")
     save_steps: int = _f(0, "Checkpoint every N steps into <output>.partial/checkpoints (0 = none).")
     save_total_limit: int = _f(2, "Checkpoints kept.")
-    resume: bool = _f(False, "Continue from the newest checkpoint in <output>.partial.")
+    resume: bool = _f(False, "Continue from the newest checkpoint in <output>.partial (refused if its data or settings differ).")
     logging_steps: int = _f(10, "Log loss, lr and groups/s every N steps (metrics.jsonl gets every step).")
     first_step_max_len: bool = _f(True, "Pad step 1 to the max lengths so an out-of-memory shows at step 1.")
     lora_check_steps: int = _f(5, "Fail if LoRA B weights are still zero after this many steps.")
+    overwrite: bool = _f(False, "Replace -o if it is a retrctl model (never other files); without --resume, also "
+                                "discard the checkpoints in <output>.partial.")
 
     @classmethod
     def from_json(cls, path) -> TrainConfig:
         data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict):
+            raise records.RecordError(path, message="expected a JSON object of training settings")
+        for key in ("resume", "overwrite"):  # per invocation: an earlier run's train_config.json must not carry them over
+            data.pop(key, None)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -129,6 +146,99 @@ class TrainConfig:
             raise ValueError("--zero-stage must be 0, 1, 2 or 3")
         if self.dtype not in (None, "fp32", "bf16"):
             raise ValueError("training runs in fp32 or bf16 mixed precision (--dtype bf16); fp16 needs loss scaling, not offered")
+
+
+# Settings a resume may change: where and how often it reports and saves, never what it computes.
+RESUME_MAY_CHANGE = frozenset({"resume", "overwrite", "save_steps", "save_total_limit", "logging_steps", "device",
+                               "lora_check_steps"})
+
+
+def resume_conflicts(saved: dict, cfg: TrainConfig) -> list[str]:
+    """The settings of ``cfg`` that differ from a checkpoint's train_config.json, as 'key (checkpoint X, now Y)'."""
+    now = dataclasses.asdict(cfg)
+    then = {**dataclasses.asdict(TrainConfig()), **saved}  # a field added since the checkpoint: its default
+    return [f"{k} (checkpoint {then.get(k)!r}, now {now.get(k)!r})" for k in sorted(set(now) | set(then))
+            if k not in RESUME_MAY_CHANGE and then.get(k) != now.get(k)]
+
+
+# ---------------------------------------------------------------- the output directory
+
+# What Encoder.save (transformers' save_pretrained included) and the trainer write into a model directory; a
+# directory with anything else in it is not retrctl's to replace (issue 12: train -o deleted a user's files).
+MODEL_FILES = ("retrctl.json", "train_config.json", "metrics.jsonl", "modules.json", "sentence_bert_config.json",
+               "config_sentence_transformers.json", "config.json", "generation_config.json", "model.safetensors",
+               "model-*-of-*.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json", "added_tokens.json", "tokenizer.model", "vocab.txt", "vocab.json", "merges.txt",
+               "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja", "chat_template.json")
+MODEL_DIRS = {"1_Pooling": ("config.json",), "2_Normalize": ()}
+SCRATCH_FILES = ("metrics.jsonl.tmp",)  # besides checkpoints/, in <output>.partial only
+
+
+def foreign_files(d: Path, partial: bool = False) -> list[str]:
+    """Entries of ``d`` that no retrctl model (``partial``: or training scratch, i.e. checkpoints) contains."""
+    out, names = [], MODEL_FILES + (SCRATCH_FILES if partial else ())
+    for p in sorted(d.iterdir()):
+        real_dir = p.is_dir() and not p.is_symlink()
+        if real_dir and p.name in MODEL_DIRS:
+            out += [f"{p.name}/{q.name}" for q in sorted(p.iterdir()) if q.name not in MODEL_DIRS[p.name] or not q.is_file()]
+        elif real_dir and partial and p.name == "checkpoints":
+            out += [f"checkpoints/{q.name}" for q in sorted(p.iterdir())
+                    if not (q.is_dir() and not q.is_symlink() and re.fullmatch(r"step-\d+(\.tmp)?", q.name))]
+        elif not (p.is_file() and any(fnmatch.fnmatchcase(p.name, pat) for pat in names)):
+            out.append(p.name + ("/" if p.is_dir() else ""))
+    return out
+
+
+def _is_model(d: Path) -> bool:
+    try:
+        return isinstance(json.loads((d / "retrctl.json").read_text()), dict)
+    except (OSError, ValueError):
+        return False
+
+
+def _names(files: list[str]) -> str:
+    return ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+
+
+def check_output(output, cfg: TrainConfig) -> None:
+    """Refuse (exit 2), before anything is loaded or written, an ``-o`` whose replacement would lose data."""
+    out = Path(output)
+    if out.name in ("", ".", ".."):
+        raise records.RecordError(out, message="give -o a new directory's name, not '.', '..' or '/'")
+    partial = out.with_name(out.name + ".partial")
+    if out.exists() or out.is_symlink():
+        if not out.is_dir():
+            raise records.RecordError(out, message="exists and is not a directory: choose another -o")
+        if any(out.iterdir()):
+            foreign = foreign_files(out) or ([] if _is_model(out) else ["no retrctl.json"])
+            if foreign:
+                raise records.RecordError(out, message=f"is not empty and not a retrctl model ({_names(foreign)}): retrctl "
+                                                        "replaces only its own models, even with --overwrite; choose another -o")
+            if not cfg.overwrite:
+                raise records.RecordError(out, message="is a retrctl model already: give --overwrite to replace it, or choose another -o")
+    if partial.exists() or partial.is_symlink():
+        if not partial.is_dir() or partial.is_symlink():
+            raise records.RecordError(partial, message="is in the way of training's scratch directory: remove it or choose another -o")
+        foreign = foreign_files(partial, partial=True)
+        if foreign:
+            raise records.RecordError(partial, message=f"holds files retrctl did not write ({_names(foreign)}): move them away "
+                                                        "or choose another -o")
+        done = checkpoints(partial / "checkpoints")
+        if done and not cfg.resume and not cfg.overwrite:
+            raise records.RecordError(partial, message=f"holds checkpoints of an earlier run (newest {done[-1].name}): give "
+                                                        "--resume to continue it, or --overwrite to discard them")
+
+
+def _read_state(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise records.RecordError(path, message="missing from the checkpoint; delete the checkpoint to resume from an earlier one") from None
+    except (OSError, ValueError) as e:
+        raise records.RecordError(path, message=f"damaged checkpoint file ({e}); delete the checkpoint to resume from an earlier one") from None
+    if not isinstance(data, dict):
+        raise records.RecordError(path, message="damaged checkpoint file (not a JSON object)")
+    return data
 
 
 # ---------------------------------------------------------------- model
@@ -193,12 +303,14 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, groups, corpus: dict | None, output, *,
                  on_step: Callable[[int, dict], None] | None = None):
         cfg.check()
+        check_output(output, cfg)
         self.cfg, self.output, self.on_step = cfg, Path(output), on_step
         self.dist = setup_processes(cfg)
         if self.dist.world > 1 and groups == "-":
             raise ValueError("with several processes read groups from a file, not stdin (every process reads them)")
         self.source = GroupSource(groups, corpus)
         self.n_groups = self.source.validate()
+        self.resume_from = self.resume_point() if cfg.resume else None  # checked before any model is loaded
         rank, world = self.dist.rank, self.dist.world
         self.batches = Batches(self.source, group_size=cfg.train_group_size, global_batch=cfg.batch_size * world,
                                seed=cfg.seed, drop_last=world > 1, group_by_length=cfg.group_by_length)
@@ -307,7 +419,7 @@ class Trainer:
         torch.save(rng_state(), tmp / f"rng-{self.dist.rank}.pt")
         if self.dist.rank == 0:
             state = {**dataclasses.asdict(pos), "world_size": self.dist.world, "total_steps": self.total,
-                     "padded_negatives": self.padded, "random_negatives": self.drawn}
+                     "padded_negatives": self.padded, "random_negatives": self.drawn, "data_hash": self.data_hash}
             (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
             self.cfg.save(tmp / "train_config.json")
         self.dist.barrier()
@@ -319,45 +431,82 @@ class Trainer:
             log.info("checkpoint %s", d)
         self.dist.barrier()
 
-    def load_checkpoint(self) -> Position:
-        found = checkpoints(self.ckpt_root)
+    def resume_point(self) -> Path | None:
+        """The newest checkpoint, refused (exit 2) if it was written for other data, settings or process count."""
+        found = checkpoints(self.output.with_name(self.output.name + ".partial") / "checkpoints")
         if not found:
+            return None
+        d = found[-1]
+        state = _read_state(d / "trainer_state.json")
+        if state.get("world_size") != self.dist.world:
+            raise records.RecordError(d, message=f"written by {state.get('world_size')} processes; resume with the same number (now {self.dist.world})")
+        differ = resume_conflicts(_read_state(d / "train_config.json"), self.cfg)
+        if state.get("data_hash") != self.data_hash:
+            differ.insert(0, "the data (groups, or the text of the docs they name)")
+        if differ:
+            raise records.RecordError(d, message=f"--resume: this run differs from the checkpoint in {'; '.join(differ)}. Rerun with "
+                                                 "the checkpoint's data and settings (its train_config.json), or drop --resume and "
+                                                 "give --overwrite to start over")
+        return d
+
+    def load_checkpoint(self) -> Position:
+        d = self.resume_from
+        if d is None:
             log.warning("--resume: no checkpoint in %s; starting from step 0", self.ckpt_root)
             return Position()
-        d = found[-1]
-        state = json.loads((d / "trainer_state.json").read_text())
-        if state["world_size"] != self.dist.world:
-            raise ValueError(f"{d} was written by {state['world_size']} processes; resume with the same number (now {self.dist.world})")
+        state = _read_state(d / "trainer_state.json")
         self.engine.load(d)
-        set_rng_state(torch.load(d / f"rng-{self.dist.rank}.pt", weights_only=False))
-        self.padded, self.drawn = state["padded_negatives"], state["random_negatives"]
-        pos = Position(**{k: state[k] for k in ("step", "epoch", "batch_in_epoch", "groups_consumed")})
+        set_rng_state(load_tensors(d / f"rng-{self.dist.rank}.pt"))
+        try:
+            self.padded, self.drawn = state["padded_negatives"], state["random_negatives"]
+            pos = Position(**{k: int(state[k]) for k in ("step", "epoch", "batch_in_epoch", "groups_consumed")})
+        except (KeyError, TypeError, ValueError) as e:
+            raise records.RecordError(d / "trainer_state.json", message=f"damaged checkpoint file (bad or missing {e})") from None
         log.info("resumed from %s (step %d, epoch %d, %d groups consumed)", d, pos.step, pos.epoch, pos.groups_consumed)
         return pos
+
+    @functools.cached_property
+    def data_hash(self) -> str:
+        """What the run trains on: the groups and the docs they name, plus the whole corpus when negatives are drawn from it."""
+        parts = [self.source.fingerprint]
+        if self.source.without_negatives and self.cfg.train_group_size > 1:
+            parts.append(self.source.corpus_fingerprint())
+        return "+".join(parts)
 
     # -- the run
 
     def fit(self) -> Path:
-        with records.atomic_dir(self.output) if self.dist.rank == 0 else contextlib.nullcontext(self.partial):
-            if self.dist.rank == 0 and not self.cfg.resume:
-                shutil.rmtree(self.ckpt_root, ignore_errors=True)
-                (self.partial / "metrics.jsonl").unlink(missing_ok=True)
-            self.dist.barrier()
-            pos = self.load_checkpoint() if self.cfg.resume else Position()
-            self._loop(pos)
-            self._export()
-            self.dist.barrier()
-        if self.dist.deepspeed and dist.is_initialized():
-            dist.destroy_process_group()
+        try:
+            with records.atomic_dir(self.output) if self.dist.rank == 0 else contextlib.nullcontext(self.partial):
+                if self.dist.rank == 0 and not self.cfg.resume:  # a fresh start; check_output saw only our files here
+                    for p in self.partial.iterdir():
+                        if p.is_dir() and not p.is_symlink():
+                            shutil.rmtree(p)
+                        else:
+                            p.unlink()
+                self.dist.barrier()
+                pos = self.load_checkpoint() if self.cfg.resume else Position()
+                self._loop(pos)
+                self._export()
+                self.dist.barrier()
+        finally:  # also on failure; DeepSpeed's own call also drops its group handles, so this process can train again
+            if self.dist.deepspeed and dist.is_initialized():
+                import_deepspeed().comm.destroy_process_group()
         return self.output
 
     def _metrics(self, pos: Position):
         path = self.partial / "metrics.jsonl"
         if self.dist.rank != 0:
             return contextlib.nullcontext(None)
-        if path.exists():  # a kill after the checkpoint leaves later lines: drop them
-            keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= pos.step]
-            path.write_text("".join(ln + "\n" for ln in keep))
+        if path.exists():  # a kill after the checkpoint leaves later lines, the last maybe torn: drop them
+            keep = []
+            for ln in path.read_text().splitlines():
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    if json.loads(ln)["step"] <= pos.step:
+                        keep.append(ln)
+            tmp = path.with_name(path.name + ".tmp")  # replaced whole: a kill here must not lose earlier steps' lines
+            tmp.write_text("".join(ln + "\n" for ln in keep))
+            os.replace(tmp, path)
         return open(path, "a", encoding="utf-8")
 
     def _loop(self, pos: Position) -> None:

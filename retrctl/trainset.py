@@ -14,6 +14,8 @@ one process sees.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 from collections.abc import Iterable, Iterator
 
@@ -43,13 +45,17 @@ class GroupSource:
     """Re-iterable groups from a path ('-' = stdin, kept in memory, never on disk) or an in-memory list.
 
     ``validate()`` makes one pass first: every group parses and every doc id it names has text, so bad
-    input fails before any model is loaded (exit 2, no output).
+    input fails before any model is loaded (exit 2, no output). The same pass fingerprints what training reads
+    (``fingerprint``): the normalized groups in order and the text of every corpus doc they name, so a resume can
+    tell changed data from the same data in another container (file or stdin, JSONL or Parquet, compressed or not).
     """
 
     def __init__(self, groups: str | Iterable[dict], corpus: dict[str, dict] | None):
         self.corpus = corpus or {}
         self.path = groups if isinstance(groups, str) else "<groups>"
         self._cached: list | None = None
+        self.fingerprint: str | None = None  # set by validate()
+        self.without_negatives = 0  # groups whose negatives are drawn from the whole corpus
         if not isinstance(groups, str):
             self._cached = [(i, records.normalize_group(g, self.path, i)) for i, g in enumerate(groups, 1)]
         elif groups == "-":
@@ -71,14 +77,29 @@ class GroupSource:
 
     def validate(self) -> int:
         n = 0
+        h, from_corpus = hashlib.blake2b(digest_size=16), set()
         for line, g in self:
             for field in ("positive_document_ids", "negative_document_ids"):
                 for docid in g[field]:
                     self.doc(g, docid, line, field)
+                    if docid not in g.get("passages", {}):
+                        from_corpus.add(docid)
+            h.update(json.dumps(g, sort_keys=True, ensure_ascii=False).encode() + b"\n")
+            self.without_negatives += not g["negative_document_ids"]
             n += 1
         if n == 0:
             raise records.RecordError(self.path, message="empty input: no group records")
+        for docid in sorted(from_corpus):  # each named doc once, whatever the number of groups naming it
+            h.update(json.dumps([docid, records.passage_text(self.corpus[docid])], ensure_ascii=False).encode() + b"\n")
+        self.fingerprint = h.hexdigest()
         return n
+
+    def corpus_fingerprint(self) -> str:
+        """The whole corpus (ids and texts): groups without negatives draw theirs from all of it."""
+        h = hashlib.blake2b(digest_size=16)
+        for docid in sorted(self.corpus):
+            h.update(json.dumps([docid, records.passage_text(self.corpus[docid])], ensure_ascii=False).encode() + b"\n")
+        return h.hexdigest()
 
 
 class Batches:

@@ -25,12 +25,29 @@ Deviations and additions, each because a peer tool went wrong there (PEER_LESSON
   the softmax rather than pushed away (ST#3189).
 - Cross-process gather sums every process's gradient into the local slice, so N processes × B equal one process
   × N·B exactly (tested), instead of the local-slice-only gradient (tevatron#143).
-- GradCache with ZeRO-2/3 is refused up front (tevatron#206, ST#3173); LoRA fails loudly if its B weights have
-  not moved after ``--lora-check-steps``; step 1 is padded to the max lengths so an out-of-memory shows at once.
+- GradCache runs under every ZeRO stage 0-3, with or without LoRA (tested on 2 processes against one plain process):
+  its inner chunk backwards tell DeepSpeed which one ends the step, the case that breaks in peers (tevatron#206,
+  ST#3173). LoRA fails loudly if its B weights have not moved after ``--lora-check-steps``; step 1 is padded to
+  the max lengths so an out-of-memory shows at once.
 - Groups with too few negatives are padded by resampling their own negatives (counted and reported); groups
   with none get random corpus passages. Gradient accumulation is not offered: it adds no negatives (ST#2916).
 - Groups stream from a file or stdin; stdin is held in memory (ids and query text only), never written to disk,
   so epochs and the step count are known. ``--resume`` restores model, optimizer, scheduler, RNG and position.
+
+Nothing lost, nothing executed (issue 12); each refusal exits 2 with one line (the first three before any model
+is loaded) and leaves every file as it was:
+- ``-o DIR`` must be new, empty, or a retrctl model (``retrctl.json`` and only the files a saved model holds);
+  a model is replaced only with ``--overwrite``, and a directory with anything else in it never is.
+- ``DIR.partial`` (checkpoints, metrics of a run in progress) is continued only with ``--resume``; without it,
+  checkpoints there are refused, naming ``--resume`` and ``--overwrite`` (which discards them). A ``.partial``
+  holding files retrctl did not write is refused either way.
+- ``--resume`` refuses a checkpoint whose data (the groups in order and the text of every doc they name, all the
+  corpus when a group has no negatives; in any container: file or stdin, compressed or not) or settings differ
+  from this run's, naming the differing keys;
+  only ``--save-steps --save-total-limit --logging-steps --device --lora-check-steps`` (and ``--resume``,
+  ``--overwrite``) may change, as they change where and how often the run reports, not what it computes.
+- Checkpoints load with ``torch.load(weights_only=True)``, DeepSpeed's included (its loader is swapped for ours,
+  allowing only its three plain-data classes): a file that would run code when unpickled exits 2, naming it.
 
 Launching (the same flags everywhere; one process without --zero-stage/--deepspeed runs plain torch):
 
@@ -50,7 +67,7 @@ import click
 
 from retrctl import records
 from retrctl.stage import ENCODER_FLAGS, SHARED_TYPES, options, stage
-from retrctl.trainer import TrainConfig, Trainer
+from retrctl.trainer import TrainConfig, Trainer, check_output
 
 
 def train(groups, *, output, corpus=None, config: TrainConfig | None = None, on_step=None, **settings) -> Path:
@@ -61,6 +78,7 @@ def train(groups, *, output, corpus=None, config: TrainConfig | None = None, on_
     cfg = (config or TrainConfig()).replace(**settings)
     if not cfg.model:
         raise ValueError("a model is required (--model)")
+    check_output(output, cfg)  # before the corpus is read (Trainer checks again for other callers)
     docs = records.read_corpus(corpus) if isinstance(corpus, (str, Path)) else corpus
     return Trainer(cfg, groups, docs, output, on_step=on_step).fit()
 
@@ -102,7 +120,8 @@ def _int_list(ctx, param, value):
 @stage(train, writes="dir")
 @click.argument("groups", default="-", required=False)
 @options("model", "corpus", "encoder")
-@click.option("--config", "config_file", help="TrainConfig as JSON (train_config.json of an earlier run); flags override it.")
+@click.option("--config", "config_file", help="TrainConfig as JSON (train_config.json of an earlier run); flags override it. "
+              "--resume and --overwrite come from flags only.")
 @config_options
 def command(groups, output, corpus, config_file, **flags):
     """Contrastive training on groups (from `retrctl mine`, file or stdin): InfoNCE with in-batch and hard

@@ -1,5 +1,6 @@
-"""train: the Python API on in-memory groups, the CLI (stdin streaming, --config, refusals), bad input, resume,
-LoRA merge into stock loaders, GradCache in the loop, and 2 DeepSpeed processes = 1 process with the whole batch."""
+"""train: the Python API on in-memory groups, the CLI (stdin streaming, --config, refusals), bad input, resume
+(after an exception and after kill -9 at a random point), LoRA merge into stock loaders, GradCache in the loop, and
+2 DeepSpeed processes = 1 process with the whole batch. Output safety and checkpoint loading: test_train_safety.py."""
 
 import json
 import os
@@ -368,41 +369,84 @@ def test_zero_matrix(no_dropout, tmp_path, zero, grad_cache, lora):
 
 @pytest.mark.slow
 def test_deepspeed_resume_after_kill(no_dropout, tmp_path):
-    """ZeRO-2 on 2 processes: a run killed after its step-4 checkpoint and resumed equals an uninterrupted run."""
-    corpus_file, groups_file = _files(tmp_path)
-    common = [groups_file, "--corpus", corpus_file, "--model", no_dropout, "--train-group-size", 3, "--lr", 1e-3,
-              "--max-steps", 8, "--save-steps", 4, "--batch-size", 2, "--zero-stage", 2, "--query-max-len", 16,
-              "--passage-max-len", 24]
-    assert _torchrun(2, [*common, "-o", tmp_path / "a"], tmp_path, _free_port()).returncode == 0
-    r = _torchrun(2, [*common, "--max-steps", 4, "-o", tmp_path / "b"], tmp_path, _free_port())  # noqa: F841
-    # the run above finished at step 4; make it look killed right after its checkpoint
-    os.replace(tmp_path / "b", tmp_path / "b.partial")
-    r = _torchrun(2, [*common, "--max-steps", 8, "--resume", "-o", tmp_path / "b"], tmp_path, _free_port())
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert np.allclose(_losses(tmp_path / "a"), _losses(tmp_path / "b"), atol=1e-5)
-
-
-@pytest.mark.slow
-def test_kill_9_then_resume(tiny_bert, tmp_path):
-    """A real SIGKILL mid-run (plain engine), then --resume: the loss curve equals an uninterrupted run's."""
+    """ZeRO-2 on 2 processes: the launcher and its workers killed (SIGKILL) once the step-4 checkpoint exists, then
+    --resume, equals an uninterrupted run (and the resume really started from the checkpoint)."""
     import signal
     import time
 
+    import psutil
+
+    from retrctl.engines import checkpoints
+
     corpus_file, groups_file = _files(tmp_path)
-    args = [groups_file, "--corpus", corpus_file, "--model", tiny_bert, "--train-group-size", 3, "--batch-size", 4,
-            "--max-steps", 40, "--save-steps", 5, "--query-max-len", 16, "--passage-max-len", 48, "-q"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "retrctl", "train", *map(str, args)]
-    subprocess.run([*cmd, "-o", str(tmp_path / "a")], env=env, check=True)
-    proc = subprocess.Popen([*cmd, "-o", str(tmp_path / "b")], env=env)
+    common = [groups_file, "--corpus", corpus_file, "--model", no_dropout, "--train-group-size", 3, "--lr", 1e-3,
+              "--max-steps", 8, "--save-steps", 2, "--batch-size", 2, "--zero-stage", 2, "--query-max-len", 16,
+              "--passage-max-len", 24]
+    r = _torchrun(2, [*common, "-o", tmp_path / "a"], tmp_path, _free_port())
+    assert r.returncode == 0, r.stderr[-3000:]
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions")),
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+           "-m", "retrctl", "train", *map(str, common), "-o", str(tmp_path / "b")]
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stderr=subprocess.DEVNULL)
     ckpts = tmp_path / "b.partial" / "checkpoints"
-    while proc.poll() is None and not any(p.name == "step-10" for p in ckpts.glob("step-*")):
+    while proc.poll() is None and not any(int(p.name[5:]) >= 4 for p in checkpoints(ckpts)):
         time.sleep(0.01)
+    workers = psutil.Process(proc.pid).children(recursive=True)  # each in a session of its own (torch elastic)
+    for p in [*workers, psutil.Process(proc.pid)]:
+        p.send_signal(signal.SIGKILL)
+    proc.wait()
+    psutil.wait_procs(workers, timeout=30)
+    assert not (tmp_path / "b").exists(), "finished before the kill"
+    r = _torchrun(2, [*common, "--resume", "-o", tmp_path / "b"], tmp_path, _free_port())
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from" in r.stderr
+    assert [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()] == list(range(1, 9))
+    assert np.allclose(_losses(tmp_path / "a"), _losses(tmp_path / "b"), atol=1e-5)
+
+
+def test_kill_9_then_resume(tiny_bert, tmp_path, runner):
+    """A real SIGKILL at a random point after a checkpoint exists (mid-step, mid-checkpoint or mid-metrics), then
+    --resume: the saved weights equal an uninterrupted run's, so do the losses, and metrics.jsonl has exactly one
+    line per step. The point is drawn anew each run and printed on failure; RETRCTL_KILL_SEED=N replays it."""
+    import random
+    import signal
+    import time
+
+    from safetensors.torch import load_file
+
+    from retrctl.engines import checkpoints
+
+    seed = int(os.environ.get("RETRCTL_KILL_SEED") or random.SystemRandom().randrange(10**6))
+    rng = random.Random(seed)
+    after, delay = rng.randint(1, 6), rng.uniform(0.0, 0.2)  # kill once step-`after` is saved, `delay` s later
+    steps = 12
+    corpus_file, groups_file = _files(tmp_path)
+    settings = {"train_group_size": 3, "batch_size": 4, "max_steps": steps, "save_steps": 1, "query_max_len": 16,
+                "passage_max_len": 24}
+    whole = train(str(groups_file), corpus=str(corpus_file), output=tmp_path / "a", model=str(tiny_bert), **settings)
+    args = ["train", groups_file, "--corpus", corpus_file, "--model", tiny_bert, "-q", "-o", tmp_path / "b"]
+    for k, v in settings.items():
+        args += [f"--{k.replace('_', '-')}", v]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "retrctl", *map(str, args)], env=env)
+    ckpts = tmp_path / "b.partial" / "checkpoints"
+    while proc.poll() is None and not any(int(p.name[5:]) >= after for p in checkpoints(ckpts)):
+        time.sleep(0.005)
+    time.sleep(delay)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert not (tmp_path / "b").exists(), "finished before the kill: raise --max-steps"
-    subprocess.run([*cmd, "-o", str(tmp_path / "b"), "--resume"], env=env, check=True)
-    assert np.allclose(_losses(tmp_path / "a"), _losses(tmp_path / "b"), atol=1e-5)
+    where = f"(kill seed {seed}: after step-{after} + {delay:.3f} s)"
+    assert not (tmp_path / "b").exists(), f"finished before the kill {where}"
+    r = runner(*args, "--resume")
+    assert r.exit_code == 0, f"{where} {r.stderr}"
+    assert [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()] == \
+        list(range(1, steps + 1)), where
+    assert np.allclose(_losses(whole), _losses(tmp_path / "b"), atol=1e-5), where
+    wa, wb = load_file(whole / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) <= 1e-6, where
+    assert not (tmp_path / "b.partial").exists()
 
 
 @pytest.mark.real
