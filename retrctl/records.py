@@ -639,7 +639,7 @@ def check_outputs(outputs, inputs, *, dir_output: bool = False) -> None:
                 continue
             raise RecordError(out, message=f"the output {how} the input {given}: writing it would destroy the input; "
                               "nothing written (choose another -o)")
-        above = next(a for a in real.parents if a.exists())
+        above = next((a for a in real.parents if a.exists()), real)  # '/' has no parents
         if not above.is_dir():
             raise RecordError(out, message=f"cannot be created: {above} is a file, not a directory")
         if dir_output and os.path.isfile(out):

@@ -143,9 +143,16 @@ def test_o_holding_a_plain_hugging_face_model_is_refused(tiny_bert, tmp_path, ru
 
 def test_o_that_is_a_file_is_refused(files, tmp_path, runner):
     corpus, groups = files
-    before = groups.read_bytes()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    r = runner("train", groups, "--corpus", corpus, "--model", tmp_path / "no-model", "-o", notes, "--overwrite")
+    assert r.exit_code == 2 and f"{notes}: is a file: -o needs a directory here" in r.stderr
+    assert notes.read_text() == "mine\n" and not (tmp_path / "notes.txt.partial").exists()
+    with pytest.raises(RecordError, match="exists and is not a directory"):  # the trainer's own check, for API callers
+        trainer.check_output(notes, trainer.TrainConfig(overwrite=True))
+    before = groups.read_bytes()  # -o onto the groups file itself: the shared output-onto-input check
     r = runner("train", groups, "--corpus", corpus, "--model", tmp_path / "no-model", "-o", groups, "--overwrite")
-    assert r.exit_code == 2 and f"{groups}: exists and is not a directory" in r.stderr
+    assert r.exit_code == 2 and "the output is the input" in r.stderr
     assert groups.read_bytes() == before and not (tmp_path / "groups.jsonl.partial").exists()
 
 
