@@ -49,6 +49,7 @@ from pathlib import Path
 import click
 
 from retrctl import records
+from retrctl.memory import Size
 from retrctl.stage import ENCODER_FLAGS, options, stage
 from retrctl.trainer import TrainConfig, Trainer
 
@@ -69,17 +70,23 @@ def train(groups, *, output, corpus=None, config: TrainConfig | None = None, on_
 # --batch-size and --seed keep the shared names (FORMATS.md) but take help and default from TrainConfig,
 # where train defines them: a step of query groups per process, and a seed that also seeds LoRA init.
 SHARED = {"model", *ENCODER_FLAGS}
+INTERNAL = {"plan"}  # written by train into train_config.json, not set by users
 
 
 def config_options(f):
     """One flag per TrainConfig field not already a shared flag; help and default from the field."""
     hints = typing.get_type_hints(TrainConfig)
     for field in reversed(dataclasses.fields(TrainConfig)):
-        if field.name in SHARED:
+        if field.name in SHARED | INTERNAL:
             continue
         flag, kind = "--" + field.name.replace("_", "-"), hints[field.name]
         help = f"{field.metadata['help']} [default: {field.default}]"
-        if kind in (bool, bool | None):
+        if field.name == "grad_cache":  # a bare --grad-cache (as before auto existed) means on
+            f = click.option(flag, field.name, type=click.Choice(["auto", "on", "off"]), is_flag=False, flag_value="on",
+                             default=None, help=help)(f)
+        elif field.name == "max_memory":
+            f = click.option(flag, field.name, type=Size(), default=None, help=help)(f)
+        elif kind in (bool, bool | None):
             f = click.option(f"{flag}/--no-{flag[2:]}", field.name, default=None, help=help)(f)
         elif field.name == "mrl_dims":
             f = click.option(flag, field.name, help=help, callback=_int_list)(f)
