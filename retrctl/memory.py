@@ -39,7 +39,10 @@ log = logging.getLogger("retrctl.memory")
 
 GB = 10**9
 MARGIN = 0.85  # of what is free: room for estimate error and for the rest of the machine
-ACTIVATION_FACTOR = 1.5  # peak RSS of a step / bytes autograd saves (allocator slack, backward temporaries); see bench/memory.py
+# measured peak RSS above the gradients and optimizer state / bytes autograd saves (allocator slack, backward
+# temporaries), calibrated on minilm and smollm2 (bench/memory.py, bench/RESULTS.md), with some headroom
+ACTIVATION_FACTOR = 1.3  # plain steps: every text's graph alive
+CACHED_FACTOR = 1.6  # GradCache: one chunk's graph, plus the graph-free first pass and the cache
 INFERENCE_FACTOR = 1.0  # peak of a no-grad forward / one text's saved activations (only a layer's worth is alive at a time)
 UNLIMITED = 2**60  # cgroup v1 writes ~2^63 for "no limit"
 
@@ -264,7 +267,7 @@ class StepCost:
 
     def cached(self, chunk: int) -> int:
         alive = max(min(chunk, self.queries) * self.per_query, min(chunk, self.passages) * self.per_passage)
-        return self.state + self.embeddings + int(ACTIVATION_FACTOR * alive)
+        return self.state + self.embeddings + int(CACHED_FACTOR * alive)
 
 
 def optimizer_state(trainable: int, *, zero_stage: int | None = None, world: int = 1, bytes_per: int = 4) -> int:
@@ -343,7 +346,7 @@ def _nothing_fits(cost: StepCost, budget: Budget, room: int, batch_size: int, gr
         return head + "; even the gradients and optimizer state do not fit: use --lora-r 16, --zero-stage 3 on more processes, or a smaller model"
     per_text = max(cost.per_query, cost.per_passage)
     return head + (f"; even GradCache with --chunk-size 1 needs ~{fmt(budget.held + cost.cached(1))}: lower --passage-max-len "
-                   f"/ --query-max-len, or add --gradient-checkpointing (one text at the max length keeps ~{fmt(per_text * ACTIVATION_FACTOR)})")
+                   f"/ --query-max-len, or add --gradient-checkpointing (one text at the max length keeps ~{fmt(per_text * CACHED_FACTOR)})")
 
 
 # ---------------------------------------------------------------- inference batches
