@@ -9,6 +9,9 @@ held when planning + gradients and AdamW state + activations); "measured" is the
 
     python bench/memory.py                  # minilm and smollm2, three plain shapes each + one GradCache row
     python bench/memory.py --models minilm  # one model
+
+Then the same for inference batches (what index/mine/search run): a child encodes 2 batches of SciFact docs at
+the max length; "estimated" is what it held after loading + batch × memory.inference_per_text.
 """
 
 from __future__ import annotations
@@ -37,6 +40,24 @@ CASES = [
     ("smollm2", 16, 4, 128, "off", None),
     ("smollm2", 16, 4, 512, "on", 8),
 ]
+
+
+# (model, batch, max len): inference batches (index/mine/search), no graph kept
+ENCODE_CASES = [("minilm", 64, 256), ("smollm2", 16, 512), ("smollm2", 64, 512)]
+
+ENCODE_CHILD = """
+import json, sys
+from retrctl import memory, records
+from retrctl.models import Encoder
+model, batch, length, corpus = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+texts = [d["title"] + " " + d["text"] for d, _ in zip(records.read(corpus, "doc"), range(2 * batch))]
+enc = Encoder.load(model, device="cpu", passage_max_len=length)
+held = memory.rss()
+used = enc.fit_batch("passage", batch)
+per_text = memory.inference_per_text(enc.model.config, length)
+enc.encode(texts, batch_size=batch)
+print(json.dumps({"held": held, "per_text": per_text, "batch": used}))
+"""
 
 
 def groups_file(work: Path, n: int = 64) -> Path:
@@ -79,10 +100,26 @@ def run(case, groups: Path, work: Path) -> dict:
     return {"plan": plan, "measured": usage.ru_maxrss * 1024, "seconds": time.perf_counter() - t0}
 
 
+def run_encode(case) -> dict:
+    model, batch, length = case
+    args = [sys.executable, "-c", ENCODE_CHILD, model, str(batch), str(length), str(DATA / "scifact" / "corpus.jsonl")]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    _, status, usage = os.wait4(proc.pid, 0)
+    out, err = proc.stdout.read(), proc.stderr.read()
+    if status != 0:
+        sys.exit(f"failed ({status}): encode {case}\n{err[-3000:]}")
+    r = json.loads(out.strip().splitlines()[-1])
+    return {**r, "estimate": r["held"] + r["batch"] * r["per_text"], "measured": usage.ru_maxrss * 1024,
+            "seconds": time.perf_counter() - t0}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["minilm", "smollm2"])
     p.add_argument("--json", help="also write the rows here")
+    p.add_argument("--encode-only", action="store_true", help="only the inference rows")
     a = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="retrctl-memory-"))
     groups = groups_file(work)
@@ -90,7 +127,7 @@ def main() -> None:
     print("| model | batch × group × max len | mode | estimated peak | measured peak RSS | estimate / measured | s |")
     print("|---|---|---|---|---|---|---|")
     for case in CASES:
-        if case[0] not in a.models:
+        if case[0] not in a.models or a.encode_only:
             continue
         r = run(case, groups, work)
         plan, measured = r["plan"], r["measured"]
@@ -99,6 +136,16 @@ def main() -> None:
         print(f"| {case[0]} | {case[1]} × {case[2]} × {case[3]} | {mode} | {est / 1e9:.2f} GB | {measured / 1e9:.2f} GB "
               f"| {est / measured:.2f} | {r['seconds']:.0f} |", flush=True)
         rows.append({"case": case, **r})
+    print()
+    print("| model | encode batch × max len | estimated peak | measured peak RSS | estimate / measured | s |")
+    print("|---|---|---|---|---|---|")
+    for case in ENCODE_CASES:
+        if case[0] not in a.models:
+            continue
+        r = run_encode(case)
+        print(f"| {case[0]} | {r['batch']} × {case[2]} | {r['estimate'] / 1e9:.2f} GB | {r['measured'] / 1e9:.2f} GB "
+              f"| {r['estimate'] / r['measured']:.2f} | {r['seconds']:.0f} |", flush=True)
+        rows.append({"encode": case, **r})
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=2) + "\n")
     shutil.rmtree(work, ignore_errors=True)

@@ -170,8 +170,8 @@ def rss() -> int:
 
 
 def local_processes() -> int:
-    """Processes of this job on this host (torchrun and the deepspeed launcher set LOCAL_WORLD_SIZE)."""
-    for key in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+    """Processes of this job on this host (torchrun: LOCAL_WORLD_SIZE; the deepspeed launcher: LOCAL_SIZE)."""
+    for key in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
         if os.environ.get(key, "").isdigit():
             return max(1, int(os.environ[key]))
     return 1

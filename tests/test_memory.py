@@ -45,6 +45,7 @@ def machine(monkeypatch):
     monkeypatch.setattr(memory, "rss", lambda: HELD)
     monkeypatch.delenv("RETRCTL_MAX_MEMORY", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("LOCAL_SIZE", raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +137,9 @@ def test_available_takes_the_least_a_per_process_share_and_the_cap(machine, monk
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun: four processes share the host's RAM
     assert memory.available("cpu").free == 30 * GB // 4
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    monkeypatch.setenv("LOCAL_SIZE", "2")  # the deepspeed launcher's name for it
+    assert memory.available("cpu").free == 30 * GB // 2
+    monkeypatch.delenv("LOCAL_SIZE")
     b = memory.available("cpu", max_memory=5 * GB)
     assert (b.free, b.source, b.usable, b.total) == (3 * GB, "--max-memory", 3 * GB, 5 * GB)
     monkeypatch.setenv("RETRCTL_MAX_MEMORY", "4GB")
