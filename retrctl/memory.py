@@ -309,8 +309,8 @@ class Plan:
 
 
 def plan_step(cost: StepCost, *, mode: str, chunk_size: int, budget: Budget, batch_size: int, group_size: int) -> Plan:
-    """auto: plain if it fits within MARGIN of what is free, else GradCache with the largest chunk (at most the
-    texts of one step) that fits; on: GradCache with the largest chunk up to ``chunk_size``; off: plain.
+    """auto: plain if it fits within MARGIN of what is free, else GradCache with the largest chunk up to
+    ``chunk_size`` that fits; on: GradCache the same way even when plain would fit; off: plain.
     A forced mode that does not fit, or nothing that fits, raises DoesNotFit."""
     room = budget.usable
     plain = cost.plain()
@@ -330,7 +330,7 @@ def plan_step(cost: StepCost, *, mode: str, chunk_size: int, budget: Budget, bat
         raise DoesNotFit(_nothing_fits(cost, budget, room, batch_size, group_size, forced="off"))
     if mode == "auto" and fits(plain):
         return Plan(False, chunk_size, plain, plain, budget, "fits with a margin", cost)
-    chunk = largest_chunk(chunk_size if mode == "on" else most)
+    chunk = largest_chunk(chunk_size)
     if chunk >= 1:
         why = "--grad-cache on" if mode == "on" else "plain steps would not fit; same loss and gradient"
         return Plan(True, chunk, cost.cached(chunk), plain, budget, why, cost)

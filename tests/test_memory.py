@@ -163,8 +163,10 @@ def test_plan_plain_when_it_fits_gradcache_largest_chunk_otherwise():
     p = plan_step(COST, mode="auto", chunk_size=32, budget=_budget(COST.cached(20), "--max-memory"), batch_size=32, group_size=2)
     assert p.grad_cache and p.chunk_size == 20 and p.need <= COST.cached(20) < COST.cached(21)
     assert "GradCache, chunk 20" in p.line() and p.record()["chunk_size"] == 20
+    p = plan_step(COST, mode="auto", chunk_size=16, budget=_budget(COST.cached(20), "--max-memory"), batch_size=32, group_size=2)
+    assert p.grad_cache and p.chunk_size == 16  # --chunk-size is the most it uses
     p = plan_step(COST, mode="on", chunk_size=8, budget=_budget(plain * 2), batch_size=32, group_size=2)
-    assert p.grad_cache and p.chunk_size == 8  # forced: the given chunk is the most it uses
+    assert p.grad_cache and p.chunk_size == 8
 
 
 def test_plan_refuses_with_the_smallest_setting_that_would_fit():
