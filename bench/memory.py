@@ -34,11 +34,11 @@ CASES = [
     ("minilm", 8, 4, 256, "off", None),
     ("minilm", 32, 2, 256, "off", None),
     ("minilm", 16, 8, 128, "off", None),
-    ("minilm", 32, 8, 256, "on", 32),
+    ("minilm", 16, 4, 256, "on", 8),
     ("smollm2", 4, 2, 512, "off", None),
     ("smollm2", 8, 2, 256, "off", None),
     ("smollm2", 16, 4, 128, "off", None),
-    ("smollm2", 16, 4, 512, "on", 8),
+    ("smollm2", 8, 2, 512, "on", 4),
 ]
 
 
