@@ -29,6 +29,8 @@ from pathlib import Path
 
 from _run import DATA, ROOT
 
+DATA = Path(os.environ.get("RETRCTL_DATA", DATA))  # a copy of the checkout elsewhere still finds ../shared/data
+
 # (model, batch, group size, max len, grad-cache mode, chunk)
 CASES = [
     ("minilm", 8, 4, 256, "off", None),
