@@ -11,7 +11,8 @@ held when planning + gradients and AdamW state + activations); "measured" is the
     python bench/memory.py --models minilm  # one model
 
 Then the same for inference batches (what index/mine/search run): a child encodes 2 batches of SciFact docs at
-the max length; "estimated" is what it held after loading + batch × memory.inference_per_text.
+the max length; "estimated" is what it held after loading + the weights (mapped lazily) + batch ×
+memory.inference_per_text.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ held = memory.rss()
 used = enc.fit_batch("passage", batch)
 per_text = memory.inference_per_text(enc.model.config, length)
 enc.encode(texts, batch_size=batch)
-print(json.dumps({"held": held, "per_text": per_text, "batch": used}))
+print(json.dumps({"held": held + enc.weight_bytes(), "per_text": per_text, "batch": used}))
 """
 
 

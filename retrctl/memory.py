@@ -38,12 +38,13 @@ import click
 log = logging.getLogger("retrctl.memory")
 
 GB = 10**9
-MARGIN = 0.85  # of what is free: room for estimate error and for the rest of the machine
+MARGIN = 0.8  # of what is free: room for estimate error and for the rest of the machine
 # measured peak RSS above the gradients and optimizer state / bytes autograd saves (allocator slack, backward
-# temporaries), calibrated on minilm and smollm2 (bench/memory.py, bench/RESULTS.md), with some headroom
-ACTIVATION_FACTOR = 1.3  # plain steps: every text's graph alive
-CACHED_FACTOR = 1.6  # GradCache: one chunk's graph, plus the graph-free first pass and the cache
-INFERENCE_FACTOR = 1.0  # peak of a no-grad forward / one text's saved activations (only a layer's worth is alive at a time)
+# temporaries), calibrated on minilm and smollm2 (bench/memory.py, bench/RESULTS.md: at most 1.28 plain, 1.74
+# GradCache), with headroom
+ACTIVATION_FACTOR = 1.45  # plain steps: every text's graph alive
+CACHED_FACTOR = 2.0  # GradCache: one chunk's graph, plus the graph-free first pass and the cache
+INFERENCE_FACTOR = 2.0  # peak of a no-grad forward / the working memory of one layer (calibrated like the above)
 UNLIMITED = 2**60  # cgroup v1 writes ~2^63 for "no limit"
 
 _UNITS = {"b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
@@ -352,13 +353,13 @@ def _nothing_fits(cost: StepCost, budget: Budget, room: int, batch_size: int, gr
 # ---------------------------------------------------------------- inference batches
 
 
-def encode_batch(per_text: int, requested: int, budget: Budget) -> int:
-    """The largest inference batch up to ``requested`` whose activations fit within MARGIN of what is free
-    (at least 1: a single text that does not fit is not something a smaller batch can fix)."""
-    room = budget.usable
+def encode_batch(per_text: int, requested: int, budget: Budget, fixed: int = 0) -> int:
+    """The largest inference batch up to ``requested`` whose activations (plus ``fixed`` bytes, e.g. weights not
+    yet paged in) fit within MARGIN of what is free (at least 1: a smaller batch cannot fix a single text)."""
+    room = budget.usable - fixed
     if per_text <= 0:
         return requested
-    return max(1, min(requested, room // max(1, int(per_text * INFERENCE_FACTOR))))
+    return max(1, min(requested, room // per_text))
 
 
 def agree(budget: Budget, device: str) -> Budget:
@@ -426,10 +427,10 @@ def generation_per_row(config, width: int, new_tokens: int, logits_kept: int = 1
 _warned: set = set()
 
 
-def fit_batch(per_row: int, requested: int, device: str = "cpu", what: str = "batch") -> int:
+def fit_batch(per_row: int, requested: int, device: str = "cpu", what: str = "batch", fixed: int = 0) -> int:
     """The largest batch up to ``requested`` whose rows fit in what is usable now (at least 1); logs a smaller one."""
     budget = available(device)
-    n = encode_batch(per_row, requested, budget)
+    n = encode_batch(per_row, requested, budget, fixed)
     if n < requested and (what, n) not in _warned:
         _warned.add((what, n))
         log.warning("%s: %d rows of ~%s would not fit in %s usable (%s): batches of %d", what, requested, fmt(per_row),

@@ -324,7 +324,11 @@ class Encoder(torch.nn.Module):
         cap = self.config.query_max_len if kind == "query" else self.config.passage_max_len
         width = min(cap, getattr(self.model.config, "max_position_embeddings", cap) or cap)
         per_text = memory.inference_per_text(self.model.config, width, next(self.model.parameters()).element_size())
-        return memory.fit_batch(per_text, requested, str(self.device), what=f"encode ({self.source})")
+        return memory.fit_batch(per_text, requested, str(self.device), what=f"encode ({self.source})", fixed=self.weight_bytes())
+
+    def weight_bytes(self) -> int:
+        """Bytes of the weights: a safetensors load maps them lazily, so they may not be resident yet."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     def report_truncation(self, total: dict | None = None) -> None:
         """One stderr line per kind whose inputs were cut (silent truncation is a peer bug, ST#4060)."""
