@@ -249,10 +249,19 @@ class HFLLM(LLM):
         if self.model is None:
             raise RuntimeError("this LLM was loaded with tokenizer_only=True")
 
-    def _batches(self, rows: list[list[int]]):
+    def _batches(self, rows: list[list[int]], new_tokens: int = 0, logits_kept: int = 1):
+        """Longest first, in batches of --batch-size or fewer when that many rows (KV cache, prefill, logits at
+        the longest row's width) would not fit in the memory free now (memory.py)."""
+        from retrctl import memory
+
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
-        for s in range(0, len(order), self.batch_size):
-            yield order[s : s + self.batch_size]
+        if not order:
+            return
+        per_row = memory.generation_per_row(self.model.config, len(rows[order[0]]), new_tokens, logits_kept,
+                                            next(self.model.parameters()).element_size())
+        size = memory.fit_batch(per_row, self.batch_size, str(self.device), what=f"generation ({self.name})")
+        for s in range(0, len(order), size):
+            yield order[s : s + size]
 
     def _left_pad(self, rows: list[list[int]]):
         import torch
@@ -284,7 +293,7 @@ class HFLLM(LLM):
         config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=self.eos_ids or None,
                                   pad_token_id=self.tokenizer.pad_token_id, return_dict_in_generate=True,
                                   output_logits=details)
-        for idx in self._batches(rows):
+        for idx in self._batches(rows, max_new_tokens, max_new_tokens if details else 1):
             batch = [rows[i] for i in idx]
             for r in batch:
                 self._check_length(len(r), max_new_tokens)
@@ -341,7 +350,7 @@ class HFLLM(LLM):
         rows = [p + c for p, c in zip(p_rows, c_rows, strict=True)]
         out = [0.0] * len(rows)
         t0 = time.perf_counter()
-        for idx in self._batches(rows):
+        for idx in self._batches(rows, 0, max(len(c) for c in c_rows) + 1):
             ids, mask = self._left_pad([rows[i] for i in idx])
             keep = max(len(c_rows[i]) for i in idx) + 1
             pos = (mask.cumsum(-1) - 1).clamp(min=0)

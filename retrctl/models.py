@@ -305,6 +305,7 @@ class Encoder(torch.nn.Module):
             return np.zeros((0, self.dim), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         out = np.empty((len(texts), self.dim), dtype=np.float32)
+        batch_size = self.fit_batch(kind, batch_size)
         batches = range(0, len(order), batch_size)
         if progress is not None:
             batches = progress(batches, total=len(batches))
@@ -314,6 +315,20 @@ class Encoder(torch.nn.Module):
                 emb = self.forward(self.tokenize([texts[i] for i in idx], kind))
                 out[idx] = emb.cpu().numpy()
         return out
+
+    def fit_batch(self, kind: str, requested: int) -> int:
+        """The largest batch up to ``requested`` whose texts at the max length fit in the memory free now
+        (memory.py): a decoder at 512 tokens must not be OOM-killed (on CPU that is a SIGKILL)."""
+        from retrctl import memory
+
+        cap = self.config.query_max_len if kind == "query" else self.config.passage_max_len
+        width = min(cap, getattr(self.model.config, "max_position_embeddings", cap) or cap)
+        per_text = memory.inference_per_text(self.model.config, width, next(self.model.parameters()).element_size())
+        return memory.fit_batch(per_text, requested, str(self.device), what=f"encode ({self.source})", fixed=self.weight_bytes())
+
+    def weight_bytes(self) -> int:
+        """Bytes of the weights: a safetensors load maps them lazily, so they may not be resident yet."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     def report_truncation(self, total: dict | None = None) -> None:
         """One stderr line per kind whose inputs were cut (silent truncation is a peer bug, ST#4060)."""

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from retrctl import contrastive, records
+from retrctl import contrastive, memory, records
 from retrctl.engines import (
     DeepSpeedEngine,
     PlainEngine,
@@ -72,13 +72,13 @@ class TrainConfig:
     dtype: str | None = _f(None, "fp32, or bf16 mixed precision (fp32 master weights).")
     device: str | None = _f(None, "Device (default: cuda:LOCAL_RANK when present, else cpu).")
     batch_size: int = _f(32, "Query groups per step per process; in-batch negatives span all processes.")
-    train_group_size: int = _f(8, "Passages per query: 1 positive + N-1 hard negatives (resampled if short).")
-    temperature: float = _f(0.02, "Softmax temperature on cosine scores (LightRetriever 0.02; 0.05 common).")
+    train_group_size: int = _f(2, "Passages per query: 1 positive + N-1 hard negatives (resampled per epoch from the group's).")
+    temperature: float = _f(0.05, "Softmax temperature on cosine scores (0.05 as E5/sentence-transformers; LightRetriever 0.02).")
     lr: float = _f(2e-5, "Peak learning rate (AdamW).")
     weight_decay: float = _f(0.01, "AdamW weight decay (not on biases and norms).")
     warmup_ratio: float = _f(0.1, "Linear warmup over this fraction of the steps, then linear decay to 0.")
     warmup_steps: int | None = _f(None, "Warmup steps (overrides --warmup-ratio).")
-    epochs: int = _f(1, "Passes over the groups.")
+    epochs: int = _f(3, "Passes over the groups (3, as HF TrainingArguments).")
     max_steps: int | None = _f(None, "Stop after this many optimizer steps (overrides --epochs).")
     max_grad_norm: float = _f(1.0, "Gradient clipping (global norm); 0 = off.")
     seed: int = _f(42, "Seed for sampling, dropout and LoRA init.")
@@ -89,12 +89,14 @@ class TrainConfig:
     lora_alpha: int = _f(32, "LoRA alpha.")
     lora_dropout: float = _f(0.05, "LoRA dropout.")
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward (less memory, ~30% slower).")
-    grad_cache: bool = _f(False, "GradCache: large batches in bounded memory, same gradient.")
-    chunk_size: int = _f(32, "Texts per forward pass (length-sorted, padding trimmed); GradCache's sub-batch.")
+    grad_cache: str = _f("auto", "GradCache (same loss and gradient, bounded memory): auto = when plain steps would not fit.")
+    chunk_size: int = _f(32, "Texts per forward pass (length-sorted, padding trimmed); GradCache's sub-batch (auto: the largest that fits).")
+    max_memory: int | None = _f(None, "Cap on this process's memory, e.g. 12GB or 12GiB (default: what the machine has free).")
     group_by_length: bool = _f(True, "Batch groups of similar length (less padding); order shuffled per epoch.")
     zero_stage: int | None = _f(None, "DeepSpeed ZeRO stage 0-3 (config generated); implies DeepSpeed.")
     deepspeed: str | None = _f(None, "DeepSpeed JSON config ('auto' values are filled in).")
     save_steps: int = _f(0, "Checkpoint every N steps into <output>.partial/checkpoints (0 = none).")
+    save_minutes: float = _f(10.0, "Also checkpoint when this many minutes passed since the last one (0 = none).")
     save_total_limit: int = _f(2, "Checkpoints kept.")
     resume: bool = _f(False, "Continue from the newest checkpoint in <output>.partial (refused if its data or settings differ).")
     logging_steps: int = _f(10, "Log loss, lr and groups/s every N steps (metrics.jsonl gets every step).")
@@ -102,13 +104,22 @@ class TrainConfig:
     lora_check_steps: int = _f(5, "Fail if LoRA B weights are still zero after this many steps.")
     overwrite: bool = _f(False, "Replace -o if it is a retrctl model (never other files); without --resume, also "
                                 "discard the checkpoints in <output>.partial.")
+    plan: dict | None = _f(None, "The memory plan of the run (written by train, not a flag).")
+
+    def __post_init__(self):
+        if isinstance(self.grad_cache, bool):  # train_config.json files written before auto|on|off
+            self.grad_cache = "on" if self.grad_cache else "off"
+        if isinstance(self.max_memory, str):
+            from retrctl.memory import parse_size
+
+            self.max_memory = parse_size(self.max_memory)
 
     @classmethod
     def from_json(cls, path) -> TrainConfig:
         data = json.loads(Path(path).read_text())
         if not isinstance(data, dict):
             raise records.RecordError(path, message="expected a JSON object of training settings")
-        for key in ("resume", "overwrite"):  # per invocation: an earlier run's train_config.json must not carry them over
+        for key in ("resume", "overwrite", "plan"):  # per invocation: an earlier run's train_config.json must not carry them over
             data.pop(key, None)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
@@ -140,6 +151,12 @@ class TrainConfig:
             raise ValueError("--batch-size, --train-group-size and --chunk-size must be at least 1")
         if self.temperature <= 0:
             raise ValueError("--temperature must be positive")
+        if self.grad_cache not in ("auto", "on", "off"):
+            raise ValueError(f"--grad-cache must be auto, on or off, got {self.grad_cache!r}")
+        if self.max_memory is not None and self.max_memory <= 0:
+            raise ValueError("--max-memory must be positive")
+        if self.save_minutes < 0:
+            raise ValueError("--save-minutes must be 0 (off) or positive")
         if self.zero_stage is not None and self.deepspeed:
             raise ValueError("give --zero-stage or --deepspeed, not both")
         if self.zero_stage not in (None, 0, 1, 2, 3):
@@ -149,8 +166,10 @@ class TrainConfig:
 
 
 # Settings a resume may change: where and how often it reports and saves, never what it computes.
-RESUME_MAY_CHANGE = frozenset({"resume", "overwrite", "save_steps", "save_total_limit", "logging_steps", "device",
-                               "lora_check_steps"})
+# per-invocation and bookkeeping settings, and the memory plan's inputs and outcome: plain or GradCache with any chunk
+# computes the same loss and gradient, so a resume on a busier (or bigger) machine may plan differently
+RESUME_MAY_CHANGE = frozenset({"resume", "overwrite", "save_steps", "save_minutes", "save_total_limit", "logging_steps",
+                               "device", "lora_check_steps", "grad_cache", "chunk_size", "max_memory", "plan"})
 
 
 def resume_conflicts(saved: dict, cfg: TrainConfig) -> list[str]:
@@ -325,6 +344,8 @@ class Trainer:
         self.probe = self._probe_texts()
         self.before = self._embed(self.enc, self.probe) if rank == 0 else None
         tower = Tower(self.enc)
+        self.plan = self._plan_memory(tower)  # before any optimizer state: on CPU an OOM is a kill, not an error
+        cfg.plan = self.plan.record()
         if self.dist.deepspeed:
             self.engine = DeepSpeedEngine(tower, cfg, self.total, self.warmup, world)
         else:
@@ -362,6 +383,37 @@ class Trainer:
                          "attention_mask": torch.nn.functional.pad(batch["attention_mask"], pad, value=0)}
         return {k: v.to(self.dist.device) for k, v in batch.items()}
 
+    def _plan_memory(self, tower: Tower) -> memory.Plan:
+        """Plain steps or GradCache (and its chunk) from what one text at the max length keeps for backward
+        (measured), the gradients and AdamW state, and the memory free now (memory.py)."""
+        cfg, enc, dev = self.cfg, self.enc, self.dist.device
+
+        def forward(batch):
+            with torch.autocast(torch.device(dev).type, dtype=torch.bfloat16, enabled=cfg.dtype == "bf16"):
+                return tower(**batch)
+
+        per: dict[str, int] = {}
+        measured: dict[int, int] = {}
+        for kind in ("query", "passage"):
+            batch = memory.max_length_batch(enc, kind, 1, "cpu")
+            width = batch["input_ids"].size(1)
+            if width not in measured:
+                measured[width] = memory.probe(forward, lambda n, k=kind: memory.max_length_batch(enc, k, n, dev), tower)
+                if cfg.gradient_checkpointing:
+                    measured[width] += memory.checkpoint_boundaries(enc.model.config, width)
+            per[kind] = measured[width]
+        trainable = sum(p.numel() for p in tower.parameters() if p.requires_grad)
+        zero = cfg.ds_stage() if self.dist.deepspeed else None
+        b, g = cfg.batch_size, cfg.train_group_size
+        cost = memory.StepCost(state=memory.optimizer_state(trainable, zero_stage=zero, world=self.dist.world),
+                               per_query=per["query"], per_passage=per["passage"], queries=b, passages=b * g,
+                               embeddings=3 * 4 * b * (1 + g) * self.dist.world * enc.model.config.hidden_size)
+        budget = memory.agree(memory.available(dev, cfg.max_memory), dev)
+        plan = memory.plan_step(cost, mode=cfg.grad_cache, chunk_size=cfg.chunk_size, budget=budget, batch_size=b, group_size=g)
+        if self.dist.rank == 0:
+            log.info("%s", plan.line())
+        return plan
+
     # -- one step
 
     def step(self, batch: list[Example], first: bool) -> dict:
@@ -382,13 +434,13 @@ class Trainer:
             teacher_temperature=cfg.teacher_temperature)
         # forward in length-sorted chunks cut to their longest row: padding costs nothing (except at step 1)
         trim = not (first and cfg.first_step_max_len)
-        qc, qinv = contrastive.sorted_chunks(qb, cfg.chunk_size, trim)
-        pc, pinv = contrastive.sorted_chunks(pb, cfg.chunk_size, trim)
+        qc, qinv = contrastive.sorted_chunks(qb, self.plan.chunk_size, trim)
+        pc, pinv = contrastive.sorted_chunks(pb, self.plan.chunk_size, trim)
 
         def unsorted_loss(q, p):
             return loss_fn(q[qinv.to(q.device)], p[pinv.to(p.device)])
 
-        if cfg.grad_cache:
+        if self.plan.grad_cache:
             loss, parts = contrastive.grad_cache_step(self.engine.forward, qc, pc, unsorted_loss, self.engine.backward)
         else:
             embed = self.engine.forward
@@ -512,6 +564,7 @@ class Trainer:
     def _loop(self, pos: Position) -> None:
         cfg = self.cfg
         first, t0, window = True, time.perf_counter(), []
+        self.last_save = time.monotonic()
         with self._metrics(pos) as metrics:
             while pos.step < self.total:
                 for i, batch in enumerate(self.batches.epoch(pos.epoch)):
@@ -533,8 +586,10 @@ class Trainer:
                         log.info("step %d/%d  loss %.4f  lr %.2e  %.1f groups/s", pos.step, self.total, m["loss"], m["lr"], m["groups_per_s"])
                     if cfg.lora_r and pos.step == min(cfg.lora_check_steps, self.total):
                         self._check_lora()
-                    if cfg.save_steps and pos.step % cfg.save_steps == 0 and pos.step < self.total:
+                    by_steps = bool(cfg.save_steps) and pos.step % cfg.save_steps == 0
+                    if (by_steps or self._minutes_passed()) and pos.step < self.total:
                         self.save_checkpoint(pos)
+                        self.last_save = time.monotonic()
                     if self.on_step is not None:
                         self.on_step(pos.step, m)
                     if pos.step >= self.total:
@@ -545,6 +600,18 @@ class Trainer:
             log.warning("%d negatives resampled (groups with fewer than %d), %d drawn at random from the corpus (groups with none)",
                         self.padded, cfg.train_group_size - 1, self.drawn)
         self.enc.report_truncation()
+
+    def _minutes_passed(self) -> bool:
+        """--save-minutes elapsed since the last checkpoint (rank 0's clock decides for every process: saving
+        is collective)."""
+        if not self.cfg.save_minutes:
+            return False
+        due = time.monotonic() - self.last_save >= 60 * self.cfg.save_minutes
+        if self.dist.world > 1:
+            flag = torch.tensor([int(due)], device=self.dist.device)
+            dist.broadcast(flag, 0)
+            due = bool(flag.item())
+        return due
 
     def _check_lora(self) -> None:
         norm = lora_b_norm(self.engine.module)

@@ -9,18 +9,32 @@ LoRA (Hu et al. 2021, arXiv:2106.09685); ZeRO (Rajbhandari et al. 2020, arXiv:19
 
 | paper knob | flag |
 |---|---|
-| temperature τ (0.02 LightRetriever, 0.05 E5) | ``--temperature`` |
+| temperature τ (0.05 E5 and ours; 0.02 LightRetriever) | ``--temperature`` |
 | hard negatives per query (group = 1 + n) | ``--train-group-size`` |
 | batch size (queries per step per process) | ``--batch-size`` |
 | negatives shared across devices | automatic under ``torchrun``/``deepspeed`` (all processes' passages) |
-| GradCache sub-batch | ``--grad-cache --chunk-size`` |
+| GradCache and its sub-batch | ``--grad-cache auto|on|off --chunk-size`` (auto: chosen from memory) |
+| memory cap | ``--max-memory 12GB`` |
 | Matryoshka dims | ``--mrl-dims 64,128,384`` |
 | LoRA r / alpha / dropout | ``--lora-r --lora-alpha --lora-dropout`` |
 | ZeRO stage | ``--zero-stage`` or ``--deepspeed ds.json`` |
 | distillation from reranker scores | ``--distill-weight --teacher-temperature`` |
 | pooling, bidirectional attention, prompts, lengths | the shared encoder flags |
 
+Defaults (τ 0.05, group size 2 = one hard negative, 3 epochs, batch 32) are the recipe that reached SciFact test
+nDCG@10 0.69 from all-MiniLM's 0.645 on 809 queries in bench/RESULTS.md; τ 0.02 with 7 negatives and 1 epoch reached
+only 0.675 and needed 4× the memory per step. 3 epochs is HF TrainingArguments' default; τ≈0.05 is what E5 and
+sentence-transformers use for small encoders.
+
 Deviations and additions, each because a peer tool went wrong there (PEER_LESSONS 20-29):
+- Memory is planned before step 1 (PEER_LESSONS 26b: on a CPU an out-of-memory is a SIGKILL, which HF's
+  ``auto_find_batch_size`` cannot see, and a smaller batch would change a contrastive objective). ``memory.py``
+  measures what one text at the max length keeps for backward, reads what is free (cgroup, MemAvailable,
+  ``torch.cuda.mem_get_info``, a per-process share under torchrun; ``--max-memory`` caps it) and picks plain
+  steps, GradCache with the largest chunk that fits (same loss and gradient), or exit 2 naming what would fit.
+  One stderr line says which and why; the plan is saved in train_config.json.
+- Checkpoints every ``--save-minutes`` (10) as well as every ``--save-steps``, so a killed run (OOM, kill -9,
+  reboot) loses minutes: ``--resume`` continues from the newest.
 - In-batch candidates that are another positive of the same query (same doc id or same text) are masked out of
   the softmax rather than pushed away (ST#3189).
 - Cross-process gather sums every process's gradient into the local slice, so N processes × B equal one process
@@ -44,15 +58,17 @@ is loaded) and leaves every file as it was:
 - ``--resume`` refuses a checkpoint whose data (the groups in order and the text of every doc they name, all the
   corpus when a group has no negatives; in any container: file or stdin, compressed or not) or settings differ
   from this run's, naming the differing keys;
-  only ``--save-steps --save-total-limit --logging-steps --device --lora-check-steps`` (and ``--resume``,
-  ``--overwrite``) may change, as they change where and how often the run reports, not what it computes.
+  only ``--save-steps --save-minutes --save-total-limit --logging-steps --device --lora-check-steps`` (and
+  ``--resume``, ``--overwrite``) and the memory plan (``--grad-cache --chunk-size --max-memory``: plain or GradCache
+  with any chunk computes the same loss and gradient) may change, as they change where and how often the run
+  reports or how it fits in memory, not what it computes.
 - Checkpoints load with ``torch.load(weights_only=True)``, DeepSpeed's included (its loader is swapped for ours,
   allowing only its three plain-data classes): a file that would run code when unpickled exits 2, naming it.
 
 Launching (the same flags everywhere; one process without --zero-stage/--deepspeed runs plain torch):
 
     retrctl mine q.jsonl --corpus c.jsonl --qrels qrels.tsv | retrctl train --corpus c.jsonl --model minilm -o m/
-    retrctl train g.jsonl --corpus c.jsonl --model minilm --zero-stage 3 --grad-cache -o m/   # 1 GPU, nccl
+    retrctl train g.jsonl --corpus c.jsonl --model minilm --zero-stage 3 --grad-cache on -o m/   # 1 GPU, nccl
     torchrun --nproc_per_node 8 -m retrctl train g.jsonl --corpus c.jsonl --model smollm2 --zero-stage 2 -o m/
     deepspeed --num_gpus 8 --no_local_rank --module retrctl train g.jsonl … --zero-stage 2 -o m/
 """
@@ -66,6 +82,7 @@ from pathlib import Path
 import click
 
 from retrctl import records
+from retrctl.memory import Size
 from retrctl.stage import ENCODER_FLAGS, SHARED_TYPES, options, stage
 from retrctl.trainer import TrainConfig, Trainer, check_output
 
@@ -88,17 +105,23 @@ def train(groups, *, output, corpus=None, config: TrainConfig | None = None, on_
 # --batch-size and --seed keep the shared names (FORMATS.md) but take help and default from TrainConfig,
 # where train defines them: a step of query groups per process, and a seed that also seeds LoRA init.
 SHARED = {"model", *ENCODER_FLAGS}
+INTERNAL = {"plan"}  # written by train into train_config.json, not set by users
 
 
 def config_options(f):
     """One flag per TrainConfig field not already a shared flag; help and default from the field."""
     hints = typing.get_type_hints(TrainConfig)
     for field in reversed(dataclasses.fields(TrainConfig)):
-        if field.name in SHARED:
+        if field.name in SHARED | INTERNAL:
             continue
         flag, kind = "--" + field.name.replace("_", "-"), hints[field.name]
         help = f"{field.metadata['help']} [default: {field.default}]"
-        if kind in (bool, bool | None):
+        if field.name == "grad_cache":  # a bare --grad-cache (as before auto existed) means on
+            f = click.option(flag, field.name, type=click.Choice(["auto", "on", "off"]), is_flag=False, flag_value="on",
+                             default=None, help=help)(f)
+        elif field.name == "max_memory":
+            f = click.option(flag, field.name, type=Size(), default=None, help=help)(f)
+        elif kind in (bool, bool | None):
             f = click.option(f"{flag}/--no-{flag[2:]}", field.name, default=None, help=help)(f)
         elif field.name == "mrl_dims":
             f = click.option(flag, field.name, help=help, callback=_int_list)(f)

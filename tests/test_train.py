@@ -234,7 +234,7 @@ def test_cli_streams_groups_from_stdin(tiny_bert, tmp_path, runner):
     corpus_file = _write_jsonl(tmp_path / "corpus.jsonl", [{"docid": k, **v} for k, v in _corpus().items()])
     stdin = "".join(json.dumps(g) + "\n" for g in _groups(8))
     r = runner("train", "--corpus", corpus_file, "--model", tiny_bert, "-o", tmp_path / "m", "--batch-size", 4,
-               "--train-group-size", 2, "--passage-max-len", 24, "--logging-steps", 1, input=stdin)
+               "--train-group-size", 2, "--passage-max-len", 24, "--logging-steps", 1, "--epochs", 1, input=stdin)
     assert r.exit_code == 0, r.stderr
     assert r.stdout == ""  # stdout is for records; train writes none
     assert "step 2/2" in r.stderr and "saved" in r.stderr

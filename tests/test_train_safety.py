@@ -241,7 +241,7 @@ def test_resume_refuses_other_settings_and_allows_reporting_ones(crashed, tiny_b
             train(str(groups), corpus=str(corpus), output=tmp_path / "m", model=str(tiny_bert), resume=True, **{**RUN, "lr": 2e-3})
     base = ["train", groups, "--corpus", corpus, "--model", tiny_bert, "-o", tmp_path / "m", "--resume"]
     changes = [({"lr": 2e-3}, "lr (checkpoint 0.001, now 0.002)"),
-               ({"temperature": 0.05}, "temperature (checkpoint 0.02, now 0.05)"),
+               ({"temperature": 0.1}, "temperature (checkpoint 0.05, now 0.1)"),
                ({"train_group_size": 2}, "train_group_size (checkpoint 3, now 2)"),
                ({"max_steps": 8}, "max_steps (checkpoint 6, now 8)"),
                ({"seed": 1}, "seed (checkpoint 42, now 1)")]
@@ -250,14 +250,14 @@ def test_resume_refuses_other_settings_and_allows_reporting_ones(crashed, tiny_b
         assert r.exit_code == 2, (change, r.stderr)
         assert f"--resume: this run differs from the checkpoint in {named}" in r.stderr, r.stderr
         assert _snapshot(partial) == before
-    r = runner(*base, *_flags({**RUN, "lr": 2e-3, "temperature": 0.05}))
-    assert "lr (checkpoint 0.001, now 0.002); temperature (checkpoint 0.02, now 0.05)" in r.stderr  # every key named
+    r = runner(*base, *_flags({**RUN, "lr": 2e-3, "temperature": 0.1}))
+    assert "lr (checkpoint 0.001, now 0.002); temperature (checkpoint 0.05, now 0.1)" in r.stderr  # every key named
     # where and how often it reports and saves may change
     r = runner(*base, *_flags({**RUN, "logging_steps": 3, "save_steps": 1, "save_total_limit": 1}))
     assert r.exit_code == 0, r.stderr
     assert "resumed from" in r.stderr
     saved = json.loads((tmp_path / "m" / "train_config.json").read_text())
-    assert saved["lr"] == RUN["lr"] and saved["temperature"] == 0.02  # records what it ran
+    assert saved["lr"] == RUN["lr"] and saved["temperature"] == 0.05  # records what it ran
 
 
 def test_resume_refuses_other_data_and_accepts_the_same_data_in_another_container(crashed, tiny_bert, tmp_path, runner):
@@ -439,3 +439,15 @@ def no_dropout_bert(tiny_bert, tmp_path_factory):
     cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     (out / "config.json").write_text(json.dumps(cfg))
     return out
+
+
+def test_resume_may_plan_memory_differently(crashed, tiny_bert, tmp_path, runner):
+    """GradCache on or off, any chunk, another --max-memory: the same loss and gradient, so a resume on a busier
+    machine is not refused (issue 19's plan is not part of what a run computes)."""
+    corpus, groups = _copy(crashed, tmp_path)
+    r = runner("train", groups, "--corpus", corpus, "--model", tiny_bert, "-o", tmp_path / "m", "--resume",
+               *_flags({**RUN, "grad_cache": "on", "chunk_size": 2, "save_minutes": 5}), "--max-memory", "64GB")
+    assert r.exit_code == 0, r.stderr
+    assert "resumed from" in r.stderr and "GradCache" in r.stderr
+    saved = json.loads((tmp_path / "m" / "train_config.json").read_text())
+    assert saved["plan"]["grad_cache"] is True and saved["plan"]["chunk_size"] == 2
