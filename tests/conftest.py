@@ -89,6 +89,18 @@ def tiny_llama(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def no_dropout_bert(tiny_bert, tmp_path_factory) -> Path:
+    """tiny_bert with dropout off: processes, chunkings and resumed runs must agree exactly."""
+    out = tmp_path_factory.mktemp("bert0")
+    for f in tiny_bert.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
 @pytest.fixture
 def corpus_file(tmp_path) -> Path:
     p = tmp_path / "corpus.jsonl"

@@ -2,39 +2,21 @@
 refusal) on a tiny model with --max-memory, inference batch sizing, and time-based checkpoints that resume."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from trainkit import FAST, WORDS
+from trainkit import corpus as _corpus
+from trainkit import groups as _groups
+from trainkit import losses as _losses
+from trainkit import write_jsonl as _write_jsonl
 
 from retrctl import memory
 from retrctl.memory import GB, Budget, DoesNotFit, StepCost, parse_size, plan_step
 from retrctl.trainer import TrainConfig
 from stages.train import train
 
-WORDS = "cat dog tea coffee rust python memory safety bean leaf wolf purr language code water hot".split()
-FAST = {"batch_size": 4, "train_group_size": 3, "lr": 1e-3, "query_max_len": 16, "passage_max_len": 24, "logging_steps": 1}
 HELD = 2 * GB  # what the process "holds" in these tests: RSS is the test runner's, so it is pinned
-
-
-def _corpus(n=40):
-    rng = np.random.default_rng(0)
-    return {f"d{i}": {"title": f"t{i}", "text": " ".join(rng.choice(WORDS, int(rng.integers(4, 20))))} for i in range(n)}
-
-
-def _groups(n=16):
-    rng = np.random.default_rng(1)
-    return [{"query_id": f"q{i}", "query_text": f"query about {WORDS[i % len(WORDS)]} {i}", "positive_document_ids": [f"d{i}"],
-             "negative_document_ids": [f"d{j}" for j in rng.choice(range(n, 40), 5, replace=False)]} for i in range(n)]
-
-
-def _losses(out):
-    return [json.loads(line)["loss"] for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-
-
-def _write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 @pytest.fixture
@@ -46,17 +28,6 @@ def machine(monkeypatch):
     monkeypatch.delenv("RETRCTL_MAX_MEMORY", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.delenv("LOCAL_SIZE", raising=False)
-
-
-@pytest.fixture(scope="module")
-def no_dropout(tiny_bert, tmp_path_factory):
-    out = tmp_path_factory.mktemp("bert0")
-    for f in tiny_bert.iterdir():
-        (out / f.name).write_bytes(f.read_bytes())
-    cfg = json.loads((out / "config.json").read_text())
-    cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    (out / "config.json").write_text(json.dumps(cfg))
-    return out
 
 
 # ---------------------------------------------------------------- sizes
@@ -184,8 +155,8 @@ def test_optimizer_state_is_partitioned_under_zero():
     assert memory.optimizer_state(1000, zero_stage=2, world=4) == 1000 + 2000
 
 
-def test_small_max_memory_switches_to_gradcache_with_the_same_losses(no_dropout, tmp_path, machine):
-    kw = {"corpus": _corpus(), "model": str(no_dropout), "max_steps": 3, **FAST}
+def test_small_max_memory_switches_to_gradcache_with_the_same_losses(no_dropout_bert, tmp_path, machine):
+    kw = {"corpus": _corpus(), "model": str(no_dropout_bert), "max_steps": 3, **FAST}
     plain = train(_groups(), output=tmp_path / "a", **kw)
     rec = json.loads((plain / "train_config.json").read_text())["plan"]
     assert rec["grad_cache"] is False and rec["reason"] == "fits with a margin" and rec["per_passage_bytes"] > 0
@@ -200,11 +171,11 @@ def test_small_max_memory_switches_to_gradcache_with_the_same_losses(no_dropout,
     assert np.allclose(_losses(plain), _losses(cached), atol=1e-5)
 
 
-def test_impossible_max_memory_exits_2_with_the_message(no_dropout, tmp_path, runner, machine):
+def test_impossible_max_memory_exits_2_with_the_message(no_dropout_bert, tmp_path, runner, machine):
     corpus = _write_jsonl(tmp_path / "corpus.jsonl", [{"docid": k, **v} for k, v in _corpus().items()])
     groups = _write_jsonl(tmp_path / "groups.jsonl", _groups())
     cap = HELD + 1024 * 1024  # 1 MiB above what the process holds
-    r = runner("train", groups, "--corpus", corpus, "--model", no_dropout, "-o", tmp_path / "m", "--max-memory", f"{cap}B",
+    r = runner("train", groups, "--corpus", corpus, "--model", no_dropout_bert, "-o", tmp_path / "m", "--max-memory", f"{cap}B",
                "--batch-size", 4, "--train-group-size", 3)
     assert r.exit_code == 2, r.stderr
     assert "one training step needs" in r.stderr and "do not fit" in r.stderr
@@ -212,10 +183,10 @@ def test_impossible_max_memory_exits_2_with_the_message(no_dropout, tmp_path, ru
     assert not (tmp_path / "m").exists() and not (tmp_path / "m.partial").exists()
 
 
-def test_the_plan_is_said_on_stderr(no_dropout, tmp_path, runner, machine):
+def test_the_plan_is_said_on_stderr(no_dropout_bert, tmp_path, runner, machine):
     corpus = _write_jsonl(tmp_path / "corpus.jsonl", [{"docid": k, **v} for k, v in _corpus().items()])
     groups = _write_jsonl(tmp_path / "groups.jsonl", _groups(8))
-    r = runner("train", groups, "--corpus", corpus, "--model", no_dropout, "-o", tmp_path / "m", "--batch-size", 4,
+    r = runner("train", groups, "--corpus", corpus, "--model", no_dropout_bert, "-o", tmp_path / "m", "--batch-size", 4,
                "--train-group-size", 2, "--passage-max-len", 24, "--max-steps", 1, "--grad-cache", "--chunk-size", 3)
     assert r.exit_code == 0, r.stderr
     line = next(ln for ln in r.stderr.splitlines() if "one step needs" in ln)

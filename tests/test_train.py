@@ -11,6 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from trainkit import FAST, WORDS
+from trainkit import corpus as _corpus
+from trainkit import groups as _groups
+from trainkit import losses as _losses
+from trainkit import write_jsonl as _write_jsonl
 
 from retrctl.engines import deepspeed_config
 from retrctl.models import Encoder
@@ -19,48 +24,6 @@ from retrctl.trainset import Batches, GroupSource
 from stages.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
-WORDS = "cat dog tea coffee rust python memory safety bean leaf wolf purr language code water hot".split()
-
-
-def _corpus(n=40):
-    rng = np.random.default_rng(0)
-    return {f"d{i}": {"title": f"t{i}", "text": " ".join(rng.choice(WORDS, int(rng.integers(4, 20))))} for i in range(n)}
-
-
-def _groups(n=16, negatives=5):
-    rng = np.random.default_rng(1)
-    out = []
-    for i in range(n):
-        negs = [f"d{j}" for j in rng.choice(range(n, 40), negatives, replace=False)]
-        out.append({"query_id": f"q{i}", "query_text": f"query about {WORDS[i % len(WORDS)]} {i}",
-                    "positive_document_ids": [f"d{i}"], "negative_document_ids": negs})
-    return out
-
-
-FAST = {"batch_size": 4, "train_group_size": 3, "lr": 1e-3, "query_max_len": 16, "passage_max_len": 24, "logging_steps": 1}
-
-
-def _losses(out):
-    return [json.loads(line)["loss"] for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-
-
-def _write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-@pytest.fixture(scope="module")
-def no_dropout(tiny_bert, tmp_path_factory):
-    """tiny_bert with dropout off: processes and chunkings must agree exactly."""
-    out = tmp_path_factory.mktemp("bert0")
-    for f in tiny_bert.iterdir():
-        (out / f.name).write_bytes(f.read_bytes())
-    cfg = json.loads((out / "config.json").read_text())
-    cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    (out / "config.json").write_text(json.dumps(cfg))
-    return out
-
-
 # ---------------------------------------------------------------- data
 
 
@@ -120,20 +83,20 @@ def test_train_api_output_loads_in_stock_loaders(tiny_bert, tmp_path):
     assert not np.allclose(base, ours.encode(texts), atol=1e-3)  # the weights moved (FlagEmbedding#1547)
 
 
-def test_false_negatives_are_masked_in_training(no_dropout, tmp_path):
+def test_false_negatives_are_masked_in_training(no_dropout_bert, tmp_path):
     groups = _groups(8)
     groups[1]["positive_document_ids"] = ["d1", "d0"]  # q1 also accepts q0's positive
     corpus = _corpus()
     corpus["d5"] = dict(corpus["d4"])  # q5's positive has the same text as q4's
     groups[4]["positive_document_ids"] = ["d4"]
-    out = train(groups, corpus=corpus, output=tmp_path / "m", model=str(no_dropout), group_by_length=False,
+    out = train(groups, corpus=corpus, output=tmp_path / "m", model=str(no_dropout_bert), group_by_length=False,
                 max_steps=2, **FAST)
     masked = [json.loads(line)["masked"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert sum(masked) >= 2  # d0 for q1 (by id), d4/d5 by text
 
 
-def test_grad_cache_in_the_loop_matches_plain(no_dropout, tmp_path):
-    kw = {"corpus": _corpus(), "model": str(no_dropout), "max_steps": 3, **FAST}
+def test_grad_cache_in_the_loop_matches_plain(no_dropout_bert, tmp_path):
+    kw = {"corpus": _corpus(), "model": str(no_dropout_bert), "max_steps": 3, **FAST}
     plain = train(_groups(), output=tmp_path / "a", **kw)
     cached = train(_groups(), output=tmp_path / "b", grad_cache=True, chunk_size=3, **kw)
     assert np.allclose(_losses(plain), _losses(cached), atol=1e-5)
@@ -160,18 +123,18 @@ def test_lora_that_does_not_move_fails_loudly(tiny_bert, tmp_path):
     assert not (tmp_path / "m").exists()
 
 
-def test_distillation_from_group_scores(no_dropout, tmp_path):
+def test_distillation_from_group_scores(no_dropout_bert, tmp_path):
     groups = _groups(8)
     for g in groups:
         g["positive_scores"] = [5.0]
         g["negative_scores"] = [float(-i) for i in range(len(g["negative_document_ids"]))]
-    out = train(groups, corpus=_corpus(), output=tmp_path / "m", model=str(no_dropout), distill_weight=0.5, max_steps=2, **FAST)
+    out = train(groups, corpus=_corpus(), output=tmp_path / "m", model=str(no_dropout_bert), distill_weight=0.5, max_steps=2, **FAST)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(r["kl"] > 0 and r["loss"] == pytest.approx(r["ce"] + 0.5 * r["kl"], rel=1e-5) for r in rows)
 
 
-def test_bf16_mixed_precision_on_cpu(no_dropout, tmp_path):
-    out = train(_groups(8), corpus=_corpus(), output=tmp_path / "m", model=str(no_dropout), dtype="bf16", max_steps=2, **FAST)
+def test_bf16_mixed_precision_on_cpu(no_dropout_bert, tmp_path):
+    out = train(_groups(8), corpus=_corpus(), output=tmp_path / "m", model=str(no_dropout_bert), dtype="bf16", max_steps=2, **FAST)
     assert all(np.isfinite(_losses(out)))
     assert Encoder.load(out, device="cpu").model.dtype == torch.float32  # master weights stay fp32 on disk
 
@@ -328,12 +291,12 @@ def _files(tmp_path, n_groups=40):
     return corpus_file, _write_jsonl(tmp_path / "groups.jsonl", groups)
 
 
-def test_zero2_two_processes_match_one_process_with_double_batch(no_dropout, tmp_path):
+def test_zero2_two_processes_match_one_process_with_double_batch(no_dropout_bert, tmp_path):
     """ZeRO-2, 2 gloo processes × batch 2 == 1 process × batch 4 (same seed): 20 steps within 1e-3."""
     corpus_file, groups_file = _files(tmp_path)
-    common = [groups_file, "--corpus", corpus_file, "--model", no_dropout, "--train-group-size", 4, "--lr", 1e-3,
+    common = [groups_file, "--corpus", corpus_file, "--model", no_dropout_bert, "--train-group-size", 4, "--lr", 1e-3,
               "--max-steps", 20, "--query-max-len", 16, "--passage-max-len", 24, "--logging-steps", 5]
-    one = train(str(groups_file), corpus=str(corpus_file), output=tmp_path / "one", model=str(no_dropout),
+    one = train(str(groups_file), corpus=str(corpus_file), output=tmp_path / "one", model=str(no_dropout_bert),
                 train_group_size=4, lr=1e-3, max_steps=20, query_max_len=16, passage_max_len=24, batch_size=4)
     r = _torchrun(2, [*common, "--batch-size", 2, "--zero-stage", 2, "-o", tmp_path / "two"], tmp_path, _free_port())
     assert r.returncode == 0, r.stderr[-3000:]
@@ -352,23 +315,23 @@ def test_zero2_two_processes_match_one_process_with_double_batch(no_dropout, tmp
 @pytest.mark.parametrize("lora", [False, True])
 @pytest.mark.parametrize("grad_cache", [False, True])
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
-def test_zero_matrix(no_dropout, tmp_path, zero, grad_cache, lora):
+def test_zero_matrix(no_dropout_bert, tmp_path, zero, grad_cache, lora):
     """ZeRO {0,1,2,3} × GradCache × LoRA on 2 processes: the same losses as one plain process (all supported)."""
     corpus_file, groups_file = _files(tmp_path, 24)
     extra = (["--grad-cache", "--chunk-size", 3] if grad_cache else [])
     extra += ["--lora-r", 4, "--lora-dropout", 0, "--lora-check-steps", 2] if lora else []
-    common = [groups_file, "--corpus", corpus_file, "--model", no_dropout, "--train-group-size", 3, "--lr", 1e-3,
+    common = [groups_file, "--corpus", corpus_file, "--model", no_dropout_bert, "--train-group-size", 3, "--lr", 1e-3,
               "--max-steps", 6, "--query-max-len", 16, "--passage-max-len", 24, *extra]
     r = _torchrun(2, [*common, "--batch-size", 2, "--zero-stage", zero, "-o", tmp_path / "two"], tmp_path, _free_port())
     assert r.returncode == 0, r.stderr[-3000:]
     settings = {"grad_cache": grad_cache, "chunk_size": 3, "lora_r": 4 if lora else 0, "lora_dropout": 0.0, "lora_check_steps": 2}
-    one = train(str(groups_file), corpus=str(corpus_file), output=tmp_path / "one", model=str(no_dropout), train_group_size=3,
+    one = train(str(groups_file), corpus=str(corpus_file), output=tmp_path / "one", model=str(no_dropout_bert), train_group_size=3,
                 lr=1e-3, max_steps=6, query_max_len=16, passage_max_len=24, batch_size=4, **settings)
     assert np.allclose(_losses(one), _losses(tmp_path / "two"), atol=1e-3)
 
 
 @pytest.mark.slow
-def test_deepspeed_resume_after_kill(no_dropout, tmp_path):
+def test_deepspeed_resume_after_kill(no_dropout_bert, tmp_path):
     """ZeRO-2 on 2 processes: the launcher and its workers killed (SIGKILL) once the step-4 checkpoint exists, then
     --resume, equals an uninterrupted run (and the resume really started from the checkpoint)."""
     import signal
@@ -379,7 +342,7 @@ def test_deepspeed_resume_after_kill(no_dropout, tmp_path):
     from retrctl.engines import checkpoints
 
     corpus_file, groups_file = _files(tmp_path)
-    common = [groups_file, "--corpus", corpus_file, "--model", no_dropout, "--train-group-size", 3, "--lr", 1e-3,
+    common = [groups_file, "--corpus", corpus_file, "--model", no_dropout_bert, "--train-group-size", 3, "--lr", 1e-3,
               "--max-steps", 8, "--save-steps", 2, "--batch-size", 2, "--zero-stage", 2, "--query-max-len", 16,
               "--passage-max-len", 24]
     r = _torchrun(2, [*common, "-o", tmp_path / "a"], tmp_path, _free_port())

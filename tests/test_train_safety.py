@@ -13,31 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from trainkit import FAST
+from trainkit import corpus as _corpus
+from trainkit import groups as _groups
+from trainkit import losses as _losses
+from trainkit import write_jsonl as _jsonl
 
 from retrctl import engines, trainer
 from retrctl.models import Encoder
 from retrctl.records import RecordError
 from stages.train import train
 
-WORDS = "cat dog tea coffee rust python memory safety bean leaf wolf purr language code water hot".split()
-FAST = {"batch_size": 4, "train_group_size": 3, "lr": 1e-3, "query_max_len": 16, "passage_max_len": 24, "logging_steps": 1}
 RUN = {"max_steps": 6, "save_steps": 2, "warmup_steps": 1, **FAST}
-
-
-def _corpus(n=40):
-    rng = np.random.default_rng(0)
-    return {f"d{i}": {"title": f"t{i}", "text": " ".join(rng.choice(WORDS, int(rng.integers(4, 20))))} for i in range(n)}
-
-
-def _groups(n=16):
-    rng = np.random.default_rng(1)
-    return [{"query_id": f"q{i}", "query_text": f"query about {WORDS[i % len(WORDS)]} {i}", "positive_document_ids": [f"d{i}"],
-             "negative_document_ids": [f"d{j}" for j in rng.choice(range(n, 40), 5, replace=False)]} for i in range(n)]
-
-
-def _jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def _flags(settings: dict) -> list:
@@ -50,10 +37,6 @@ def _flags(settings: dict) -> list:
 def _snapshot(d: Path) -> dict:
     """Every file and directory under d with its bytes: what a refusal must leave exactly as it was."""
     return {str(p.relative_to(d)): p.read_bytes() if p.is_file() else None for p in sorted(Path(d).rglob("*"))}
-
-
-def _losses(out):
-    return [json.loads(line)["loss"] for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 
 
 class Payload:
@@ -428,17 +411,6 @@ def test_deepspeed_resume_is_exact_and_never_unpickles_code(no_dropout_bert, fil
     probe = ["cat purr", "memory safety"]
     assert np.allclose(Encoder.load(whole, device="cpu").encode(probe), Encoder.load(tmp_path / "b", device="cpu").encode(probe),
                        atol=1e-5)
-
-
-@pytest.fixture(scope="module")
-def no_dropout_bert(tiny_bert, tmp_path_factory):
-    out = tmp_path_factory.mktemp("bert0")
-    for f in tiny_bert.iterdir():
-        (out / f.name).write_bytes(f.read_bytes())
-    cfg = json.loads((out / "config.json").read_text())
-    cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    (out / "config.json").write_text(json.dumps(cfg))
-    return out
 
 
 def test_resume_may_plan_memory_differently(crashed, tiny_bert, tmp_path, runner):
