@@ -48,6 +48,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from retrctl import records
+from retrctl.hashing import stable_int, weights_fingerprint
 
 log = logging.getLogger("retrctl.llm")
 
@@ -93,7 +94,7 @@ def row_seeds(seed, n: int) -> list[int | None]:
     if seed is None:
         return [None] * n
     if isinstance(seed, int):
-        return [int.from_bytes(hashlib.blake2b(f"{seed}\x1f{i}".encode(), digest_size=7).digest(), "big") for i in range(n)]
+        return [stable_int(seed, i, size=7) for i in range(n)]
     seeds = list(seed)
     if len(seeds) != n:
         raise ValueError(f"got {len(seeds)} seeds for {n} prompts")
@@ -185,18 +186,6 @@ def _pairs(prompt, continuation):
 
 
 # ---------------------------------------------------------------- local Hugging Face causal LM
-
-
-def fingerprint(path: Path) -> str:
-    """Identifies the weights of a local dir: config.json content plus names and sizes of weight files."""
-    h = hashlib.blake2b(digest_size=8)
-    cfg = path / "config.json"
-    if cfg.exists():
-        h.update(cfg.read_bytes())
-    for f in sorted(path.iterdir()):
-        if f.suffix in (".safetensors", ".bin", ".gguf"):
-            h.update(f"{f.name}:{f.stat().st_size}".encode())
-    return h.hexdigest()
 
 
 class HFLLM(LLM):
@@ -368,7 +357,7 @@ class HFLLM(LLM):
 
     def describe(self) -> dict:
         tmpl = getattr(self.tokenizer, "chat_template", None)
-        return {"backend": "hf", "model": self.name, "path": str(self.path), "revision": fingerprint(self.path),
+        return {"backend": "hf", "model": self.name, "path": str(self.path), "revision": weights_fingerprint(self.path),
                 "chat_template": sha(tmpl) if isinstance(tmpl, str) else None, "dtype": self.dtype,
                 "device": str(self.device), "versions": records.versions()}
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import importlib.util
 import json
 import logging
@@ -25,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from retrctl.hashing import stable_hex
 
 log = logging.getLogger("retrctl.models")
 
@@ -58,7 +59,7 @@ def gguf_to_hf(gguf: Path) -> Path:
     quantization settings and save it, so later loads are plain (fast, and loadable by stock tools).
     """
     st = gguf.stat()
-    key = hashlib.blake2b(f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode(), digest_size=6).hexdigest()
+    key = stable_hex(f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}", size=6)
     out = cache_dir() / "gguf" / f"{gguf.stem}-{key}"
     if (out / "config.json").exists():
         return out

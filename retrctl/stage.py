@@ -10,7 +10,6 @@ matching options so ``--help`` shows them (defaults are written once, in the fun
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
 import logging
 import os
@@ -20,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 import click
 
 from retrctl import records
+from retrctl.hashing import stable_int
 
 log = logging.getLogger("retrctl")
 STATE = {"debug": False, "quiet": False}
@@ -61,7 +61,7 @@ def progress(iterable: Iterable, desc: str = "", total: int | None = None, unit:
 
 def shard_of(key: str, shard_num: int) -> int:
     """Stable shard of a record id: the same on any machine, in any order."""
-    return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "big") % shard_num
+    return stable_int(key, size=8) % shard_num
 
 
 def shard(recs: Iterable[dict], shard_id: int, shard_num: int, key: str) -> Iterator[dict]:

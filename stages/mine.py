@@ -54,7 +54,6 @@ fill-up from the corpus (FlagEmbedding#464 showed it picks positives). No cross-
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import unicodedata
@@ -65,6 +64,7 @@ import click
 import numpy as np
 
 from retrctl import records
+from retrctl.hashing import stable_rng
 from retrctl.retrievers import open_retriever
 from retrctl.stage import encoder_overrides, options, shard_of, stage
 
@@ -112,7 +112,7 @@ class Dist:
 
 
 def _rng(seed: int, qid: str) -> random.Random:
-    return random.Random(int.from_bytes(hashlib.blake2b(f"{seed}\x1f{qid}".encode(), digest_size=8).digest(), "big"))
+    return stable_rng(seed, qid)
 
 
 def mine(queries: Iterable[dict], *, corpus: dict[str, dict], retriever, qrels: dict | None = None,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from retrctl import llm, records, retrievers, stage
+from retrctl import hashing, llm, records, retrievers, stage
 from stages import crop, mine, qgen
 
 
@@ -38,7 +38,7 @@ def _weights_dir(root: Path) -> Path:
 
 def test_weight_fingerprints_are_unchanged(tmp_path):
     root = _weights_dir(tmp_path / "m")
-    assert llm.fingerprint(root) == "f0a70a4b9f8a58b0"  # config bytes + top-level weight files' names and sizes
+    assert hashing.weights_fingerprint(root) == "f0a70a4b9f8a58b0"  # config bytes + top-level weight files' names and sizes
     t = 1_700_000_000_000_000_000
     assert retrievers._fingerprint(root) == {
         "dir": str(root.resolve()),
