@@ -78,6 +78,30 @@ def check_shard(shard_id: int, shard_num: int) -> None:
         raise click.UsageError(f"--shard-id must be in [0, {shard_num}) and --shard-num >= 1")
 
 
+# ---------------------------------------------------------------- rank ranges ("30-100")
+
+
+def parse_range(value: str, what: str = "range") -> tuple[int, int]:
+    """LO-HI, 1-based and inclusive, as (LO, HI); ValueError naming ``what`` unless 1 <= LO <= HI."""
+    try:
+        lo, hi = (int(x) for x in str(value).split("-"))
+    except ValueError:
+        raise ValueError(f"{what} must look like LO-HI (e.g. 30-100), got {value!r}") from None
+    if not 1 <= lo <= hi:
+        raise ValueError(f"{what} must have 1 <= LO <= HI, got {value!r}")
+    return lo, hi
+
+
+def check_range(ctx, param, value):
+    """click callback: a bad LO-HI flag value exits 2 naming the flag; the text is kept as given."""
+    if value is not None:
+        try:
+            parse_range(value, param.name.replace("_", " "))
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+    return value
+
+
 # ---------------------------------------------------------------- shared options (each spelled once)
 
 
