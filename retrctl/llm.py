@@ -196,14 +196,12 @@ class HFLLM(LLM):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from retrctl.models import DTYPES, resolve
+        from retrctl.models import DTYPES, ensure_pad_token, resolve
 
         super().__init__(str(name_or_path))
         self.path = resolve(name_or_path)
         self.batch_size = max(1, int(batch_size))
-        self.tokenizer = tok = AutoTokenizer.from_pretrained(str(self.path))
-        if tok.pad_token_id is None:
-            tok.pad_token = tok.eos_token or tok.unk_token
+        self.tokenizer = tok = ensure_pad_token(AutoTokenizer.from_pretrained(str(self.path)))
         bos = tok.bos_token_id
         self._bos = [bos] if bos is not None and tok("a")["input_ids"][:1] == [bos] else []
         self.model = None
@@ -253,15 +251,10 @@ class HFLLM(LLM):
             yield order[s : s + size]
 
     def _left_pad(self, rows: list[list[int]]):
-        import torch
+        from retrctl.models import pad_ids
 
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
-            mask[i, width - len(r) :] = 1
-        return ids.to(self.device), mask.to(self.device)
+        batch = pad_ids(rows, self.tokenizer.pad_token_id, left=True)
+        return batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
 
     def _check_length(self, n: int, extra: int) -> None:
         if self.max_positions and n + extra > self.max_positions:
