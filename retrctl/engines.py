@@ -21,7 +21,6 @@ loader is swapped for ``load_tensors`` allowing the three DeepSpeed classes its 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
@@ -39,7 +38,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from retrctl.models import cache_dir
+from retrctl.models import cache_dir, stdout_to_stderr
 from retrctl.records import RecordError
 
 if TYPE_CHECKING:
@@ -85,7 +84,7 @@ def _quiet_deepspeed() -> None:
 
 def import_deepspeed():
     """Import DeepSpeed with its stdout log handler bound to stderr (transformers' save_pretrained imports it too)."""
-    with contextlib.redirect_stdout(sys.stderr):
+    with stdout_to_stderr():
         import deepspeed
     _quiet_deepspeed()
     return deepspeed
@@ -106,7 +105,7 @@ def setup_processes(cfg: TrainConfig) -> Dist:
         torch.cuda.set_device(device)
     deepspeed = import_deepspeed()
     if not dist.is_initialized():
-        with contextlib.redirect_stdout(sys.stderr):
+        with stdout_to_stderr():
             deepspeed.init_distributed(dist_backend="nccl" if device.startswith("cuda") else "gloo", verbose=False)
     rank = dist.get_rank()
     if rank != 0:  # only rank 0 logs at INFO
@@ -198,7 +197,7 @@ class DeepSpeedEngine:
         self.cfg, self.ds_config = cfg, deepspeed_config(cfg, world)
         optimizer = torch.optim.AdamW(_param_groups(tower, cfg.weight_decay), lr=cfg.lr)
         schedule = functools.partial(linear_schedule, warmup=warmup, total=total)
-        with contextlib.redirect_stdout(sys.stderr):
+        with stdout_to_stderr():
             self.engine, _, _, self.scheduler = deepspeed.initialize(
                 model=tower, optimizer=optimizer, config=self.ds_config,
                 lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule))
@@ -221,7 +220,7 @@ class DeepSpeedEngine:
         return self.scheduler.get_last_lr()[0]
 
     def save(self, d: Path, rank: int) -> None:
-        with contextlib.redirect_stdout(sys.stderr):
+        with stdout_to_stderr():
             self.engine.save_checkpoint(str(d), tag="deepspeed", save_latest=False)
 
     def load(self, d: Path) -> None:
@@ -234,7 +233,7 @@ class DeepSpeedEngine:
         ce = self.engine.checkpoint_engine
         ce.load = functools.partial(load_tensors, allow=deepspeed_globals())  # its own load uses weights_only=False
         try:
-            with contextlib.redirect_stdout(sys.stderr):
+            with stdout_to_stderr():
                 path, _ = self.engine.load_checkpoint(str(d), tag="deepspeed")
         finally:
             del ce.load  # back to the class's method (used by save)

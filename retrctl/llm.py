@@ -48,6 +48,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from retrctl import records
+from retrctl.hashing import stable_int, weights_fingerprint
 
 log = logging.getLogger("retrctl.llm")
 
@@ -93,7 +94,7 @@ def row_seeds(seed, n: int) -> list[int | None]:
     if seed is None:
         return [None] * n
     if isinstance(seed, int):
-        return [int.from_bytes(hashlib.blake2b(f"{seed}\x1f{i}".encode(), digest_size=7).digest(), "big") for i in range(n)]
+        return [stable_int(seed, i, size=7) for i in range(n)]
     seeds = list(seed)
     if len(seeds) != n:
         raise ValueError(f"got {len(seeds)} seeds for {n} prompts")
@@ -187,18 +188,6 @@ def _pairs(prompt, continuation):
 # ---------------------------------------------------------------- local Hugging Face causal LM
 
 
-def fingerprint(path: Path) -> str:
-    """Identifies the weights of a local dir: config.json content plus names and sizes of weight files."""
-    h = hashlib.blake2b(digest_size=8)
-    cfg = path / "config.json"
-    if cfg.exists():
-        h.update(cfg.read_bytes())
-    for f in sorted(path.iterdir()):
-        if f.suffix in (".safetensors", ".bin", ".gguf"):
-            h.update(f"{f.name}:{f.stat().st_size}".encode())
-    return h.hexdigest()
-
-
 class HFLLM(LLM):
     backend = "hf"
 
@@ -207,14 +196,12 @@ class HFLLM(LLM):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from retrctl.models import DTYPES, resolve
+        from retrctl.models import DTYPES, ensure_pad_token, resolve
 
         super().__init__(str(name_or_path))
         self.path = resolve(name_or_path)
         self.batch_size = max(1, int(batch_size))
-        self.tokenizer = tok = AutoTokenizer.from_pretrained(str(self.path))
-        if tok.pad_token_id is None:
-            tok.pad_token = tok.eos_token or tok.unk_token
+        self.tokenizer = tok = ensure_pad_token(AutoTokenizer.from_pretrained(str(self.path)))
         bos = tok.bos_token_id
         self._bos = [bos] if bos is not None and tok("a")["input_ids"][:1] == [bos] else []
         self.model = None
@@ -264,15 +251,10 @@ class HFLLM(LLM):
             yield order[s : s + size]
 
     def _left_pad(self, rows: list[list[int]]):
-        import torch
+        from retrctl.models import pad_ids
 
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
-            mask[i, width - len(r) :] = 1
-        return ids.to(self.device), mask.to(self.device)
+        batch = pad_ids(rows, self.tokenizer.pad_token_id, left=True)
+        return batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
 
     def _check_length(self, n: int, extra: int) -> None:
         if self.max_positions and n + extra > self.max_positions:
@@ -368,7 +350,7 @@ class HFLLM(LLM):
 
     def describe(self) -> dict:
         tmpl = getattr(self.tokenizer, "chat_template", None)
-        return {"backend": "hf", "model": self.name, "path": str(self.path), "revision": fingerprint(self.path),
+        return {"backend": "hf", "model": self.name, "path": str(self.path), "revision": weights_fingerprint(self.path),
                 "chat_template": sha(tmpl) if isinstance(tmpl, str) else None, "dtype": self.dtype,
                 "device": str(self.device), "versions": records.versions()}
 

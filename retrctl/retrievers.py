@@ -12,7 +12,6 @@ hash, so a sweep of mining settings encodes the corpus once and an edited corpus
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -23,6 +22,7 @@ from pathlib import Path
 import click
 
 from retrctl import records
+from retrctl.hashing import stable_hex, weight_files
 
 log = logging.getLogger("retrctl.retrievers")
 
@@ -98,8 +98,7 @@ def _fingerprint(model) -> dict:
     from retrctl.models import resolve
 
     root = resolve(model)
-    files = sorted(p for p in root.rglob("*") if p.suffix in (".safetensors", ".bin", ".pt", ".gguf") and p.is_file())
-    return {"dir": str(root.resolve()), "files": [[str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
+    return {"dir": str(root.resolve()), "files": weight_files(root)}
 
 
 @contextlib.contextmanager
@@ -133,7 +132,7 @@ def dense_index(model, docs: dict[str, dict], corpus_path: str | None, batch_siz
     desc = {k: v for k, v in enc.describe().items() if k != "model"}
     ident = {"encoder": desc, "weights": _fingerprint(model), "dtype": dtype or "fp32",
              "corpus": os.path.realpath(corpus_path)}
-    key = hashlib.blake2b(json.dumps(ident, sort_keys=True).encode(), digest_size=10).hexdigest()
+    key = stable_hex(json.dumps(ident, sort_keys=True), size=10)
     where = cache_dir() / "mine" / f"{Path(str(model)).name}-{key}"
     with _locked(where):
         if (where / "index.json").exists():

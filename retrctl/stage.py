@@ -10,7 +10,6 @@ matching options so ``--help`` shows them (defaults are written once, in the fun
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
 import logging
 import os
@@ -20,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 import click
 
 from retrctl import records
+from retrctl.hashing import stable_int
 
 log = logging.getLogger("retrctl")
 STATE = {"debug": False, "quiet": False}
@@ -61,7 +61,7 @@ def progress(iterable: Iterable, desc: str = "", total: int | None = None, unit:
 
 def shard_of(key: str, shard_num: int) -> int:
     """Stable shard of a record id: the same on any machine, in any order."""
-    return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "big") % shard_num
+    return stable_int(key, size=8) % shard_num
 
 
 def shard(recs: Iterable[dict], shard_id: int, shard_num: int, key: str) -> Iterator[dict]:
@@ -76,6 +76,30 @@ def shard(recs: Iterable[dict], shard_id: int, shard_num: int, key: str) -> Iter
 def check_shard(shard_id: int, shard_num: int) -> None:
     if shard_num < 1 or not 0 <= shard_id < shard_num:
         raise click.UsageError(f"--shard-id must be in [0, {shard_num}) and --shard-num >= 1")
+
+
+# ---------------------------------------------------------------- rank ranges ("30-100")
+
+
+def parse_range(value: str, what: str = "range") -> tuple[int, int]:
+    """LO-HI, 1-based and inclusive, as (LO, HI); ValueError naming ``what`` unless 1 <= LO <= HI."""
+    try:
+        lo, hi = (int(x) for x in str(value).split("-"))
+    except ValueError:
+        raise ValueError(f"{what} must look like LO-HI (e.g. 30-100), got {value!r}") from None
+    if not 1 <= lo <= hi:
+        raise ValueError(f"{what} must have 1 <= LO <= HI, got {value!r}")
+    return lo, hi
+
+
+def check_range(ctx, param, value):
+    """click callback: a bad LO-HI flag value exits 2 naming the flag; the text is kept as given."""
+    if value is not None:
+        try:
+            parse_range(value, param.name.replace("_", " "))
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+    return value
 
 
 # ---------------------------------------------------------------- shared options (each spelled once)

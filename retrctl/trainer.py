@@ -371,16 +371,11 @@ class Trainer:
         return out
 
     def _tokenize(self, texts: list[str], kind: str, pad_to_max: bool) -> dict:
-        batch = self.enc.tokenize(texts, kind)
+        width = None
         if pad_to_max:
             width = self.enc.config.query_max_len if kind == "query" else self.enc.config.passage_max_len
             width = min(width, getattr(self.enc.model.config, "max_position_embeddings", width) or width)
-            extra = width - batch["input_ids"].size(1)
-            if extra > 0:
-                left = self.enc.tokenizer.padding_side == "left"
-                pad = (extra, 0) if left else (0, extra)
-                batch = {"input_ids": torch.nn.functional.pad(batch["input_ids"], pad, value=self.enc.tokenizer.pad_token_id),
-                         "attention_mask": torch.nn.functional.pad(batch["attention_mask"], pad, value=0)}
+        batch = self.enc.tokenize(texts, kind, width)
         return {k: v.to(self.dist.device) for k, v in batch.items()}
 
     def _plan_memory(self, tower: Tower) -> memory.Plan:

@@ -40,7 +40,6 @@ Deviations: Contriever samples span length as a ratio (10-50%) of the document; 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 from collections.abc import Iterable, Iterator
@@ -48,6 +47,7 @@ from collections.abc import Iterable, Iterator
 import click
 import regex
 
+from retrctl.hashing import stable_rng
 from retrctl.stage import options, stage
 
 log = logging.getLogger("retrctl.crop")
@@ -156,8 +156,7 @@ def _window(text: str, us: list[tuple[int, int]], seg_end: int, min_words: int, 
 
 
 def _rng(seed: int, docid: str) -> random.Random:
-    digest = hashlib.blake2b(f"{seed}\x1f{docid}".encode(), digest_size=8).digest()
-    return random.Random(int.from_bytes(digest, "big"))
+    return stable_rng(seed, docid)
 
 
 def crop(docs: Iterable[dict], *, per_doc: int = 1, unit: str = "sentence", min_words: int = 4, max_tokens: int = 64,

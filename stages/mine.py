@@ -54,7 +54,6 @@ fill-up from the corpus (FlagEmbedding#464 showed it picks positives). No cross-
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import unicodedata
@@ -65,8 +64,9 @@ import click
 import numpy as np
 
 from retrctl import records
+from retrctl.hashing import stable_rng
 from retrctl.retrievers import open_retriever
-from retrctl.stage import encoder_overrides, options, shard_of, stage
+from retrctl.stage import check_range, encoder_overrides, options, parse_range, shard_of, stage
 
 log = logging.getLogger("retrctl.mine")
 
@@ -77,16 +77,6 @@ REASONS = ("positive", "positive_text", "not_in_corpus", "duplicate", "margin", 
 def norm_text(doc: dict) -> str:
     text = doc["text"] if doc["text"].strip() else doc.get("title", "")
     return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
-
-
-def parse_range(value: str) -> tuple[int, int]:
-    try:
-        lo, hi = (int(x) for x in str(value).split("-"))
-    except ValueError:
-        raise ValueError(f"negative range must look like 30-100, got {value!r}") from None
-    if not 1 <= lo <= hi:
-        raise ValueError(f"negative range needs 1 <= start <= end, got {value!r}")
-    return lo, hi
 
 
 class Dist:
@@ -112,7 +102,7 @@ class Dist:
 
 
 def _rng(seed: int, qid: str) -> random.Random:
-    return random.Random(int.from_bytes(hashlib.blake2b(f"{seed}\x1f{qid}".encode(), digest_size=8).digest(), "big"))
+    return stable_rng(seed, qid)
 
 
 def mine(queries: Iterable[dict], *, corpus: dict[str, dict], retriever, qrels: dict | None = None,
@@ -124,7 +114,7 @@ def mine(queries: Iterable[dict], *, corpus: dict[str, dict], retriever, qrels: 
 
     Judgments none of whose query ids is among the queries are the wrong file: RecordError (naming ``qrels_path``)
     after the last query, so an atomic writer leaves nothing, unless ``allow_empty``."""
-    lo, hi = parse_range(negative_range)
+    lo, hi = parse_range(negative_range, "negative range")
     depth = top_k or max(hi, positive_ranks)
     if depth < hi:
         log.warning("--top-k %d is shorter than the negative range %s: sampling from ranks %d-%d", depth, negative_range, lo, depth)
@@ -278,20 +268,11 @@ def _report(st: dict, dists: dict, num_negatives: int) -> None:
              st["short_groups"], st["groups"], num_negatives, st["missing_negatives"])
 
 
-def _check_range(ctx, param, value):
-    if value is not None:
-        try:
-            parse_range(value)
-        except ValueError as e:
-            raise click.BadParameter(str(e)) from None
-    return value
-
-
 @stage(mine, reads="query", writes="group")
 @options("corpus", "qrels", "retriever", "model", "encoder", "top_k", "batch_size", "seed")
 @click.option("--positive-ranks", type=click.IntRange(min=0), help="Also take ranks 1..m as positives (DRAMA: m=10).")
 @click.option("--source-positives/--no-source-positives", default=None, help="Use a query's source_docid as a positive.")
-@click.option("--negative-range", callback=_check_range, help="Ranks negatives are sampled from, 1-based inclusive (e.g. 30-100).")
+@click.option("--negative-range", callback=check_range, help="Ranks negatives are sampled from, 1-based inclusive (e.g. 30-100).")
 @click.option("--num-negatives", type=click.IntRange(min=0), help="Negatives per group.")
 @click.option("--margin", type=float, help="Drop candidates with score > positive score - MARGIN.")
 @click.option("--relative-margin", type=click.FloatRange(min=0), help="Drop candidates with score > positive score * (1 - REL).")

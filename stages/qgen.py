@@ -46,7 +46,6 @@ query_id `<docid>#qgen<i>`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -58,6 +57,7 @@ from pathlib import Path
 import click
 
 from retrctl import records
+from retrctl.hashing import stable_int
 from retrctl.llm import LLM, Checkpoint, CheckpointMismatch, llm_from_flags, load_llm, sha
 from retrctl.stage import options, stage
 
@@ -105,7 +105,7 @@ def clean(text: str) -> str:
 
 
 def _seed(seed: int, docid: str, i: int) -> int:
-    return int.from_bytes(hashlib.blake2b(f"{seed}\x1f{docid}\x1f{i}".encode(), digest_size=7).digest(), "big")
+    return stable_int(seed, docid, i, size=7)
 
 
 def _norm(text: str) -> str:

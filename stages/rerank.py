@@ -55,7 +55,7 @@ import click
 
 from retrctl import records
 from retrctl.llm import LLM, Checkpoint, CheckpointMismatch, llm_from_flags, load_llm, sha
-from retrctl.stage import check_shard, options, progress, shard, shard_of, stage
+from retrctl.stage import check_range, check_shard, options, parse_range, progress, shard, shard_of, stage
 
 log = logging.getLogger("retrctl.rerank")
 
@@ -392,15 +392,6 @@ def _group_items(groups: Iterable[dict], corpus_path: str | None, group_path: st
         yield {"query_id": g["query_id"], "query_text": g["query_text"], "docs": docs, "group": g}
 
 
-def _parse_ranks(ctx, param, value):
-    if value is None:
-        return None
-    m = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", value)
-    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
-        raise click.BadParameter("expected LO-HI with 1 <= LO <= HI, e.g. 10-20")
-    return int(m.group(1)), int(m.group(2))
-
-
 def _probe(before: dict, after: dict, qrels_path: str) -> None:
     from retrctl import metrics
 
@@ -420,11 +411,12 @@ def _probe(before: dict, after: dict, qrels_path: str) -> None:
 @click.option("--stride", type=click.IntRange(min=1), help="Step between windows (RankGPT/rank_llm: 10).")
 @click.option("--template", help=f"Prompt template ({', '.join(TEMPLATES)}; default: the one tied to the model).")
 @click.option("--passage-max-words", type=click.IntRange(min=1), help="Words of each passage shown to the LLM.")
-@click.option("--negative-ranks", callback=_parse_ranks, help="Groups: reranked ranks that become negatives [10-20].")
+@click.option("--negative-ranks", callback=check_range, help="Groups: reranked ranks that become negatives [10-20].")
 @click.option("--dry-run", is_flag=True, help="Print windows, LLM calls and prompt tokens on stderr; call nothing.")
 def command(input, output, llm, queries, corpus, qrels, negative_ranks, dry_run, shard_id, shard_num, **opts):
     """Rerank a run (with --queries and --corpus) or relabel groups (no --queries) with an LLM."""
     check_shard(shard_id, shard_num)
+    negative_ranks = parse_range(negative_ranks) if negative_ranks is not None else None
     opts = {k: v for k, v in opts.items() if v is not None}
     if opts.get("stride", rerank.__kwdefaults__["stride"]) > opts.get("window", rerank.__kwdefaults__["window"]):
         raise click.BadParameter("must be <= --window", param_hint="'--stride'")

@@ -1,0 +1,55 @@
+"""Stable hashes and weight fingerprints, written once (issue 13: nine places spelled out the same blake2b recipe).
+
+Python's ``hash()`` is salted per process; these are not, so ids, shard assignments, seeds and cache keys are
+the same on any machine and in any run. Parts are joined with the unit separator (\\x1f) so ("ab", "c") and
+("a", "bc") differ. Every value computed here is on disk somewhere (ids in records, cache dir names, checkpoint
+keys) or splits work between machines: tests/test_stable_values.py pins them; changing one is a format change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from pathlib import Path
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+def _digest(parts: tuple, size: int) -> bytes:
+    return hashlib.blake2b("\x1f".join(f"{p}" for p in parts).encode("utf-8"), digest_size=size).digest()
+
+
+def stable_hex(*parts, size: int = 8) -> str:
+    """Hex blake2b of the parts (``size`` bytes)."""
+    return _digest(parts, size).hex()
+
+
+def stable_int(*parts, size: int = 8) -> int:
+    """Unsigned int from the blake2b of the parts (``size`` bytes): seeds and shard numbers."""
+    return int.from_bytes(_digest(parts, size), "big")
+
+
+def stable_rng(*parts) -> random.Random:
+    """A random.Random seeded from the parts (e.g. run seed and record id): the same draws in any order."""
+    return random.Random(stable_int(*parts))
+
+
+def weight_files(root: str | os.PathLike) -> list[list]:
+    """Weight files under a model dir, sorted: [relative path, size, mtime_ns] each."""
+    root = Path(root)
+    files = sorted(p for p in root.rglob("*") if p.suffix in WEIGHT_SUFFIXES and p.is_file())
+    return [[str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+
+
+def weights_fingerprint(root: str | os.PathLike) -> str:
+    """What identifies a model dir's weights across machines (qgen/rerank manifests and checkpoints): config.json
+    content plus the names and sizes (not mtimes: a copy is the same model) of its top-level weight files."""
+    root = Path(root)
+    h = hashlib.blake2b(digest_size=8)
+    if (root / "config.json").exists():
+        h.update((root / "config.json").read_bytes())
+    for name, size, _ in weight_files(root):
+        if Path(name).parent == Path(".") and not name.endswith(".pt"):
+            h.update(f"{name}:{size}".encode())
+    return h.hexdigest()
