@@ -205,11 +205,12 @@ def test_cli_searches_during_updates_all_succeed(tmp_path):
     q = write_jsonl(tmp_path / "q.jsonl", [{"query_id": "q", "query_text": "marker"}])
     stop = threading.Event()
 
+    published = [0]
+
     def updates():
-        i = 1
         while not stop.is_set():
-            index(version_docs(i), out, keep=1)
-            i += 1
+            index(version_docs(published[0] + 1), out, keep=1)
+            published[0] += 1
 
     t = threading.Thread(target=updates)
     t.start()
@@ -218,7 +219,7 @@ def test_cli_searches_during_updates_all_succeed(tmp_path):
     finally:
         stop.set()
         t.join()
-    corpora = [{d["docid"] for d in version_docs(i)} for i in range(200)]
+    corpora = [{d["docid"] for d in version_docs(i)} for i in range(published[0] + 1)]  # every version published
     for r in runs:
         assert r.returncode == 0, r.stderr
         assert {json.loads(line)["doc_id"] for line in r.stdout.splitlines()} in corpora
