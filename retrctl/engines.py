@@ -14,7 +14,7 @@ backwards as not ending the step, which is what lets GradCache run under ZeRO-2/
 Loading a checkpoint never runs code (issue 12): a pickle can call anything, and ``<output>.partial`` is just a
 directory. Every checkpoint file goes through ``load_tensors`` (``torch.load(weights_only=True)``: tensors,
 containers, numbers, strings); RNG states are saved as exactly those types. DeepSpeed's ``load_checkpoint`` reads
-its files with ``weights_only=False`` (deepspeed 0.19 ``TorchCheckpointEngine.load``), so for resume its engine's
+its files with an unrestricted unpickler (deepspeed 0.19 ``TorchCheckpointEngine.load``), so for resume its engine's
 loader is swapped for ``load_tensors`` allowing the three DeepSpeed classes its ZeRO 0-3 files hold
 (``DEEPSPEED_GLOBALS``), and every file is first scanned for any other global before DeepSpeed sees it.
 """
@@ -231,7 +231,7 @@ class DeepSpeedEngine:
         for f in files:  # before DeepSpeed opens anything: only tensors, containers and its own three classes
             _scan(f, allowed)
         ce = self.engine.checkpoint_engine
-        ce.load = functools.partial(load_tensors, allow=deepspeed_globals())  # its own load uses weights_only=False
+        ce.load = functools.partial(load_tensors, allow=deepspeed_globals())  # its own load unpickles any class
         try:
             with stdout_to_stderr():
                 path, _ = self.engine.load_checkpoint(str(d), tag="deepspeed")
