@@ -52,13 +52,14 @@ import math
 import re
 import time
 from collections.abc import Iterable, Iterator
+from operator import itemgetter
 from pathlib import Path
 
 import click
 
 from retrctl import records
 from retrctl.hashing import stable_int
-from retrctl.llm import LLM, Checkpoint, CheckpointMismatch, llm_from_flags, load_llm, sha
+from retrctl.llm import LLM, Checkpoint, CheckpointMismatch, llm_from_flags, load_llm, resumable, sha
 from retrctl.stage import options, stage
 
 log = logging.getLogger("retrctl.qgen")
@@ -142,24 +143,18 @@ def qgen(docs: Iterable[dict], llm: LLM | str = "smollm2", *, per_doc: int = 1, 
     st.update(settings=settings, template=template, llm=desc, counts={})
     counts = st["counts"]
 
-    done: dict[str, dict] = {}
-    for c in checkpoint.resume(settings) if checkpoint is not None else []:
-        done[c["query_id"]] = c
-    by_doc: dict[str, list[dict]] = {}
-    for c in done.values():
-        by_doc.setdefault(c["source_docid"], []).append(c)
-    finished = {d for d, cs in by_doc.items() if len(cs) == per_doc}
-
     order: list[str] = []
     keep_docs = [] if retriever is not None and not hasattr(retriever, "search") else None
     cands: dict[str, list[dict]] = {}
-    n_new = n_cut = 0
+    n_new = n_cut = n_resumed = 0
     t0 = time.perf_counter()
     gen_before = llm.usage["generated_tokens"]
 
-    def flush(batch: list[tuple[dict, str]]):
-        nonlocal n_new
-        jobs = [(doc, text, i) for doc, text in batch for i in range(per_doc)]
+    def generate(batch: list[dict]) -> list[dict]:
+        nonlocal n_new, n_cut
+        texts = [document_text(doc, doc_max_words) for doc in batch]
+        n_cut += sum(cut for _, cut in texts)
+        jobs = [(doc, text, i) for doc, (text, _) in zip(batch, texts, strict=True) for i in range(per_doc)]
         prompts = [build_prompt(text, shots_used, chat) for _, text, _ in jobs]
         outs = llm.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                             stop=["\n"], seed=[_seed(seed, d["docid"], i) for d, _, i in jobs], details=True)
@@ -168,32 +163,22 @@ def qgen(docs: Iterable[dict], llm: LLM | str = "smollm2", *, per_doc: int = 1, 
         for r, (d, _, _) in zip(rows, jobs, strict=True):
             q = _norm(r["query_text"])
             r["copied"] = len(q.split()) >= COPY_WORDS and f" {q} " in f" {_norm(d['title'] + ' ' + d['text'])} "
-        if checkpoint is not None:
-            checkpoint.append(rows)
-        for r in rows:
-            cands.setdefault(r["source_docid"], []).append(r)
         n_new += len(batch)
+        return rows
 
-    pending: list[tuple[dict, str]] = []
-    for doc in docs:
+    # a doc is done once the checkpoint holds all its per_doc candidates (a torn batch is generated again)
+    for doc, rows, resumed in resumable(docs, generate, key=itemgetter("docid"), batch_size=batch_size,
+                                        checkpoint=checkpoint, settings=settings, owner=itemgetter("source_docid"),
+                                        row_id=itemgetter("query_id"), complete=lambda rows: len(rows) == per_doc):
         order.append(doc["docid"])
         if keep_docs is not None:
             keep_docs.append(doc)
-        if doc["docid"] in finished:
-            cands[doc["docid"]] = sorted(by_doc[doc["docid"]], key=lambda c: c["query_id"])
-            continue
-        text, cut = document_text(doc, doc_max_words)
-        n_cut += cut
-        pending.append((doc, text))
-        if len(pending) == batch_size:
-            flush(pending)
-            pending = []
-    if pending:
-        flush(pending)
+        cands[doc["docid"]] = rows
+        n_resumed += resumed
     secs = time.perf_counter() - t0
     toks = llm.usage["generated_tokens"] - gen_before
-    if finished:
-        log.info("resumed: %d of %d docs were already done in the checkpoint", len(finished & set(order)), len(order))
+    if n_resumed:
+        log.info("resumed: %d of %d docs were already done in the checkpoint", n_resumed, len(order))
     if n_cut:
         log.info("%d docs were cut to %d words in the prompt", n_cut, doc_max_words)
     if n_new:

@@ -49,12 +49,13 @@ import logging
 import re
 import unicodedata
 from collections.abc import Iterable, Iterator
+from operator import itemgetter
 from pathlib import Path
 
 import click
 
 from retrctl import records
-from retrctl.llm import LLM, Checkpoint, CheckpointMismatch, llm_from_flags, load_llm, sha
+from retrctl.llm import LLM, Checkpoint, CheckpointMismatch, llm_from_flags, load_llm, resumable, sha
 from retrctl.stage import check_range, check_shard, options, parse_range, progress, shard, shard_of, stage
 
 log = logging.getLogger("retrctl.rerank")
@@ -246,7 +247,6 @@ def rerank(items: Iterable[dict], llm: LLM | str = "smollm2", *, mode: str = "li
                 "stride": stride, "top_k": top_k, "passage_max_words": passage_max_words, "max_new_tokens": max_new}
     st = stats if stats is not None else {}
     st.update(settings=settings, llm=desc, windows={"ok": 0, "repaired": 0, "failed": 0}, queries=0, resumed=0)
-    done = {r["query_id"]: r for r in (checkpoint.resume(settings) if checkpoint is not None else [])}
 
     def run_batch(batch: list[dict]) -> list[dict]:
         results = []
@@ -287,32 +287,13 @@ def rerank(items: Iterable[dict], llm: LLM | str = "smollm2", *, mode: str = "li
                             "windows": outcomes[q["query_id"]]})
         return results
 
-    batch: list[dict] = []
-
-    def flush():
-        out = run_batch(batch)
-        if checkpoint is not None:
-            checkpoint.append(out)
-        batch.clear()
-        return out
-
-    def counted(results: list[dict]) -> list[dict]:
-        for r in results:
-            for status, n in r.get("windows", {}).items():
-                st["windows"][status] += n
-        return results
-
-    for item in items:
+    for _, (result,), resumed in resumable(items, run_batch, key=itemgetter("query_id"), batch_size=batch_size,
+                                           checkpoint=checkpoint, settings=settings):
         st["queries"] += 1
-        if item["query_id"] in done:
-            st["resumed"] += 1
-            yield from counted([done[item["query_id"]]])
-            continue
-        batch.append(item)
-        if len(batch) == batch_size:
-            yield from counted(flush())
-    if batch:
-        yield from counted(flush())
+        st["resumed"] += resumed
+        for status, n in result.get("windows", {}).items():
+            st["windows"][status] += n
+        yield result
     w = st["windows"]
     total = sum(w.values())
     if mode == "listwise":
