@@ -279,8 +279,7 @@ def stage(func: Callable | None = None, *, reads: str | None = None, writes: str
                                   dir_output=writes == "dir")
             shard_id, shard_num = kw.pop("shard_id", 0), kw.pop("shard_num", 1)
             check_shard(shard_id, shard_num)
-            if "shard_id" in wants:
-                kw.update(shard_id=shard_id, shard_num=shard_num)
+            kw.update({k: v for k, v in (("shard_id", shard_id), ("shard_num", shard_num)) if k in wants})
             args = []
             if reads:
                 path, fmt = kw.pop("input"), kw.pop("input_format")

@@ -59,8 +59,8 @@ import click
 
 from retrctl import records
 from retrctl.hashing import stable_int
-from retrctl.llm import LLM, Checkpoint, CheckpointMismatch, llm_from_flags, load_llm, resumable, sha
-from retrctl.stage import options, stage
+from retrctl.llm import LLM, Checkpoint, llm_from_flags, load_llm, resumable, sha
+from retrctl.stage import Output, options, stage
 
 log = logging.getLogger("retrctl.qgen")
 
@@ -253,8 +253,8 @@ def open_consistency_retriever(spec: str, sharded: bool):
     return lambda docs: open_retriever(spec, model=None, docs={d["docid"]: d for d in docs}, corpus_path=None, cache=False)
 
 
-@stage(qgen, reads="doc")
-@options("output", "llm", "llm_server", "batch_size", "seed", "per_doc", "retriever")
+@stage(qgen, reads="doc", writes="query")
+@options("llm", "llm_server", "batch_size", "seed", "per_doc", "retriever")
 @click.option("--examples", type=click.Path(dir_okay=False), help="Few-shot examples (JSONL: document, query).")
 @click.option("--shots", type=click.IntRange(min=0), help="Examples used from --examples (DRAMA and InPars use 3).")
 @click.option("--prompt-style", type=click.Choice(["auto", "chat", "plain"]), help="chat template or InPars plain prompt.")
@@ -269,7 +269,7 @@ def open_consistency_retriever(spec: str, sharded: bool):
 @click.option("--keep-top", type=click.FloatRange(0, 1, min_open=True), help="InPars filter: keep this fraction of queries with the best mean log-prob.")
 @click.option("--consistency-k", type=click.IntRange(min=0), help="Keep a query only if --retriever ranks its source doc in the top k.")
 @click.option("--candidates", help="Checkpoint of raw generations (default: <output>.candidates.jsonl; none for stdout).")
-def command(docs, output, llm, retriever, consistency_k, examples, candidates, **opts):
+def command(docs, output, llm, retriever, consistency_k, examples, candidates, shard_num, **opts):
     """LLM-written queries for documents (InPars / Promptagator / DRAMA), filtered; resumable."""
     opts = {k: v for k, v in opts.items() if v is not None}
     if opts.get("max_words", qgen.__kwdefaults__["max_words"]) < opts.get("min_words", qgen.__kwdefaults__["min_words"]):
@@ -277,31 +277,24 @@ def command(docs, output, llm, retriever, consistency_k, examples, candidates, *
     if (retriever is not None) != (consistency_k > 0):
         raise click.UsageError("the consistency filter needs both --retriever and --consistency-k")
     if retriever is not None:
-        sharded = click.get_current_context().params.get("shard_num", 1) > 1
-        opts.update(retriever=open_consistency_retriever(retriever, sharded), consistency_k=consistency_k)
+        opts.update(retriever=open_consistency_retriever(retriever, shard_num > 1), consistency_k=consistency_k)
     if examples:
         opts["examples"] = read_examples(examples)
     model = llm_from_flags(llm, opts)
     if candidates is None and output != "-":
         candidates = f"{output}.candidates.jsonl"
-    cp = Checkpoint(candidates) if candidates else None
     stats: dict = {}
-    try:
-        n = records.write(qgen(docs, model, checkpoint=cp, stats=stats, **opts), output)
-    except CheckpointMismatch as e:
-        raise click.UsageError(str(e)) from None
-    finally:
-        if cp is not None:
-            cp.close()
+    queries = qgen(docs, model, checkpoint=Checkpoint(candidates) if candidates else None, stats=stats, **opts)
+    return Output(queries, finish=lambda n: provenance(n, stats, opts, model, retriever, candidates))
+
+
+def provenance(n: int, stats: dict, opts: dict, model: LLM, retriever: str | None, candidates: str | None) -> dict:
+    """The queries' manifest: model, settings, prompt template, filter counts, throughput, LLM usage."""
     if n != stats["counts"]["kept"]:  # a filter that reports what it did not do is a peer bug (ARES#77)
         raise RuntimeError(f"wrote {n} rows but the filters kept {stats['counts']['kept']}")
-    log.info("wrote %d queries to %s; %s", n, "stdout" if output == "-" else output, model.report("llm"))
-    if output != "-":
-        manifest = {"stage": "qgen", **{k: stats[k] for k in ("llm", "settings", "template", "counts", "throughput")},
-                    "filters": {k: opts.get(k, qgen.__kwdefaults__[k]) for k in
-                                ("min_words", "max_words", "dedupe", "drop_copies", "keep_top", "consistency_k")},
-                    "score_threshold": stats.get("score_threshold"), "retriever": retriever,
-                    "candidates": candidates, "usage": model.usage}
-        records.write_manifest_beside(output, manifest)
-    return n
-
+    log.info("%s", model.report("llm"))
+    return {"stage": "qgen", **{k: stats[k] for k in ("llm", "settings", "template", "counts", "throughput")},
+            "filters": {k: opts.get(k, qgen.__kwdefaults__[k]) for k in
+                        ("min_words", "max_words", "dedupe", "drop_copies", "keep_top", "consistency_k")},
+            "score_threshold": stats.get("score_threshold"), "retriever": retriever,
+            "candidates": candidates, "usage": model.usage}
