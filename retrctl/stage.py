@@ -1,10 +1,12 @@
 """The shared stage base: common flags (each defined once) and the run wrapper.
 
 A stage module holds its method as a plain function and a few-line click command. ``stage()`` turns that
-command into a full subcommand: it adds the input argument and the common flags, opens and shards the input,
-shows progress on stderr, writes the output atomically, refuses an output that would overwrite one of the
-command's inputs (before anything is read), and copies the function's defaults onto the
-matching options so ``--help`` shows them (defaults are written once, in the function's signature).
+command into a full subcommand: it adds the input argument and the common flags, opens and shards the input
+(handing the body its shard as ``shard_id``/``shard_num``), shows progress on stderr, writes what the body
+returns atomically (records, a run, or a directory built beside its target; an ``Output`` adds the manifest
+and the checkpoints to remove), refuses an output that would overwrite one of the command's inputs (before
+anything is read), and copies the function's defaults onto the matching options so ``--help`` shows them
+(defaults are written once, in the function's signature).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import click
 
 from retrctl import records
 from retrctl.hashing import stable_int
-from retrctl.llm.resume import CheckpointMismatch
 
 log = logging.getLogger("retrctl")
 STATE = {"debug": False, "quiet": False}
@@ -190,8 +191,14 @@ def encoder_overrides(opts: dict) -> dict:
 # an output may not be, be inside, or contain any of them (records.check_outputs)
 INPUT_OPTIONS = ("corpus", "qrels", "retriever", "queries", "examples", "config_file")
 OUTPUT_OPTIONS = ("output", "candidates")
-# core errors meaning the settings given conflict with a file: usage errors (exit 2), as a bad flag
-USAGE_ERRORS = (CheckpointMismatch,)
+
+
+def usage_errors() -> tuple[type[Exception], ...]:
+    """Core errors meaning the settings given conflict with a file: usage errors (exit 2), as a bad flag.
+    Imported when an error is being handled (an except clause evaluates only then): --help stays light."""
+    from retrctl.llm.resume import CheckpointMismatch
+
+    return (CheckpointMismatch,)
 
 
 def _copy_defaults(cmd: click.Command, func: Callable | None) -> None:
@@ -294,7 +301,7 @@ def stage(func: Callable | None = None, *, reads: str | None = None, writes: str
                         kw["output"] = str(partial)
                         return body(*args, **kw)
                 return body(*args, **kw)
-            except USAGE_ERRORS as e:
+            except usage_errors() as e:
                 raise click.UsageError(str(e)) from None
 
         if writes == "dir":
