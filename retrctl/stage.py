@@ -1,10 +1,12 @@
 """The shared stage base: common flags (each defined once) and the run wrapper.
 
 A stage module holds its method as a plain function and a few-line click command. ``stage()`` turns that
-command into a full subcommand: it adds the input argument and the common flags, opens and shards the input,
-shows progress on stderr, writes the output atomically, refuses an output that would overwrite one of the
-command's inputs (before anything is read), and copies the function's defaults onto the
-matching options so ``--help`` shows them (defaults are written once, in the function's signature).
+command into a full subcommand: it adds the input argument and the common flags, opens and shards the input
+(handing the body its shard as ``shard_id``/``shard_num``), shows progress on stderr, writes what the body
+returns atomically (records, a run, or a directory built beside its target; an ``Output`` adds the manifest
+and the checkpoints to remove), refuses an output that would overwrite one of the command's inputs (before
+anything is read), and copies the function's defaults onto the matching options so ``--help`` shows them
+(defaults are written once, in the function's signature).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import click
 
@@ -64,7 +68,12 @@ def shard_of(key: str, shard_num: int) -> int:
     return stable_int(key, size=8) % shard_num
 
 
+def in_shard(key: str, shard_id: int, shard_num: int) -> bool:
+    return shard_num == 1 or shard_of(key, shard_num) == shard_id
+
+
 def shard(recs: Iterable[dict], shard_id: int, shard_num: int, key: str) -> Iterator[dict]:
+    """The records of one shard, by their ``key`` field."""
     if shard_num == 1:
         yield from recs
         return
@@ -184,6 +193,14 @@ INPUT_OPTIONS = ("corpus", "qrels", "retriever", "queries", "examples", "config_
 OUTPUT_OPTIONS = ("output", "candidates")
 
 
+def usage_errors() -> tuple[type[Exception], ...]:
+    """Core errors meaning the settings given conflict with a file: usage errors (exit 2), as a bad flag.
+    Imported when an error is being handled (an except clause evaluates only then): --help stays light."""
+    from retrctl.llm.resume import CheckpointMismatch
+
+    return (CheckpointMismatch,)
+
+
 def _copy_defaults(cmd: click.Command, func: Callable | None) -> None:
     if func is None:
         return
@@ -197,41 +214,102 @@ def _copy_defaults(cmd: click.Command, func: Callable | None) -> None:
                 p.show_default = True
 
 
-def stage(func: Callable | None = None, *, reads: str | None = None, writes: str | None = None, name: str | None = None):
+RECORD_KINDS = ("doc", "query", "group", "run")
+NOUNS = {"doc": "doc records", "query": "query records", "group": "group records", "run": "run rows"}
+
+
+@dataclass
+class Output:
+    """What a stage body returns when its records need more than ``writes`` says.
+
+    kind: the records' kind when it differs from ``writes`` (rerank relabels groups but reranks runs);
+    fmt: the container (default: from the output's extension; runs: TREC); tag: a TREC run's sixth column;
+    finish: called with the count once the output is in place, returns the manifest written beside it (None:
+    none); remove: files (checkpoints) removed once output and manifest are in place."""
+
+    records: Iterable[dict]
+    kind: str | None = None
+    fmt: str | None = None
+    tag: str = "retrctl"
+    finish: Callable[[int], dict | None] | None = None
+    remove: tuple = ()
+
+
+def write_output(result, output: str, writes: str) -> int | None:
+    """Write what a body returned (records, or an ``Output``) to ``output`` atomically; None writes nothing."""
+    if result is None:  # e.g. rerank --dry-run: there is nothing to write, and an old output stays as it is
+        return None
+    res = result if isinstance(result, Output) else Output(result)
+    kind = res.kind or writes
+    if kind == "run":
+        n = records.write_run(res.records, output, res.fmt, tag=res.tag)
+    else:
+        n = records.write(res.records, output, res.fmt)
+    log.info("wrote %d %s to %s", n, NOUNS[kind], "stdout" if output == "-" else output)
+    manifest = res.finish(n) if res.finish is not None else None
+    if manifest is not None:
+        records.write_manifest_beside(output, manifest)
+    if output != "-":
+        for path in res.remove:
+            Path(path).unlink(missing_ok=True)
+    return n
+
+
+def stage(func: Callable | None = None, *, reads: str | None = None, writes: str | None = None, atomic: bool = True,
+          name: str | None = None):
     """Make a click command of a stage.
 
-    reads:  a record kind: adds an INPUT argument ('-' = stdin, the default), passes a record iterator as
-            the command's first argument, sharded by ``--shard-id/--shard-num``.
-    writes: a record kind: the command returns records, written to ``-o`` (default stdout) atomically;
-            'run' writes TREC/JSONL/Parquet runs; 'dir': ``-o`` is a directory the command builds itself.
+    reads:  a record kind: adds an INPUT argument ('-' = stdin, the default) and --shard-id/--shard-num, and
+            passes the records of this shard, as an iterator, as the body's first argument.
+    writes: a record kind ('doc', 'query', 'group') or 'run': adds ``-o`` (default stdout); the body returns
+            the records (or an ``Output``, or None to write nothing), written atomically: JSONL/Parquet, and
+            for 'run' TREC (the default), JSONL or Parquet.
+            'dir': ``-o`` is a required directory, built at ``<dir>.partial`` (kept on failure, to resume
+            from) and swapped into place when the body returns (records.atomic_dir); the body gets the partial
+            directory as ``output``. With ``atomic=False`` the body gets ``-o`` as given and makes the directory
+            safe itself (index: versioned store; train: its own resumable partial, written by rank 0 only).
+
+    A body that names ``output`` gets the output path; one that names ``shard_id``/``shard_num`` gets the
+    shard (checked here: 0 <= id < num), whether the records were sharded here or the body shards its own
+    input. Core errors that mean the given settings conflict with a file (a checkpoint made with other
+    settings) are usage errors: exit 2.
     """
 
     def deco(body: Callable) -> click.Command:
+        wants = inspect.signature(body).parameters
+
         @functools.wraps(body)
         def run(**kw):
             setup_logging(kw.pop("log_level"), kw.pop("quiet"))
             arguments = [p.name for p in cmd.params if isinstance(p, click.Argument)]
             records.check_outputs([kw.get(o) for o in OUTPUT_OPTIONS], [kw.get(i) for i in (*arguments, *INPUT_OPTIONS)],
                                   dir_output=writes == "dir")
+            shard_id, shard_num = kw.pop("shard_id", 0), kw.pop("shard_num", 1)
+            check_shard(shard_id, shard_num)
+            kw.update({k: v for k, v in (("shard_id", shard_id), ("shard_num", shard_num)) if k in wants})
             args = []
             if reads:
                 path, fmt = kw.pop("input"), kw.pop("input_format")
-                shard_id, shard_num = kw.pop("shard_id"), kw.pop("shard_num")
-                check_shard(shard_id, shard_num)
                 recs = shard(records.read(path, reads, fmt), shard_id, shard_num, records.ID_FIELD[reads])
                 args.append(progress(recs, desc=cmd.name, unit=reads))
-            if writes in ("doc", "query", "group"):
-                out = kw.pop("output")
-                result = body(*args, **kw)
-                n = records.write(result, out)
-                log.info("wrote %d %s records to %s", n, writes, "stdout" if out == "-" else out)
-                return n
-            return body(*args, **kw)
+            try:
+                if writes in RECORD_KINDS:
+                    out = kw["output"] if "output" in wants else kw.pop("output")
+                    return write_output(body(*args, **kw), out, writes)
+                if writes == "dir" and atomic:
+                    with records.atomic_dir(kw["output"]) as partial:
+                        kw["output"] = str(partial)
+                        return body(*args, **kw)
+                return body(*args, **kw)
+            except usage_errors() as e:
+                raise click.UsageError(str(e)) from None
 
         if writes == "dir":
             run = OPTIONS["output_dir"](run)
-        elif writes in ("doc", "query", "group"):
+        elif writes in RECORD_KINDS:
             run = OPTIONS["output"](run)
+        elif writes is not None:
+            raise ValueError(f"writes must be one of {RECORD_KINDS} or 'dir', got {writes!r}")
         if reads:
             run = OPTIONS["shard"](OPTIONS["input_format"](run))
             run = click.argument("input", default="-", required=False)(run)

@@ -220,7 +220,7 @@ def merge(parts: list[str | os.PathLike], output: str | os.PathLike, keep: int =
     return len(merged)
 
 
-@stage(index, writes="dir")
+@stage(index, writes="dir", atomic=False)  # a versioned store: built and published by store.writer
 @options("model", "encoder", "batch_size", "shard", "input_format")
 @click.argument("inputs", nargs=-1)
 @click.option("--method", type=click.Choice(["dense", "bm25"]), help="Dense (faiss) or BM25 (bm25s). [default: dense, or the existing index's]")

@@ -66,7 +66,7 @@ import numpy as np
 from retrctl import records
 from retrctl.hashing import stable_rng
 from retrctl.retrievers import open_retriever
-from retrctl.stage import check_range, encoder_overrides, options, parse_range, shard_of, stage
+from retrctl.stage import check_range, encoder_overrides, in_shard, options, parse_range, stage
 
 log = logging.getLogger("retrctl.mine")
 
@@ -279,7 +279,7 @@ def _report(st: dict, dists: dict, num_negatives: int) -> None:
 @click.option("--output-format", type=click.Choice(FORMATS), help="Group format written.")
 @click.option("--cache/--no-cache", default=True, show_default=True, help="Cache dense corpus vectors by (model, content hash).")
 @click.option("--allow-empty", is_flag=True, help="Write the groups even when no query id of --qrels is among the queries.")
-def command(queries, corpus, qrels, retriever, model, cache, **opts):
+def command(queries, corpus, qrels, retriever, model, cache, shard_id, shard_num, **opts):
     """Hard negatives for queries (DRAMA / FlagEmbedding / sentence-transformers): training groups."""
     if not corpus:
         raise click.UsageError("mine needs --corpus (the documents candidates come from)")
@@ -287,9 +287,8 @@ def command(queries, corpus, qrels, retriever, model, cache, **opts):
     opts = {k: v for k, v in opts.items() if v is not None}
     docs = records.read_corpus(corpus)
     judged = records.read_qrels(qrels) if qrels else None
-    params = click.get_current_context().params
-    if judged and params.get("shard_num", 1) > 1:  # judgments of other shards' queries are not "unknown"
-        judged = {q: v for q, v in judged.items() if shard_of(q, params["shard_num"]) == params["shard_id"]}
+    if judged and shard_num > 1:  # judgments of other shards' queries are not "unknown"
+        judged = {q: v for q, v in judged.items() if in_shard(q, shard_id, shard_num)}
     ret = open_retriever(retriever, model=model, docs=docs, corpus_path=corpus, batch_size=opts.get("batch_size", 64),
                          cache=cache, **overrides)
     return mine(queries, corpus=docs, retriever=ret, qrels=judged, qrels_path=qrels, **opts)

@@ -52,14 +52,15 @@ import math
 import re
 import time
 from collections.abc import Iterable, Iterator
+from operator import itemgetter
 from pathlib import Path
 
 import click
 
 from retrctl import records
 from retrctl.hashing import stable_int
-from retrctl.llm import LLM, Checkpoint, CheckpointMismatch, llm_from_flags, load_llm, sha
-from retrctl.stage import options, stage
+from retrctl.llm import LLM, Checkpoint, llm_from_flags, load_llm, resumable, sha
+from retrctl.stage import Output, options, stage
 
 log = logging.getLogger("retrctl.qgen")
 
@@ -142,24 +143,18 @@ def qgen(docs: Iterable[dict], llm: LLM | str = "smollm2", *, per_doc: int = 1, 
     st.update(settings=settings, template=template, llm=desc, counts={})
     counts = st["counts"]
 
-    done: dict[str, dict] = {}
-    for c in checkpoint.resume(settings) if checkpoint is not None else []:
-        done[c["query_id"]] = c
-    by_doc: dict[str, list[dict]] = {}
-    for c in done.values():
-        by_doc.setdefault(c["source_docid"], []).append(c)
-    finished = {d for d, cs in by_doc.items() if len(cs) == per_doc}
-
     order: list[str] = []
     keep_docs = [] if retriever is not None and not hasattr(retriever, "search") else None
     cands: dict[str, list[dict]] = {}
-    n_new = n_cut = 0
+    n_new = n_cut = n_resumed = 0
     t0 = time.perf_counter()
     gen_before = llm.usage["generated_tokens"]
 
-    def flush(batch: list[tuple[dict, str]]):
-        nonlocal n_new
-        jobs = [(doc, text, i) for doc, text in batch for i in range(per_doc)]
+    def generate(batch: list[dict]) -> list[dict]:
+        nonlocal n_new, n_cut
+        texts = [document_text(doc, doc_max_words) for doc in batch]
+        n_cut += sum(cut for _, cut in texts)
+        jobs = [(doc, text, i) for doc, (text, _) in zip(batch, texts, strict=True) for i in range(per_doc)]
         prompts = [build_prompt(text, shots_used, chat) for _, text, _ in jobs]
         outs = llm.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                             stop=["\n"], seed=[_seed(seed, d["docid"], i) for d, _, i in jobs], details=True)
@@ -168,32 +163,22 @@ def qgen(docs: Iterable[dict], llm: LLM | str = "smollm2", *, per_doc: int = 1, 
         for r, (d, _, _) in zip(rows, jobs, strict=True):
             q = _norm(r["query_text"])
             r["copied"] = len(q.split()) >= COPY_WORDS and f" {q} " in f" {_norm(d['title'] + ' ' + d['text'])} "
-        if checkpoint is not None:
-            checkpoint.append(rows)
-        for r in rows:
-            cands.setdefault(r["source_docid"], []).append(r)
         n_new += len(batch)
+        return rows
 
-    pending: list[tuple[dict, str]] = []
-    for doc in docs:
+    # a doc is done once the checkpoint holds all its per_doc candidates (a torn batch is generated again)
+    for doc, rows, resumed in resumable(docs, generate, key=itemgetter("docid"), batch_size=batch_size,
+                                        checkpoint=checkpoint, settings=settings, owner=itemgetter("source_docid"),
+                                        row_id=itemgetter("query_id"), complete=lambda rows: len(rows) == per_doc):
         order.append(doc["docid"])
         if keep_docs is not None:
             keep_docs.append(doc)
-        if doc["docid"] in finished:
-            cands[doc["docid"]] = sorted(by_doc[doc["docid"]], key=lambda c: c["query_id"])
-            continue
-        text, cut = document_text(doc, doc_max_words)
-        n_cut += cut
-        pending.append((doc, text))
-        if len(pending) == batch_size:
-            flush(pending)
-            pending = []
-    if pending:
-        flush(pending)
+        cands[doc["docid"]] = rows
+        n_resumed += resumed
     secs = time.perf_counter() - t0
     toks = llm.usage["generated_tokens"] - gen_before
-    if finished:
-        log.info("resumed: %d of %d docs were already done in the checkpoint", len(finished & set(order)), len(order))
+    if n_resumed:
+        log.info("resumed: %d of %d docs were already done in the checkpoint", n_resumed, len(order))
     if n_cut:
         log.info("%d docs were cut to %d words in the prompt", n_cut, doc_max_words)
     if n_new:
@@ -268,8 +253,8 @@ def open_consistency_retriever(spec: str, sharded: bool):
     return lambda docs: open_retriever(spec, model=None, docs={d["docid"]: d for d in docs}, corpus_path=None, cache=False)
 
 
-@stage(qgen, reads="doc")
-@options("output", "llm", "llm_server", "batch_size", "seed", "per_doc", "retriever")
+@stage(qgen, reads="doc", writes="query")
+@options("llm", "llm_server", "batch_size", "seed", "per_doc", "retriever")
 @click.option("--examples", type=click.Path(dir_okay=False), help="Few-shot examples (JSONL: document, query).")
 @click.option("--shots", type=click.IntRange(min=0), help="Examples used from --examples (DRAMA and InPars use 3).")
 @click.option("--prompt-style", type=click.Choice(["auto", "chat", "plain"]), help="chat template or InPars plain prompt.")
@@ -284,7 +269,7 @@ def open_consistency_retriever(spec: str, sharded: bool):
 @click.option("--keep-top", type=click.FloatRange(0, 1, min_open=True), help="InPars filter: keep this fraction of queries with the best mean log-prob.")
 @click.option("--consistency-k", type=click.IntRange(min=0), help="Keep a query only if --retriever ranks its source doc in the top k.")
 @click.option("--candidates", help="Checkpoint of raw generations (default: <output>.candidates.jsonl; none for stdout).")
-def command(docs, output, llm, retriever, consistency_k, examples, candidates, **opts):
+def command(docs, output, llm, retriever, consistency_k, examples, candidates, shard_num, **opts):
     """LLM-written queries for documents (InPars / Promptagator / DRAMA), filtered; resumable."""
     opts = {k: v for k, v in opts.items() if v is not None}
     if opts.get("max_words", qgen.__kwdefaults__["max_words"]) < opts.get("min_words", qgen.__kwdefaults__["min_words"]):
@@ -292,31 +277,24 @@ def command(docs, output, llm, retriever, consistency_k, examples, candidates, *
     if (retriever is not None) != (consistency_k > 0):
         raise click.UsageError("the consistency filter needs both --retriever and --consistency-k")
     if retriever is not None:
-        sharded = click.get_current_context().params.get("shard_num", 1) > 1
-        opts.update(retriever=open_consistency_retriever(retriever, sharded), consistency_k=consistency_k)
+        opts.update(retriever=open_consistency_retriever(retriever, shard_num > 1), consistency_k=consistency_k)
     if examples:
         opts["examples"] = read_examples(examples)
     model = llm_from_flags(llm, opts)
     if candidates is None and output != "-":
         candidates = f"{output}.candidates.jsonl"
-    cp = Checkpoint(candidates) if candidates else None
     stats: dict = {}
-    try:
-        n = records.write(qgen(docs, model, checkpoint=cp, stats=stats, **opts), output)
-    except CheckpointMismatch as e:
-        raise click.UsageError(str(e)) from None
-    finally:
-        if cp is not None:
-            cp.close()
+    queries = qgen(docs, model, checkpoint=Checkpoint(candidates) if candidates else None, stats=stats, **opts)
+    return Output(queries, finish=lambda n: provenance(n, stats, opts, model, retriever, candidates))
+
+
+def provenance(n: int, stats: dict, opts: dict, model: LLM, retriever: str | None, candidates: str | None) -> dict:
+    """The queries' manifest: model, settings, prompt template, filter counts, throughput, LLM usage."""
     if n != stats["counts"]["kept"]:  # a filter that reports what it did not do is a peer bug (ARES#77)
         raise RuntimeError(f"wrote {n} rows but the filters kept {stats['counts']['kept']}")
-    log.info("wrote %d queries to %s; %s", n, "stdout" if output == "-" else output, model.report("llm"))
-    if output != "-":
-        manifest = {"stage": "qgen", **{k: stats[k] for k in ("llm", "settings", "template", "counts", "throughput")},
-                    "filters": {k: opts.get(k, qgen.__kwdefaults__[k]) for k in
-                                ("min_words", "max_words", "dedupe", "drop_copies", "keep_top", "consistency_k")},
-                    "score_threshold": stats.get("score_threshold"), "retriever": retriever,
-                    "candidates": candidates, "usage": model.usage}
-        records.write_manifest_beside(output, manifest)
-    return n
-
+    log.info("%s", model.report("llm"))
+    return {"stage": "qgen", **{k: stats[k] for k in ("llm", "settings", "template", "counts", "throughput")},
+            "filters": {k: opts.get(k, qgen.__kwdefaults__[k]) for k in
+                        ("min_words", "max_words", "dedupe", "drop_copies", "keep_top", "consistency_k")},
+            "score_threshold": stats.get("score_threshold"), "retriever": retriever,
+            "candidates": candidates, "usage": model.usage}

@@ -49,13 +49,13 @@ import logging
 import re
 import unicodedata
 from collections.abc import Iterable, Iterator
-from pathlib import Path
+from operator import itemgetter
 
 import click
 
 from retrctl import records
-from retrctl.llm import LLM, Checkpoint, CheckpointMismatch, llm_from_flags, load_llm, sha
-from retrctl.stage import check_range, check_shard, options, parse_range, progress, shard, shard_of, stage
+from retrctl.llm import LLM, Checkpoint, llm_from_flags, load_llm, planning_llm, resumable, sha
+from retrctl.stage import Output, check_range, in_shard, options, parse_range, progress, shard, stage
 
 log = logging.getLogger("retrctl.rerank")
 
@@ -246,7 +246,6 @@ def rerank(items: Iterable[dict], llm: LLM | str = "smollm2", *, mode: str = "li
                 "stride": stride, "top_k": top_k, "passage_max_words": passage_max_words, "max_new_tokens": max_new}
     st = stats if stats is not None else {}
     st.update(settings=settings, llm=desc, windows={"ok": 0, "repaired": 0, "failed": 0}, queries=0, resumed=0)
-    done = {r["query_id"]: r for r in (checkpoint.resume(settings) if checkpoint is not None else [])}
 
     def run_batch(batch: list[dict]) -> list[dict]:
         results = []
@@ -287,32 +286,13 @@ def rerank(items: Iterable[dict], llm: LLM | str = "smollm2", *, mode: str = "li
                             "windows": outcomes[q["query_id"]]})
         return results
 
-    batch: list[dict] = []
-
-    def flush():
-        out = run_batch(batch)
-        if checkpoint is not None:
-            checkpoint.append(out)
-        batch.clear()
-        return out
-
-    def counted(results: list[dict]) -> list[dict]:
-        for r in results:
-            for status, n in r.get("windows", {}).items():
-                st["windows"][status] += n
-        return results
-
-    for item in items:
+    for _, (result,), resumed in resumable(items, run_batch, key=itemgetter("query_id"), batch_size=batch_size,
+                                           checkpoint=checkpoint, settings=settings):
         st["queries"] += 1
-        if item["query_id"] in done:
-            st["resumed"] += 1
-            yield from counted([done[item["query_id"]]])
-            continue
-        batch.append(item)
-        if len(batch) == batch_size:
-            yield from counted(flush())
-    if batch:
-        yield from counted(flush())
+        st["resumed"] += resumed
+        for status, n in result.get("windows", {}).items():
+            st["windows"][status] += n
+        yield result
     w = st["windows"]
     total = sum(w.values())
     if mode == "listwise":
@@ -377,19 +357,27 @@ def _run_items(run: dict, queries_path: str, corpus_path: str, run_path: str) ->
         yield {"query_id": qid, "query_text": texts[qid], "docs": [corpus[d] for d, _ in ranked]}
 
 
-def _group_items(groups: Iterable[dict], corpus_path: str | None, group_path: str) -> Iterator[dict]:
-    groups = list(groups)
+def _group_items(path: str, corpus_path: str | None, shard_id: int, shard_num: int) -> list[dict]:
+    """This shard's groups as rerank items, passages from --corpus or the groups' own ``passages``."""
+    try:
+        groups = list(shard(records.read(path, "group"), shard_id, shard_num, "query_id"))
+    except records.RecordError as e:
+        if e.field is None and e.path == str(path):
+            e.message += " (without --queries INPUT is read as groups; to rerank a run, give --queries)"
+        raise
     needed = {d for g in groups for d in g["positive_document_ids"] + g["negative_document_ids"]}
     corpus = {d["docid"]: d for d in records.read(corpus_path, "doc") if d["docid"] in needed} if corpus_path else {}
+    items = []
     for g in groups:
         docs = []
         for d in dict.fromkeys(g["positive_document_ids"] + g["negative_document_ids"]):
             doc = corpus.get(d) or ({"docid": d, **g["passages"][d]} if d in g.get("passages", {}) else None)
             if doc is None:
-                raise records.RecordError(group_path, None, "positive_document_ids",
+                raise records.RecordError(path, None, "positive_document_ids",
                                           f"doc {d!r} (query {g['query_id']!r}) has no text: give --corpus")
             docs.append(doc)
-        yield {"query_id": g["query_id"], "query_text": g["query_text"], "docs": docs, "group": g}
+        items.append({"query_id": g["query_id"], "query_text": g["query_text"], "docs": docs, "group": g})
+    return items
 
 
 def _probe(before: dict, after: dict, qrels_path: str) -> None:
@@ -402,9 +390,9 @@ def _probe(before: dict, after: dict, qrels_path: str) -> None:
                                          " (worse than the first stage: check the template)" if b < a else "")
 
 
-@stage(rerank)
+@stage(rerank, writes="run")
 @click.argument("input", default="-", required=False)
-@options("output", "llm", "llm_server", "corpus", "qrels", "top_k", "batch_size", "shard")
+@options("llm", "llm_server", "corpus", "qrels", "top_k", "batch_size", "shard")
 @click.option("--queries", help="Queries of the run (JSONL/Parquet/BEIR folder); without it INPUT is read as groups.")
 @click.option("--mode", type=click.Choice(["listwise", "pointwise"]), help="Listwise sliding window or pointwise yes/no.")
 @click.option("--window", type=click.IntRange(min=2), help="Passages per listwise window (RankGPT/rank_llm: 20).")
@@ -415,68 +403,52 @@ def _probe(before: dict, after: dict, qrels_path: str) -> None:
 @click.option("--dry-run", is_flag=True, help="Print windows, LLM calls and prompt tokens on stderr; call nothing.")
 def command(input, output, llm, queries, corpus, qrels, negative_ranks, dry_run, shard_id, shard_num, **opts):
     """Rerank a run (with --queries and --corpus) or relabel groups (no --queries) with an LLM."""
-    check_shard(shard_id, shard_num)
-    negative_ranks = parse_range(negative_ranks) if negative_ranks is not None else None
+    negative_ranks = parse_range(negative_ranks) if negative_ranks is not None else NEGATIVE_RANKS
     opts = {k: v for k, v in opts.items() if v is not None}
     if opts.get("stride", rerank.__kwdefaults__["stride"]) > opts.get("window", rerank.__kwdefaults__["window"]):
         raise click.BadParameter("must be <= --window", param_hint="'--stride'")
-    groups_mode = queries is None
-    if groups_mode:
-        try:
-            items = list(_group_items(shard(records.read(input, "group"), shard_id, shard_num, "query_id"), corpus, input))
-        except records.RecordError as e:
-            if e.field is None and e.path == str(input):
-                e.message += " (without --queries INPUT is read as groups; to rerank a run, give --queries)"
-            raise
+    if queries is None:
+        items = _group_items(input, corpus, shard_id, shard_num)
     else:
         if corpus is None:
             raise click.UsageError("reranking a run needs --queries and --corpus")
-        run = records.read_run(input)
-        run = {q: r for q, r in run.items() if shard_num == 1 or shard_of(q, shard_num) == shard_id}
+        run = {q: r for q, r in records.read_run(input).items() if in_shard(q, shard_id, shard_num)}
         items = list(_run_items(run, queries, corpus, input))
     if dry_run:
-        return _dry_run(items, llm, opts)
+        return _dry_run(items, planning_llm(llm, opts), opts)
     model = llm_from_flags(llm, opts)
-    partial = Checkpoint(f"{output}.partial.jsonl") if output != "-" else None
+    partial = f"{output}.partial.jsonl" if output != "-" else None
     stats: dict = {}
-    try:
-        results = list(rerank(progress(items, desc="rerank", unit="query"), model, checkpoint=partial, stats=stats, **opts))
-    except CheckpointMismatch as e:
-        raise click.UsageError(str(e)) from None
-    finally:
-        if partial is not None:
-            partial.close()
-    if groups_mode:
-        lo_hi = negative_ranks or NEGATIVE_RANKS
-        out = [relabel(it["group"], r, lo_hi) for it, r in zip(items, results, strict=True)]
-        short = sum(len(g["negative_document_ids"]) < lo_hi[1] - lo_hi[0] + 1 for g in out)
-        if short:
-            log.info("%d of %d groups had fewer than %d candidates below rank %d", short, len(out), lo_hi[1], lo_hi[0])
-        n = records.write(out, output)
-    else:
-        reranked = {r["query_id"]: [(d, float(len(r["docids"]) - i)) for i, d in enumerate(r["docids"])] for r in results}
-        if qrels:
-            _probe(run, reranked, qrels)
-        n = records.write_run(records.run_rows(reranked), output, tag="retrctl-rerank")
-    log.info("wrote %d %s to %s", n, "groups" if groups_mode else "run rows", "stdout" if output == "-" else output)
-    if output != "-":
-        manifest = {"stage": "rerank", "input": "groups" if groups_mode else "run", "llm": stats["llm"],
-                    "settings": stats["settings"], "queries": stats["queries"], "resumed": stats["resumed"],
-                    "windows": stats["windows"], "usage": model.usage,  # usage: this run's calls (queries - resumed)
-                    "negative_ranks": list(negative_ranks or NEGATIVE_RANKS) if groups_mode else None}
-        records.write_manifest_beside(output, manifest)
-        Path(f"{output}.partial.jsonl").unlink(missing_ok=True)
-    return n
+    results = list(rerank(progress(items, desc="rerank", unit="query"), model,
+                          checkpoint=Checkpoint(partial) if partial else None, stats=stats, **opts))
+    done = {"finish": lambda n: provenance(stats, model, negative_ranks if queries is None else None),
+            "remove": (partial,) if partial else ()}
+    if queries is None:
+        return Output(relabelled(items, results, negative_ranks), kind="group", **done)
+    reranked = {r["query_id"]: [(d, float(len(r["docids"]) - i)) for i, d in enumerate(r["docids"])] for r in results}
+    if qrels:
+        _probe(run, reranked, qrels)
+    return Output(records.run_rows(reranked), tag="retrctl-rerank", **done)
 
 
-def _dry_run(items: list[dict], llm_name: str, opts: dict) -> int:
-    backend = opts.pop("backend", None) or "hf"
-    for k in ("base_url", "concurrency", "timeout", "max_retries", "batch_size"):
-        opts.pop(k, None)
-    if backend == "hf":
-        model = load_llm(llm_name, tokenizer_only=True)
-    else:
-        model = load_llm(llm_name, backend="openai", base_url="http://dry-run.invalid")
+def relabelled(items: list[dict], results: list[dict], negative_ranks: tuple[int, int]) -> list[dict]:
+    out = [relabel(it["group"], r, negative_ranks) for it, r in zip(items, results, strict=True)]
+    lo, hi = negative_ranks
+    short = sum(len(g["negative_document_ids"]) < hi - lo + 1 for g in out)
+    if short:
+        log.info("%d of %d groups had fewer than %d candidates below rank %d", short, len(out), hi, lo)
+    return out
+
+
+def provenance(stats: dict, model: LLM, negative_ranks: tuple[int, int] | None) -> dict:
+    """The output's manifest: model, settings, window outcomes; usage counts this run's calls (queries - resumed)."""
+    return {"stage": "rerank", "input": "run" if negative_ranks is None else "groups", "llm": stats["llm"],
+            "settings": stats["settings"], "queries": stats["queries"], "resumed": stats["resumed"],
+            "windows": stats["windows"], "usage": model.usage,
+            "negative_ranks": list(negative_ranks) if negative_ranks is not None else None}
+
+
+def _dry_run(items: list[dict], model: LLM, opts: dict) -> None:
     p = plan(items, model, **opts)
     rows = [("queries", p["queries"]), ("LLM calls" + (" (windows)" if opts.get("mode", "listwise") == "listwise" else ""),
                                          p["llm_calls"]),
@@ -484,5 +456,3 @@ def _dry_run(items: list[dict], llm_name: str, opts: dict) -> int:
             ("generated tokens (at most)", p["generated_tokens_max"])]
     width = max(len(r[0]) for r in rows)
     click.echo("\n".join(f"{k:<{width}}  {v:>12,}" for k, v in rows), err=True)
-    return 0
-

@@ -39,7 +39,7 @@ from pathlib import Path
 import click
 
 from retrctl import records
-from retrctl.stage import encoder_overrides, options, progress, stage
+from retrctl.stage import Output, encoder_overrides, options, progress, stage
 
 log = logging.getLogger("retrctl.search")
 
@@ -89,8 +89,22 @@ def default_tag(manifest: dict) -> str:
     return re.sub(r"\s+", "_", tag)
 
 
-@stage(search)
-@options("output", "input_format", "batch_size", "corpus", "encoder")
+def provenance(idx, index_dir: str, queries: str, tag: str, rows: int, settings: dict, overrides: dict) -> dict:
+    """The run's manifest (PEER 14, 39): which index version, its BM25 variant or encoder recipe, the search
+    settings and library versions. Called once the run is written, so the encoder's truncation count is final."""
+    if getattr(idx, "encoder", None) is not None:
+        idx.encoder.report_truncation()
+    manifest = idx.version.manifest
+    return {"stage": "search", "index": str(Path(index_dir).resolve()), "index_version": idx.version.name,
+            "queries": queries if queries == "-" else str(Path(queries).resolve()), "run_tag": tag, "rows": rows,
+            "settings": {**settings, **{k: getattr(idx, k) for k in ("batch_size", "ef_search", "nprobe") if hasattr(idx, k)}},
+            "encoder_overrides": overrides or None,
+            "index_manifest": {k: manifest.get(k) for k in ("backend", "variant", "settings", "encoder", "doc_count", "source",
+                                                           "versions") if k in manifest}}
+
+
+@stage(search, writes="run")
+@options("input_format", "batch_size", "corpus", "encoder")
 @click.argument("index_dir")
 @click.argument("queries", default="-", required=False)
 @click.option("--hits", type=click.IntRange(min=1), help="Results per query.")
@@ -105,8 +119,6 @@ def command(index_dir, queries, output, input_format, batch_size, corpus, hits, 
     """Search an index (from `retrctl index`) with queries (JSONL/Parquet/BEIR folder, '-' = stdin); write a run."""
     from retrctl.indexes import open_index
 
-    if output != "-" and Path(output).is_dir():
-        raise click.UsageError(f"-o {output} is a directory: give a run file name (or '-' for stdout)")
     overrides = encoder_overrides(opts)
     device = overrides.pop("device", None)
     # one version, resolved once: an update publishing meanwhile cannot mix versions into this search
@@ -134,16 +146,5 @@ def command(index_dir, queries, output, input_format, batch_size, corpus, hits, 
     recs = progress(records.read(queries, "query", input_format), desc="search", unit="query")
     rows = search(recs, idx, hits=hits, remove_query=remove_query, texts=corpus_lookup(corpus) if with_text else None)
     tag = run_tag or default_tag(manifest)
-    n = records.write_run(rows, output, fmt, tag=tag)
-    if hasattr(idx, "encoder") and idx.encoder is not None:
-        idx.encoder.report_truncation()
-    # the run's provenance (PEER 14, 39): which index, BM25 variant or encoder recipe, search settings, versions
-    records.write_manifest_beside(output, {
-        "stage": "search", "index": str(Path(index_dir).resolve()), "index_version": version.name,
-        "queries": queries if queries == "-" else str(Path(queries).resolve()), "run_tag": tag, "rows": n,
-        "settings": {"hits": hits, "remove_query": remove_query, "with_text": with_text,
-                     **{k: getattr(idx, k) for k in ("batch_size", "ef_search", "nprobe") if hasattr(idx, k)}},
-        "encoder_overrides": overrides or None,
-        "index_manifest": {k: manifest.get(k) for k in ("backend", "variant", "settings", "encoder", "doc_count", "source", "versions")
-                           if k in manifest}})
-    log.info("wrote %d run rows to %s", n, "stdout" if output == "-" else output)
+    settings = {"hits": hits, "remove_query": remove_query, "with_text": with_text}
+    return Output(rows, fmt=fmt, tag=tag, finish=lambda n: provenance(idx, index_dir, queries, tag, n, settings, overrides))

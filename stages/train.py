@@ -140,7 +140,7 @@ def _int_list(ctx, param, value):
         raise click.BadParameter("expected comma-separated integers, e.g. 64,128,256") from None
 
 
-@stage(train, writes="dir")
+@stage(train, writes="dir", atomic=False)  # the trainer swaps its own resumable partial (rank 0)
 @click.argument("groups", default="-", required=False)
 @options("model", "corpus", "encoder")
 @click.option("--config", "config_file", help="TrainConfig as JSON (train_config.json of an earlier run); flags override it. "
