@@ -105,7 +105,6 @@ def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None 
     output = Path(output)
     if keep < 1 or checkpoint_every < 1:
         raise SettingsError("--keep and --checkpoint-every must be at least 1")
-    # each backend takes the options it knows (its ``flags``)
     options = {"index_type": index_type, "batch_size": batch_size, "k1": k1, "b": b, "stopwords": stopwords,
                "bm25_method": bm25_method, "checkpoint_every": checkpoint_every}
     with store.writer(output):
@@ -134,6 +133,7 @@ def _index(docs, output: Path, *, model, method, delete, rebuild, keep, meta, en
         encoder = backend.encoder_for(model, same, **(encoder_settings or {}))
     elif model or encoder_settings:
         log.warning("--model and encoder flags are ignored by --method %s", method)
+    options = {k: v for k, v in options.items() if k in backend.flags}  # the others are other backends' flags
     fresh = backend.create(encoder, **options)
     idx = _reuse(output, old_manifest, fresh, rebuild, lambda: open_index(old, encoder=encoder))
     idx.prepare_update(workdir, **options)

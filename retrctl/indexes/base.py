@@ -43,7 +43,7 @@ class Index:
     name = "base"
     summary = ""  # a few words for `retrctl index --method`'s help (the library behind it)
     needs_encoder = False  # True: built with an encoder (`index` needs --model or an old manifest; encoder flags apply)
-    flags: tuple[str, ...] = ()  # the `index` options ``create`` takes (the others belong to other backends)
+    flags: tuple[str, ...] = ()  # the `index` options it takes: ``create`` and ``prepare_update`` get these only
     search_knobs: tuple[str, ...] = ()  # attributes `search` may set for one run; they do not change stored content
     encoder = None  # the encoder behind the index; None for backends without one
     encoded = 0  # docs this object ran through its encoder (updates report how many were not reused)
@@ -57,8 +57,8 @@ class Index:
 
     @classmethod
     def create(cls, encoder=None, **options) -> Index:
-        """A new, empty index from `retrctl index`'s options (k1, index_type, batch_size, …): it takes its
-        ``flags`` and ignores the rest. ``encoder`` is given exactly when ``needs_encoder``."""
+        """A new, empty index from `retrctl index`'s options: keyword arguments named in ``flags`` (one left out
+        takes the backend's default). ``encoder`` is given exactly when ``needs_encoder``."""
         raise NotImplementedError
 
     @classmethod
@@ -84,8 +84,8 @@ class Index:
         return f"{len(self)} docs"
 
     def prepare_update(self, workdir: Path, **options) -> None:
-        """Apply `index`'s options that do not change stored content (batch size, checkpoint interval) and the
-        resume directory to an index about to be built or updated."""
+        """Apply `index`'s options (``flags``) that do not change stored content (batch size, checkpoint
+        interval) and the resume directory to an index about to be built or updated."""
 
     def report_update(self, stats: dict, workdir: Path) -> None:
         """Log what an update did beyond the counts (``stats``): e.g. truncated passages, reused checkpoints."""

@@ -133,7 +133,7 @@ class BM25Index(base.Index):
 
     @classmethod
     def create(cls, encoder=None, *, k1: float = 0.9, b: float = 0.4, stopwords: str | None = "en",
-               bm25_method: str = "lucene", **_other) -> BM25Index:
+               bm25_method: str = "lucene") -> BM25Index:
         return cls(k1=k1, b=b, stopwords=None if stopwords in (None, "", "none") else stopwords, method=bm25_method)
 
     @classmethod

@@ -69,8 +69,7 @@ class DenseIndex(base.Index):
     # ------------------------------------------------------------ what the stages ask
 
     @classmethod
-    def create(cls, encoder=None, *, index_type: str = "Flat", batch_size: int = 32, checkpoint_every: int = 4096,
-               **_other) -> DenseIndex:
+    def create(cls, encoder=None, *, index_type: str = "Flat", batch_size: int = 32, checkpoint_every: int = 4096) -> DenseIndex:
         return cls(encoder, index_type=index_type, batch_size=batch_size, chunk_size=checkpoint_every)
 
     @classmethod
