@@ -61,7 +61,7 @@ from pathlib import Path
 import click
 
 from retrctl import records
-from retrctl.indexes import BACKENDS
+from retrctl.indexes import BACKENDS, DEFAULT_BACKEND
 from retrctl.indexes.bm25 import METHODS as BM25_METHODS
 from retrctl.indexes.store import KEEP
 from retrctl.stage import check_shard, encoder_overrides, options, progress, shard, stage
@@ -113,12 +113,12 @@ def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None 
 
 
 def _index(docs, output: Path, *, model, method, delete, rebuild, keep, meta, encoder_settings, options) -> dict:
-    from retrctl.indexes import BACKENDS, open_index
+    from retrctl.indexes import open_index
 
     workdir = output.with_name(output.name + ".partial")
     old = _current_or_none(output, rebuild)  # resolved once: the update reads only this version
     old_manifest = old.manifest if old else None
-    method = method or (old_manifest or {}).get("backend") or "dense"
+    method = method or (old_manifest or {}).get("backend") or DEFAULT_BACKEND
     if method not in BACKENDS:
         raise SettingsError(f"unknown method {method!r}")
     backend = BACKENDS[method]
@@ -177,8 +177,6 @@ def _current_name(output: Path) -> str:
 
 def _reuse(output: Path, old: dict | None, fresh, rebuild: bool, load):
     """The existing index when its stored settings equal the requested ones; else the fresh one (a rebuild)."""
-    from retrctl.indexes import BACKENDS
-
     if old is None or rebuild:
         return fresh
     want = {"backend": fresh.name, **fresh.content_settings(fresh.manifest())}
@@ -224,7 +222,7 @@ def merge(parts: list[str | os.PathLike], output: str | os.PathLike, keep: int =
 @options("model", "encoder", "batch_size", "shard", "input_format")
 @click.argument("inputs", nargs=-1)
 @click.option("--method", type=BackendChoice(), help=f"Index backend: {', '.join(f'{n} ({b.summary})' for n, b in BACKENDS.items())}. "
-              "[default: dense, or the existing index's]")
+              f"[default: {DEFAULT_BACKEND}, or the existing index's]")
 @click.option("--index-type", help="faiss factory string, inner product: Flat, HNSW32, IVF1024,PQ32, …")
 @click.option("--k1", type=float, help="BM25 term-frequency saturation.")
 @click.option("--b", type=float, help="BM25 length normalization.")

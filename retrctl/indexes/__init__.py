@@ -21,6 +21,7 @@ from retrctl.indexes.dense import DenseIndex
 from retrctl.indexes.store import Version, resolve
 
 BACKENDS: dict[str, type[Index]] = {"dense": DenseIndex, "bm25": BM25Index}
+DEFAULT_BACKEND = "dense"  # `index --method` when not given and -o holds no index yet
 
 
 def open_index(directory: str | Path | Version, **kw) -> Index:
@@ -38,4 +39,4 @@ def open_index(directory: str | Path | Version, **kw) -> Index:
     return store.open_consistent(directory, load)
 
 
-__all__ = ["BACKENDS", "BM25Index", "DenseIndex", "Index", "Version", "open_index", "read_manifest", "resolve"]
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "BM25Index", "DenseIndex", "Index", "Version", "open_index", "read_manifest", "resolve"]
