@@ -2,8 +2,9 @@
 
 Stages are referred to by name only and imported on first use (click's lazy-loading group pattern), so
 `retrctl --help` starts without importing torch. Errors are converted here, once: RecordError and usage
-errors exit 2 with one line (the core's own UsageError is shown as click shows its usage errors); an output locked by another run (BusyError) exits 75 (EX_TEMPFAIL: retry later,
-cron can skip quietly); anything else exits 1 with one line (the traceback with --log-level debug).
+errors exit 2 with one line (the core's own retrctl.errors.UsageError is shown as click shows its usage errors);
+an output locked by another run (BusyError) exits 75 (EX_TEMPFAIL: retry later, cron can skip quietly); anything
+else exits 1 with one line (the traceback with --log-level debug).
 """
 
 from __future__ import annotations

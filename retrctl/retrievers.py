@@ -3,11 +3,12 @@
 dir, a run file, or a model (shipped name, dir, GGUF).
 
 Every retriever has ``search(queries, k) -> {query_id: [(docid, score), ...]}``; ``IndexRetriever`` also has
-``score(query_id, docids)`` for positives outside the top-k (mine's margin reference), which the index's backend
-computes (``Index.score``). `bm25` names an index backend that needs no encoder (retrctl.indexes.BACKENDS). Dense corpus vectors for
-a model retriever are cached under `<cache>/mine/<model>-<key>` as a Flat DenseIndex kept in sync by content
-hash, so a sweep of mining settings encodes the corpus once and an edited corpus re-encodes only changed docs
-(ST#3338). `hybrid` fuses dense and BM25 top-k lists with reciprocal rank fusion (Cormack et al. 2009, k=60).
+``score(query_id, docids)`` for positives outside the top-k (mine's margin reference), computed by the index's
+backend (``Index.score``). `bm25` is the name of an index backend that needs no encoder (any such backend in
+retrctl.indexes.BACKENDS is a --retriever name), built in memory over the corpus. Dense corpus vectors for a model
+retriever are cached under `<cache>/mine/<model>-<key>` as a Flat DenseIndex kept in sync by content hash, so a
+sweep of mining settings encodes the corpus once and an edited corpus re-encodes only changed docs (ST#3338).
+`hybrid` fuses dense and BM25 top-k lists with reciprocal rank fusion (Cormack et al. 2009, k=60).
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ def _index(docs, output: Path, *, model, method, delete, rebuild, keep, meta, en
     if backend.needs_encoder:
         same = old_manifest if old_manifest and old_manifest.get("backend") == method else None
         if model is None and same is None:
-            others = [n for n, b in BACKENDS.items() if not b.needs_encoder]
+            others = [name for name, other in BACKENDS.items() if not other.needs_encoder]
             raise SettingsError(f"a {method} index needs --model" + (f" (or --method {'/'.join(others)})" if others else ""))
         encoder = backend.encoder_for(model, same, **(encoder_settings or {}))
     elif model or encoder_settings:
