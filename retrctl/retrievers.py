@@ -3,10 +3,12 @@
 dir, a run file, or a model (shipped name, dir, GGUF).
 
 Every retriever has ``search(queries, k) -> {query_id: [(docid, score), ...]}``; ``IndexRetriever`` also has
-``score(query_id, docids)`` for positives outside the top-k (mine's margin reference). Dense corpus vectors for
-a model retriever are cached under `<cache>/mine/<model>-<key>` as a Flat DenseIndex kept in sync by content
-hash, so a sweep of mining settings encodes the corpus once and an edited corpus re-encodes only changed docs
-(ST#3338). `hybrid` fuses dense and BM25 top-k lists with reciprocal rank fusion (Cormack et al. 2009, k=60).
+``score(query_id, docids)`` for positives outside the top-k (mine's margin reference), computed by the index's
+backend (``Index.score``). `bm25` is the name of an index backend that needs no encoder (any such backend in
+retrctl.indexes.BACKENDS is a --retriever name), built in memory over the corpus. Dense corpus vectors for a model
+retriever are cached under `<cache>/mine/<model>-<key>` as a Flat DenseIndex kept in sync by content hash, so a
+sweep of mining settings encodes the corpus once and an edited corpus re-encodes only changed docs (ST#3338).
+`hybrid` fuses dense and BM25 top-k lists with reciprocal rank fusion (Cormack et al. 2009, k=60).
 """
 
 from __future__ import annotations
@@ -19,9 +21,8 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
-import click
-
 from retrctl import records
+from retrctl.errors import UsageError
 from retrctl.hashing import stable_hex, weight_files
 
 log = logging.getLogger("retrctl.retrievers")
@@ -40,42 +41,20 @@ class RunRetriever:
 
 
 class IndexRetriever:
-    """Any retrctl index. Positives outside the top-k are scored exactly: dense = query vector . doc vector,
-    BM25 = bm25s's score of that doc for the query (0 when no query term matches, which search leaves out)."""
+    """Any retrctl index. Positives outside the top-k are scored by its backend (``Index.score``: dense = query
+    vector . doc vector, BM25 = the doc's BM25 score, 0 when no query term matches, which search leaves out)."""
 
     def __init__(self, index):
         self.index = index
-        self.dense = hasattr(index, "search_vectors") and getattr(index, "encoder", None) is not None
-        self.bm25 = getattr(index, "name", "") == "bm25"
-        self._chunk: dict[str, object] = {}  # this chunk's query vectors (dense) or texts (bm25)
-        self._rows: dict[str, int] | None = None
+        self._chunk: dict[str, dict] = {}  # this chunk's queries, by id
 
     def search(self, queries: list[dict], k: int) -> dict:
-        if not self.dense:
-            self._chunk = {q["query_id"]: q["query_text"] for q in queries}
-            return self.index.search(queries, k)
-        qv = self.index.encoder.encode([q["query_text"] for q in queries], kind="query", batch_size=self.index.batch_size)
-        self._chunk = {q["query_id"]: v for q, v in zip(queries, qv, strict=True)}
-        scores, ids = self.index.search_vectors(qv, k)
-        return {q["query_id"]: [(d, float(s)) for d, s in zip(row_ids, row, strict=False)]
-                for q, row_ids, row in zip(queries, ids, scores, strict=True)}
+        self._chunk = {q["query_id"]: q for q in queries}
+        return self.index.search(queries, k)
 
     def score(self, qid: str, docids: list[str]) -> dict[str, float]:
-        if qid not in self._chunk or not (self.dense or self.bm25):
-            return {}
-        if self._rows is None or len(self._rows) != len(self.index.docids):
-            self._rows = {d: i for i, d in enumerate(self.index.docids)}
-        docids = [d for d in docids if d in self._rows]
-        if not docids:
-            return {}
-        if self.dense:
-            return dict(zip(docids, (self.index.get_vectors(docids) @ self._chunk[qid]).tolist(), strict=True))
-        tok = self.index.tokenizer
-        ids = [i for i in next(iter(tok.streaming_tokenize([self._chunk[qid]], update_vocab=False))) if i != tok.word_to_id.get("")]
-        if not ids or self.index.retriever is None:
-            return dict.fromkeys(docids, 0.0)
-        scores = self.index.retriever.get_scores_from_ids(ids)
-        return {d: float(scores[self._rows[d]]) for d in docids}
+        query = self._chunk.get(qid)
+        return self.index.score(query, docids) if query is not None and docids else {}
 
 
 class HybridRetriever:
@@ -152,17 +131,25 @@ def dense_index(model, docs: dict[str, dict], corpus_path: str | None, batch_siz
     return idx
 
 
+def _lexical() -> list[str]:
+    """Index backends that need no encoder: built in memory over the corpus when named as --retriever."""
+    from retrctl.indexes import BACKENDS
+
+    return [name for name, backend in BACKENDS.items() if not backend.needs_encoder]
+
+
 def check_spec(spec: str | None, model: str | None = None) -> str:
-    """The --retriever spec (or --model), refused before any work when it names nothing usable."""
+    """The --retriever spec (or --model), refused (UsageError) before any work when it names nothing usable."""
     from retrctl.models import SHIPPED
 
     spec = spec or model
+    names = [*_lexical(), "hybrid"]
     if spec is None:
-        raise click.UsageError("give --retriever (bm25, hybrid, a model, an index dir or a run file) or --model")
+        raise UsageError(f"give --retriever ({', '.join(names)}, a model, an index dir or a run file) or --model")
     if spec == "hybrid" and not model:
-        raise click.UsageError("--retriever hybrid needs --model (the dense half)")
-    if spec not in ("bm25", "hybrid") and spec not in SHIPPED and not Path(spec).exists():
-        raise click.UsageError(f"--retriever {spec!r}: not bm25/hybrid, a shipped model ({', '.join(SHIPPED)}), or an existing path")
+        raise UsageError("--retriever hybrid needs --model (the dense half)")
+    if spec not in names and spec not in SHIPPED and not Path(spec).exists():
+        raise UsageError(f"--retriever {spec!r}: not {'/'.join(names)}, a shipped model ({', '.join(SHIPPED)}), or an existing path")
     return spec
 
 
@@ -171,13 +158,14 @@ def open_retriever(spec: str | None, *, model: str | None, docs: dict, corpus_pa
     """--retriever: 'bm25', 'hybrid' (with --model), an index dir, a run file, or a model (shipped name, dir, GGUF)."""
     spec = check_spec(spec, model)
     stream = ({"docid": d, **doc} for d, doc in docs.items())
-    if spec in ("bm25", "hybrid"):
-        from retrctl.indexes.bm25 import BM25Index
+    if spec in _lexical() or spec == "hybrid":
+        from retrctl.indexes import BACKENDS
 
-        bm25 = BM25Index()
-        bm25.build(stream)
-        if spec == "bm25":
-            return IndexRetriever(bm25)
+        lexical = BACKENDS["bm25" if spec == "hybrid" else spec].create()  # the backend's default settings
+        lexical.build(stream)
+        if spec != "hybrid":
+            return IndexRetriever(lexical)
+        bm25 = lexical
         dense = dense_index(model, docs, corpus_path, batch_size, cache, **overrides)
         log.info("hybrid retriever: %s + BM25 top-k lists fused by reciprocal rank fusion (k=%d); scores are RRF scores", model, RRF_K)
         return HybridRetriever(IndexRetriever(dense), IndexRetriever(bm25))

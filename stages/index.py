@@ -61,6 +61,8 @@ from pathlib import Path
 import click
 
 from retrctl import records
+from retrctl.indexes import BACKENDS, DEFAULT_BACKEND
+from retrctl.indexes.bm25 import METHODS as BM25_METHODS
 from retrctl.indexes.store import KEEP
 from retrctl.stage import check_shard, encoder_overrides, options, progress, shard, stage
 
@@ -69,6 +71,22 @@ log = logging.getLogger("retrctl.index")
 
 class SettingsError(ValueError):
     """Inputs that cannot be indexed together (different encoders, overlapping shards)."""
+
+
+class BackendChoice(click.Choice):
+    """--method: the names in BACKENDS when the flag is read or shown, so a backend registered after this module
+    was imported (a plugin, a test) is a valid choice and listed by --help."""
+
+    def __init__(self):
+        super().__init__(tuple(BACKENDS))
+
+    @property
+    def choices(self):
+        return tuple(BACKENDS)
+
+    @choices.setter
+    def choices(self, _value):  # click.Choice.__init__ assigns it; the live registry wins
+        pass
 
 
 def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None = None, method: str | None = None,
@@ -87,67 +105,53 @@ def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None 
     output = Path(output)
     if keep < 1 or checkpoint_every < 1:
         raise SettingsError("--keep and --checkpoint-every must be at least 1")
+    options = {"index_type": index_type, "batch_size": batch_size, "k1": k1, "b": b, "stopwords": stopwords,
+               "bm25_method": bm25_method, "checkpoint_every": checkpoint_every}
     with store.writer(output):
-        return _index(docs, output, model=model, method=method, index_type=index_type, batch_size=batch_size, k1=k1,
-                      b=b, stopwords=stopwords, bm25_method=bm25_method, delete=delete, rebuild=rebuild, keep=keep,
-                      checkpoint_every=checkpoint_every, meta=meta, encoder_settings=encoder_settings)
+        return _index(docs, output, model=model, method=method, delete=delete, rebuild=rebuild, keep=keep, meta=meta,
+                      encoder_settings=encoder_settings, options=options)
 
 
-def _index(docs, output: Path, *, model, method, index_type, batch_size, k1, b, stopwords, bm25_method, delete,
-           rebuild, keep, checkpoint_every, meta, encoder_settings) -> dict:
-    from retrctl.indexes import BM25Index, DenseIndex, open_index
+def _index(docs, output: Path, *, model, method, delete, rebuild, keep, meta, encoder_settings, options) -> dict:
+    from retrctl.indexes import open_index
 
     workdir = output.with_name(output.name + ".partial")
     old = _current_or_none(output, rebuild)  # resolved once: the update reads only this version
     old_manifest = old.manifest if old else None
-    method = method or (old_manifest or {}).get("backend") or "dense"
-    stopwords = None if stopwords in (None, "", "none") else stopwords
+    method = method or (old_manifest or {}).get("backend") or DEFAULT_BACKEND
+    if method not in BACKENDS:
+        raise SettingsError(f"unknown method {method!r}")
+    backend = BACKENDS[method]
     meta = meta or {}
 
-    if method == "bm25":
-        if model or encoder_settings:
-            log.warning("--model and encoder flags are ignored by --method bm25")
-        fresh = BM25Index(k1=k1, b=b, stopwords=stopwords, method=bm25_method)
-        idx = _reuse(output, old_manifest, fresh, rebuild, lambda: open_index(old))
-    elif method == "dense":
-        from retrctl.models import Encoder
-
-        settings = dict(encoder_settings or {})
-        if model is None:
-            if not old_manifest or old_manifest.get("backend") != "dense":
-                raise SettingsError("a dense index needs --model (or --method bm25)")
-            model = old_manifest["encoder"]["model"]
-            for k in ("pooling", "normalize", "query_prompt", "passage_prompt", "query_max_len", "passage_max_len",
-                      "bidirectional", "dims", "temperature"):
-                if k in old_manifest["encoder"]:
-                    settings.setdefault(k, old_manifest["encoder"][k])
-        device, dtype = settings.pop("device", None), settings.pop("dtype", None)
-        encoder = Encoder.load(model, device=device, dtype=dtype, **settings)
-        fresh = DenseIndex(encoder, index_type=index_type, batch_size=batch_size, chunk_size=checkpoint_every)
-        idx = _reuse(output, old_manifest, fresh, rebuild, lambda: DenseIndex.load(old, encoder=encoder))
-        idx.batch_size, idx.chunk_size = batch_size, checkpoint_every
-        idx.workdir = workdir
-    else:
-        raise SettingsError(f"unknown method {method!r}")
+    encoder = None
+    if backend.needs_encoder:
+        same = old_manifest if old_manifest and old_manifest.get("backend") == method else None
+        if model is None and same is None:
+            others = [name for name, other in BACKENDS.items() if not other.needs_encoder]
+            raise SettingsError(f"a {method} index needs --model" + (f" (or --method {'/'.join(others)})" if others else ""))
+        encoder = backend.encoder_for(model, same, **(encoder_settings or {}))
+    elif model or encoder_settings:
+        log.warning("--model and encoder flags are ignored by --method %s", method)
+    options = {k: v for k, v in options.items() if k in backend.flags}  # the others are other backends' flags
+    fresh = backend.create(encoder, **options)
+    idx = _reuse(output, old_manifest, fresh, rebuild, lambda: open_index(old, encoder=encoder))
+    idx.prepare_update(workdir, **options)
 
     before = dict(idx.meta)
     stats = idx.sync(docs, delete=delete) if idx is not fresh else idx.build(docs)
-    if method == "dense":
-        idx.encoder.report_truncation({"passage": idx.encoded})
     idx.meta = {**idx.meta, **meta}
     changed = stats["added"] or stats["updated"] or stats["removed"] or idx is fresh or idx.meta != before
     log.info("%s index %s: %d docs (%d added, %d updated, %d unchanged, %d removed)", method, output, len(idx),
              stats["added"], stats["updated"], stats["unchanged"], stats["removed"])
-    encoded = getattr(idx, "encoded", 0)
-    if method == "dense" and encoded != stats["added"] + stats["updated"]:
-        log.info("encoded %d docs; %d came from the checkpoints in %s", encoded, stats["added"] + stats["updated"] - encoded, workdir)
+    idx.report_update(stats, workdir)
     if changed:
         idx.save(output, keep=keep)
         log.info("published %s as version %s", output, _current_name(output))
     else:
         log.info("%s is up to date; left as it is", output)
     shutil.rmtree(workdir, ignore_errors=True)
-    return {**stats, "encoded": encoded, "rebuilt": idx is fresh, "written": bool(changed)}
+    return {**stats, "encoded": idx.encoded, "rebuilt": idx is fresh, "written": bool(changed)}
 
 
 def _current_or_none(output: Path, rebuild: bool):
@@ -175,8 +179,9 @@ def _reuse(output: Path, old: dict | None, fresh, rebuild: bool, load):
     """The existing index when its stored settings equal the requested ones; else the fresh one (a rebuild)."""
     if old is None or rebuild:
         return fresh
-    want = {"backend": fresh.name, **_content_settings(fresh.name, fresh.config(), getattr(fresh, "encoder_desc", None))}
-    have = {"backend": old.get("backend"), **_content_settings(old.get("backend"), old.get("settings", {}), old.get("encoder"))}
+    want = {"backend": fresh.name, **fresh.content_settings(fresh.manifest())}
+    backend = BACKENDS.get(old.get("backend"))
+    have = {"backend": old.get("backend"), **(backend.content_settings(old) if backend else old.get("settings", {}))}
     if want != have:
         diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
         log.warning("%s was built with other settings (%s): rebuilding from scratch", output,
@@ -185,16 +190,9 @@ def _reuse(output: Path, old: dict | None, fresh, rebuild: bool, load):
     return load()
 
 
-def _content_settings(backend: str | None, settings: dict, encoder: dict | None) -> dict:
-    """The settings the stored vectors/statistics depend on (batch size and search-time knobs do not count)."""
-    if backend == "dense":
-        return {"index_type": settings.get("index_type"), **{f"encoder.{k}": v for k, v in (encoder or {}).items()}}
-    return dict(settings)
-
-
 def merge(parts: list[str | os.PathLike], output: str | os.PathLike, keep: int = KEEP) -> int:
     """Join shard indexes into one at ``output``; returns the doc count."""
-    from retrctl.indexes import BACKENDS, open_index, store
+    from retrctl.indexes import open_index, store
 
     versions = [store.resolve(p) for p in parts]  # each part resolved once
     manifests = [v.manifest for v in versions]
@@ -209,9 +207,9 @@ def merge(parts: list[str | os.PathLike], output: str | os.PathLike, keep: int =
             log.warning("merging shards %s of %d: the merged index is not the whole corpus", ids, shards[0]["num"])
     with store.writer(output):
         first = open_index(versions[0])
-        rest = [open_index(v, encoder=first.encoder) if first.name == "dense" else open_index(v) for v in versions[1:]]
+        rest = [open_index(v, encoder=first.encoder) for v in versions[1:]]  # one encoder loaded, where there is one
         try:
-            merged = BACKENDS[first.name].merge([first, *rest])
+            merged = type(first).merge([first, *rest])
         except ValueError as e:
             raise SettingsError(str(e)) from None
         merged.meta = {k: v for k, v in first.meta.items() if k != "shard"}
@@ -223,12 +221,13 @@ def merge(parts: list[str | os.PathLike], output: str | os.PathLike, keep: int =
 @stage(index, writes="dir", atomic=False)  # a versioned store: built and published by store.writer
 @options("model", "encoder", "batch_size", "shard", "input_format")
 @click.argument("inputs", nargs=-1)
-@click.option("--method", type=click.Choice(["dense", "bm25"]), help="Dense (faiss) or BM25 (bm25s). [default: dense, or the existing index's]")
+@click.option("--method", type=BackendChoice(), help=f"Index backend: {', '.join(f'{n} ({b.summary})' for n, b in BACKENDS.items())}. "
+              f"[default: {DEFAULT_BACKEND}, or the existing index's]")
 @click.option("--index-type", help="faiss factory string, inner product: Flat, HNSW32, IVF1024,PQ32, …")
 @click.option("--k1", type=float, help="BM25 term-frequency saturation.")
 @click.option("--b", type=float, help="BM25 length normalization.")
 @click.option("--stopwords", help="BM25 stopword list (bm25s: en, de, fr, …) or 'none'.")
-@click.option("--bm25-method", type=click.Choice(["lucene", "robertson", "atire", "bm25l", "bm25+"]), help="BM25 variant.")
+@click.option("--bm25-method", type=click.Choice(BM25_METHODS), help="BM25 variant.")
 @click.option("--delete/--no-delete", default=True, show_default=True, help="On update, delete docs no longer in the corpus.")
 @click.option("--rebuild", is_flag=True, help="Build from scratch even if -o holds an up-to-date-able index.")
 @click.option("--keep", type=click.IntRange(min=1), help="Delete an old version once this many newer ones exist "

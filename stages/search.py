@@ -79,25 +79,22 @@ def corpus_lookup(path: str, fmt: str | None = None) -> Callable[[set], dict]:
 
 
 def default_tag(manifest: dict) -> str:
-    """A run tag naming the retriever (TREC tags cannot hold spaces)."""
-    if manifest.get("backend") == "bm25":
-        s = manifest.get("settings", {})
-        tag = f"bm25s-{s.get('method')}-k1={s.get('k1')}-b={s.get('b')}-sw={s.get('stopwords') or 'none'}"
-    else:
-        model = str(manifest.get("encoder", {}).get("model", "dense")).rstrip("/").rsplit("/", 1)[-1]
-        tag = f"{model}-{manifest.get('settings', {}).get('index_type', 'Flat')}"
-    return re.sub(r"\s+", "_", tag)
+    """A run tag naming the retriever, as the index's backend words it (TREC tags cannot hold spaces)."""
+    from retrctl.indexes import BACKENDS
+    from retrctl.indexes.base import Index
+
+    return re.sub(r"\s+", "_", BACKENDS.get(manifest.get("backend"), Index).run_tag(manifest))
 
 
 def provenance(idx, index_dir: str, queries: str, tag: str, rows: int, settings: dict, overrides: dict) -> dict:
     """The run's manifest (PEER 14, 39): which index version, its BM25 variant or encoder recipe, the search
     settings and library versions. Called once the run is written, so the encoder's truncation count is final."""
-    if getattr(idx, "encoder", None) is not None:
+    if idx.encoder is not None:
         idx.encoder.report_truncation()
     manifest = idx.version.manifest
     return {"stage": "search", "index": str(Path(index_dir).resolve()), "index_version": idx.version.name,
             "queries": queries if queries == "-" else str(Path(queries).resolve()), "run_tag": tag, "rows": rows,
-            "settings": {**settings, **{k: getattr(idx, k) for k in ("batch_size", "ef_search", "nprobe") if hasattr(idx, k)}},
+            "settings": {**settings, **{k: getattr(idx, k) for k in idx.search_knobs}},
             "encoder_overrides": overrides or None,
             "index_manifest": {k: manifest.get(k) for k in ("backend", "variant", "settings", "encoder", "doc_count", "source",
                                                            "versions") if k in manifest}}
@@ -125,15 +122,11 @@ def command(index_dir, queries, output, input_format, batch_size, corpus, hits, 
     idx = open_index(index_dir, device=device, **overrides)
     version = idx.version
     manifest = version.manifest
-    if manifest.get("backend") == "dense":
-        log.info("dense index %s: %d docs, %s, encoder %s (pooling %s, query prompt %r)", index_dir, len(idx),
-                 manifest["settings"]["index_type"], manifest["encoder"]["model"], idx.encoder.config.pooling, idx.encoder.config.query_prompt)
-    else:
-        if overrides or device:
-            log.warning("encoder flags are ignored by a %s index", manifest.get("backend"))
-        log.info("bm25 index %s: %d docs, %s", index_dir, len(idx), manifest.get("variant"))
+    if not idx.needs_encoder and (overrides or device):
+        log.warning("encoder flags are ignored by a %s index", idx.name)
+    log.info("%s index %s: %s", idx.name, index_dir, idx.describe())
     for name, value in (("batch_size", batch_size), ("ef_search", ef_search), ("nprobe", nprobe)):
-        if value is not None and hasattr(idx, name):
+        if value is not None and name in idx.search_knobs:
             setattr(idx, name, value)
     fmt = output_format
     if with_text:

@@ -2,6 +2,12 @@
 
 An index directory holds immutable versions behind one pointer (retrctl.indexes.store): ``open_index`` resolves
 the pointer once and the backend reads only that version, so an update running meanwhile cannot mix versions.
+
+Each backend describes itself (retrctl.indexes.base.Index): whether it needs an encoder, the `index` flags it
+takes (``create``), what the stored data depends on (``content_settings``, which decides whether an update may
+reuse a version), how it reopens from its manifest (``load``), its run tag and log line, and how it scores a
+query against given docs (``score``). The stages ask it and never branch on its name, so a new backend is one
+module here and one entry in ``BACKENDS``: `retrctl index --method` lists it from there.
 """
 
 from __future__ import annotations
@@ -15,11 +21,13 @@ from retrctl.indexes.dense import DenseIndex
 from retrctl.indexes.store import Version, resolve
 
 BACKENDS: dict[str, type[Index]] = {"dense": DenseIndex, "bm25": BM25Index}
+DEFAULT_BACKEND = "dense"  # `index --method` when not given and -o holds no index yet
 
 
 def open_index(directory: str | Path | Version, **kw) -> Index:
     """Open a saved index (a directory, or a ``Version`` already resolved); ``kw`` (encoder=, device=, encoder
-    overrides) go to dense backends. ``index.version`` tells which version was opened (and its manifest)."""
+    overrides) go to the backend's ``load``, which ignores what it has no use for. ``index.version`` tells which
+    version was opened (and its manifest)."""
     from retrctl.records import RecordError
 
     def load(version: Version) -> Index:
@@ -31,4 +39,4 @@ def open_index(directory: str | Path | Version, **kw) -> Index:
     return store.open_consistent(directory, load)
 
 
-__all__ = ["BACKENDS", "BM25Index", "DenseIndex", "Index", "Version", "open_index", "read_manifest", "resolve"]
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "BM25Index", "DenseIndex", "Index", "Version", "open_index", "read_manifest", "resolve"]

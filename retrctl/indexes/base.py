@@ -33,20 +33,73 @@ DOCIDS = "docids.parquet"
 
 
 class Index:
-    """Backends subclass this. ``name`` is the key in ``retrctl.indexes.BACKENDS``.
+    """Backends subclass this and register under ``name`` in ``retrctl.indexes.BACKENDS``; the stages ask the
+    backend (the attributes and classmethods below) instead of branching on its name.
 
     Shared bookkeeping: ``docids`` (row order of the backend's storage), the content hash of each row,
     and ``meta`` (free-form provenance the caller wants in the manifest: source corpus, shard).
     """
 
     name = "base"
+    summary = ""  # a few words for `retrctl index --method`'s help (the library behind it)
+    needs_encoder = False  # True: built with an encoder (`index` needs --model or an old manifest; encoder flags apply)
+    flags: tuple[str, ...] = ()  # the `index` options it takes: ``create`` and ``prepare_update`` get these only
+    search_knobs: tuple[str, ...] = ()  # attributes `search` may set for one run; they do not change stored content
+    encoder = None  # the encoder behind the index; None for backends without one
+    encoded = 0  # docs this object ran through its encoder (updates report how many were not reused)
 
     def __init__(self) -> None:
         self._clear_ids()
         self.meta: dict = {}
         self.version: store.Version | None = None  # the version this index was loaded from
 
-    # ------------------------------------------------------------ the interface
+    # ------------------------------------------------------------ what the stages ask a backend
+
+    @classmethod
+    def create(cls, encoder=None, **options) -> Index:
+        """A new, empty index from `retrctl index`'s options: keyword arguments named in ``flags`` (one left out
+        takes the backend's default). ``encoder`` is given exactly when ``needs_encoder``."""
+        raise NotImplementedError
+
+    @classmethod
+    def encoder_for(cls, model: str | None, manifest: dict | None, **settings):
+        """The encoder of a new or updated index: ``model`` (--model) with the encoder ``settings`` (flags the user
+        set, device and dtype included), or, without a model, the one ``manifest`` (this backend's) was built with,
+        those settings overriding its own. Only for backends that ``needs_encoder``."""
+        raise ValueError(f"{cls.name} indexes take no encoder")
+
+    @classmethod
+    def content_settings(cls, manifest: dict) -> dict:
+        """What the stored data depends on, from a manifest: an update reuses a version only when these equal
+        the requested index's (batch sizes and search-time knobs do not count)."""
+        return dict(manifest.get("settings", {}))
+
+    @classmethod
+    def run_tag(cls, manifest: dict) -> str:
+        """A TREC run tag naming the retriever a manifest describes (spaces are replaced by the caller)."""
+        return str(manifest.get("backend", cls.name))
+
+    def describe(self) -> str:
+        """One line for logs: size and the settings that matter."""
+        return f"{len(self)} docs"
+
+    def prepare_update(self, workdir: Path, **options) -> None:
+        """Apply `index`'s options (``flags``) that do not change stored content (batch size, checkpoint
+        interval) and the resume directory to an index about to be built or updated."""
+
+    def report_update(self, stats: dict, workdir: Path) -> None:
+        """Log what an update did beyond the counts (``stats``): e.g. truncated passages, reused checkpoints."""
+
+    def score(self, query: dict, docids: Iterable[str]) -> dict[str, float]:
+        """{docid: score of that doc for ``query``} as ``search`` computes it, for docs outside its top-k (mine's
+        margin reference); docs not in the index are left out. A backend that cannot score returns {}."""
+        return {}
+
+    def manifest(self) -> dict:
+        """The manifest written with the files: backend, settings (``config()``), doc count, backend details."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ the index itself
 
     def build(self, docs: Iterable[dict]) -> dict:
         """Index doc records ({docid, title, text}) from a stream, replacing any content."""
@@ -88,7 +141,9 @@ class Index:
         raise NotImplementedError
 
     @classmethod
-    def load(cls, directory: str | Path, **kw) -> Index:
+    def load(cls, directory: str | Path | store.Version, **kw) -> Index:
+        """Reopen one version from its manifest. ``kw`` are open_index's (encoder=, device=, encoder overrides):
+        a backend ignores the ones it has no use for, so callers pass them without asking which backend it is."""
         raise NotImplementedError
 
     @classmethod

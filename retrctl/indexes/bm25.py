@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +117,8 @@ def _naming_bad_file(where: Path):
 
 class BM25Index(base.Index):
     name = "bm25"
+    summary = "bm25s"
+    flags = ("k1", "b", "stopwords", "bm25_method")
 
     def __init__(self, k1: float = 0.9, b: float = 0.4, stopwords: str | None = "en", method: str = "lucene"):
         if method not in METHODS:
@@ -128,6 +130,19 @@ class BM25Index(base.Index):
 
     def config(self) -> dict:
         return {"k1": self.k1, "b": self.b, "stopwords": self.stopwords, "method": self.method}
+
+    @classmethod
+    def create(cls, encoder=None, *, k1: float = 0.9, b: float = 0.4, stopwords: str | None = "en",
+               bm25_method: str = "lucene") -> BM25Index:
+        return cls(k1=k1, b=b, stopwords=None if stopwords in (None, "", "none") else stopwords, method=bm25_method)
+
+    @classmethod
+    def run_tag(cls, manifest: dict) -> str:
+        s = manifest.get("settings", {})
+        return f"bm25s-{s.get('method')}-k1={s.get('k1')}-b={s.get('b')}-sw={s.get('stopwords') or 'none'}"
+
+    def describe(self) -> str:
+        return f"{len(self)} docs, {self.variant()}"
 
     def variant(self) -> str:
         return (f"bm25s {self.method}, k1={self.k1}, b={self.b}; flat doc = title + ' ' + text; "
@@ -232,19 +247,33 @@ class BM25Index(base.Index):
         if self._dirty:
             self._reindex([])
         out: dict[str, list[tuple[str, float]]] = {}
-        empty = self.tokenizer.word_to_id.get("")
-        qids = self.tokenizer.streaming_tokenize([q["query_text"] for q in queries], update_vocab=False)
         key = self._order_key() if self.retriever is not None else None
-        for q, ids in zip(queries, qids, strict=True):
-            ids = [i for i in ids if i != empty]
-            if not ids or self.retriever is None:
+        for q, scores in zip(queries, self._scores(queries), strict=True):
+            if scores is None:
                 out[q["query_id"]] = []
                 continue
-            scores = self.retriever.get_scores_from_ids(ids)
             rows = base.top_k(scores, key, k)
             rows = rows[scores[rows] > 0]
             out[q["query_id"]] = [(self.docids[r], float(scores[r])) for r in rows]
         return out
+
+    def score(self, query: dict, docids: Iterable[str]) -> dict[str, float]:
+        """The BM25 score search computes for each given doc: 0.0 where no query term occurs (search leaves
+        those out); docs not in the index left out."""
+        if self._dirty:
+            self._reindex([])
+        rows = {d: self._pos[d] for d in docids if d in self._pos}
+        if not rows:
+            return {}
+        scores = next(self._scores([query]))
+        return {d: 0.0 if scores is None else float(scores[r]) for d, r in rows.items()}
+
+    def _scores(self, queries: list[dict]) -> Iterator[np.ndarray | None]:
+        """Every row's score, one query at a time (bm25s's score of the query's known terms); None: no known term."""
+        empty = self.tokenizer.word_to_id.get("")
+        for ids in self.tokenizer.streaming_tokenize([q["query_text"] for q in queries], update_vocab=False):
+            ids = [i for i in ids if i != empty]
+            yield self.retriever.get_scores_from_ids(ids) if ids and self.retriever is not None else None
 
     # ------------------------------------------------------------ files
 

@@ -40,6 +40,10 @@ PASSAGE_KEYS = ("pooling", "normalize", "passage_prompt", "passage_max_len", "bi
 
 class DenseIndex(base.Index):
     name = "dense"
+    summary = "faiss"
+    needs_encoder = True
+    flags = ("index_type", "batch_size", "checkpoint_every")
+    search_knobs = ("batch_size", "ef_search", "nprobe")
 
     def __init__(self, encoder, index_type: str = "Flat", batch_size: int = 32, *, chunk_size: int = 4096,
                  ef_search: int = 128, nprobe: int = 32, train_size: int = 262144, seed: int = 0):
@@ -55,11 +59,55 @@ class DenseIndex(base.Index):
                         "usually lower than on unit vectors", index_type)
         self.workdir: Path | None = None
         self.encoded = 0
+        self._last_queries: dict[str, np.ndarray] = {}  # query text -> vector, of the last search
         self._clear()
 
     def config(self) -> dict:
         return {"index_type": self.index_type, "batch_size": self.batch_size, "chunk_size": self.chunk_size,
                 "ef_search": self.ef_search, "nprobe": self.nprobe, "train_size": self.train_size, "seed": self.seed}
+
+    # ------------------------------------------------------------ what the stages ask
+
+    @classmethod
+    def create(cls, encoder=None, *, index_type: str = "Flat", batch_size: int = 32, checkpoint_every: int = 4096) -> DenseIndex:
+        return cls(encoder, index_type=index_type, batch_size=batch_size, chunk_size=checkpoint_every)
+
+    @classmethod
+    def encoder_for(cls, model: str | None, manifest: dict | None, **settings):
+        if model is None:
+            return encoder_from_manifest(manifest, **settings)
+        from retrctl.models import Encoder
+
+        device, dtype = settings.pop("device", None), settings.pop("dtype", None)
+        return Encoder.load(model, device=device, dtype=dtype, **settings)
+
+    @classmethod
+    def content_settings(cls, manifest: dict) -> dict:
+        """The faiss structure and every encoder setting (the model included): what the vectors depend on."""
+        return {"index_type": manifest.get("settings", {}).get("index_type"),
+                **{f"encoder.{k}": v for k, v in (manifest.get("encoder") or {}).items()}}
+
+    @classmethod
+    def run_tag(cls, manifest: dict) -> str:
+        model = str(manifest.get("encoder", {}).get("model", "dense")).rstrip("/").rsplit("/", 1)[-1]
+        return f"{model}-{manifest.get('settings', {}).get('index_type', 'Flat')}"
+
+    def describe(self) -> str:
+        c = self.encoder.config if self.encoder is not None else None
+        how = f" (pooling {c.pooling}, query prompt {c.query_prompt!r})" if c is not None else ""
+        return f"{len(self)} docs, {self.index_type}, encoder {(self.encoder_desc or {}).get('model')}{how}"
+
+    def prepare_update(self, workdir: Path, *, batch_size: int | None = None, checkpoint_every: int | None = None,
+                       **_other) -> None:
+        self.batch_size = batch_size or self.batch_size
+        self.chunk_size = checkpoint_every or self.chunk_size
+        self.workdir = workdir
+
+    def report_update(self, stats: dict, workdir: Path) -> None:
+        self.encoder.report_truncation({"passage": self.encoded})
+        if self.encoded != stats["added"] + stats["updated"]:
+            log.info("encoded %d docs; %d came from the checkpoints in %s", self.encoded,
+                     stats["added"] + stats["updated"] - self.encoded, workdir)
 
     # ------------------------------------------------------------ faiss plumbing
 
@@ -251,11 +299,26 @@ class DenseIndex(base.Index):
         return out_s, docids
 
     def search(self, queries: list[dict], k: int) -> dict[str, list[tuple[str, float]]]:
-        if self.encoder is None:
-            raise ValueError("this DenseIndex has no encoder to encode queries")
-        qvecs = self.encoder.encode([q["query_text"] for q in queries], kind="query", batch_size=self.batch_size)
+        qvecs = self._encode_queries(queries)
+        # kept until the next search: scoring this chunk's positives (mine) costs no second forward pass
+        self._last_queries = {q["query_text"]: v for q, v in zip(queries, qvecs, strict=True)}
         scores, docids = self.search_vectors(qvecs, k)
         return {q["query_id"]: [(d, float(s)) for d, s in zip(ids, row, strict=False)] for q, ids, row in zip(queries, docids, scores, strict=True)}
+
+    def score(self, query: dict, docids: Iterable[str]) -> dict[str, float]:
+        """The query vector's inner product with each given doc's stored vector (what search ranks by)."""
+        docids = [d for d in docids if d in self._pos]
+        if not docids:
+            return {}
+        qvec = self._last_queries.get(query["query_text"])
+        if qvec is None:
+            qvec = self._encode_queries([query])[0]
+        return dict(zip(docids, (self.get_vectors(docids) @ qvec).tolist(), strict=True))
+
+    def _encode_queries(self, queries: list[dict]) -> np.ndarray:
+        if self.encoder is None:
+            raise ValueError("this DenseIndex has no encoder to encode queries")
+        return self.encoder.encode([q["query_text"] for q in queries], kind="query", batch_size=self.batch_size)
 
     # ------------------------------------------------------------ files
 
@@ -303,14 +366,7 @@ class DenseIndex(base.Index):
         directory, manifest = version.path, version.manifest
         desc = manifest["encoder"]
         if encoder is None:
-            from retrctl.models import Encoder
-
-            settings = {k: desc[k] for k in ENCODER_KEYS if k in desc}
-            for k, v in overrides.items():
-                if k in PASSAGE_KEYS and v is not None and v != settings.get(k):
-                    log.warning("index %s was built with %s=%r; overriding it with %r mismatches the doc vectors", directory, k, settings.get(k), v)
-            settings.update({k: v for k, v in overrides.items() if v is not None and k not in ("dtype",)})
-            encoder = Encoder.load(desc["model"], device=device, dtype=overrides.get("dtype"), **settings)
+            encoder = encoder_from_manifest(manifest, device=device, warn=directory, **overrides)
         else:
             mine = _describe(encoder)
             diff = {k for k in PASSAGE_KEYS if mine.get(k) != desc.get(k)}
@@ -371,6 +427,25 @@ class DenseIndex(base.Index):
         out._vectors = None if out._lossless() else []
         out._rebuild(vecs)
         return out
+
+
+def encoder_from_manifest(manifest: dict, *, device: str | None = None, warn: Path | None = None, **overrides):
+    """The encoder a dense manifest describes (its model and ENCODER_KEYS), loaded; the one place that maps a
+    manifest to ``Encoder.load``. ``overrides`` (flags the user set: pooling, query_prompt, dtype, …; None = not
+    set) win over the manifest. With ``warn`` (the index being opened to search) overriding a setting the doc
+    vectors were made with is warned about; an update passes none, as it rebuilds when such a setting changes."""
+    from retrctl.models import Encoder
+
+    desc = manifest["encoder"]
+    settings = {k: desc[k] for k in ENCODER_KEYS if k in desc}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    dtype = overrides.pop("dtype", None)
+    if warn is not None:
+        for k, v in overrides.items():
+            if k in PASSAGE_KEYS and v != settings.get(k):
+                log.warning("index %s was built with %s=%r; overriding it with %r mismatches the doc vectors", warn, k, settings.get(k), v)
+    settings.update(overrides)
+    return Encoder.load(desc["model"], device=device, dtype=dtype, **settings)
 
 
 def _describe(encoder) -> dict:

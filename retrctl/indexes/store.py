@@ -60,7 +60,7 @@ MARKER = "retrctl-index"
 VERSIONS = "versions"
 LOCK = "index.lock"
 KEEP = 2
-BACKEND_NAMES = ("dense", "bm25")
+BACKEND_NAMES = ("dense", "bm25")  # the flat layout's backends: it predates any other (new ones are versioned)
 # what the flat layout (retrctl before versions) held besides index.json
 LEGACY_FILES = frozenset({"index.faiss", "docids.parquet", "vectors.npy", "bm25s", "tokens.npy", "offsets.npy"})
 
