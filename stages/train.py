@@ -84,7 +84,9 @@ import click
 from retrctl import records
 from retrctl.memory import Size
 from retrctl.stage import ENCODER_FLAGS, SHARED_TYPES, options, stage
-from retrctl.trainer import TrainConfig, Trainer, check_output
+from retrctl.train.checkpoint import check_output
+from retrctl.train.config import TrainConfig
+from retrctl.train.loop import Trainer
 
 
 def train(groups, *, output, corpus=None, config: TrainConfig | None = None, on_step=None, **settings) -> Path:
