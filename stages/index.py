@@ -111,14 +111,14 @@ def _index(docs, output: Path, *, model, method, index_type, batch_size, k1, b, 
         idx = _reuse(output, old_manifest, fresh, rebuild, lambda: open_index(old))
     elif method == "dense":
         from retrctl.models import Encoder
+        from retrctl.models.config import SETTINGS
 
         settings = dict(encoder_settings or {})
         if model is None:
             if not old_manifest or old_manifest.get("backend") != "dense":
                 raise SettingsError("a dense index needs --model (or --method bm25)")
             model = old_manifest["encoder"]["model"]
-            for k in ("pooling", "normalize", "query_prompt", "passage_prompt", "query_max_len", "passage_max_len",
-                      "bidirectional", "dims", "temperature"):
+            for k in SETTINGS:  # every recorded encoder setting (retrctl/models/config.py)
                 if k in old_manifest["encoder"]:
                     settings.setdefault(k, old_manifest["encoder"][k])
         device, dtype = settings.pop("device", None), settings.pop("dtype", None)

@@ -82,3 +82,55 @@ def test_a_side_with_its_own_head_is_used_for_that_side(tiny_bert):
     enc.sides["query"].head = First(enc.config)
     assert np.allclose(enc.encode(["cats"], kind="query"), 1.0)
     assert not np.allclose(enc.encode(["cats"], kind="passage"), 1.0)
+
+
+# ---------------------------------------------------------------- settings declared once
+
+OLD_FLAGS = {  # the shared encoder flags as stage.py spelled them out before issue 13: (declaration, type, help)
+    "pooling": ("--pooling", "choice(['mean', 'cls', 'eos', 'last'])", "Pooling (default: the model's own)."),
+    "bidirectional": ("--bidirectional", "boolean", "Bidirectional attention for decoders (default: the model's own)."),
+    "query_prompt": ("--query-prompt", "text", "Prefix for queries, e.g. 'query: '."),
+    "passage_prompt": ("--passage-prompt", "text", "Prefix for passages, e.g. 'passage: '."),
+    "query_max_len": ("--query-max-len", "integer range", "Query length cap in tokens (default: the model's own)."),
+    "passage_max_len": ("--passage-max-len", "integer range", "Passage length cap in tokens (default: the model's own)."),
+    "dtype": ("--dtype", "choice(['fp32', 'bf16', 'fp16'])", "Compute dtype."),
+    "device": ("--device", "text", "Device (default: cuda when present, else cpu)."),
+}
+
+
+@pytest.mark.parametrize("name", ["index", "search", "mine", "train"])
+def test_the_encoder_flags_derived_from_the_declaration_are_the_old_ones(name):
+    import importlib
+
+    command = importlib.import_module(f"stages.{name}").command
+    params = {p.name: p for p in command.params}
+    for key, (flag, kind, help) in OLD_FLAGS.items():
+        p = params[key]
+        unset = (None, getattr(__import__("click").core, "UNSET", None))
+        assert (p.opts[0], p.type.name, p.help, p.default in unset) == (flag, kind.split("(")[0], help, True), key
+        if "(" in kind:
+            assert str(list(p.type.choices)) == kind[kind.index("(") + 1 : -1], key
+        if kind == "integer range":
+            assert (p.type.min, p.type.max) == (1, None), key
+    assert params["bidirectional"].secondary_opts == ["--causal"]
+
+
+def test_train_config_and_the_index_keys_derive_from_the_declaration():
+    import dataclasses
+
+    from retrctl.indexes import dense
+    from retrctl.models.config import ENCODER_FLAGS
+    from retrctl.stage import encoder_overrides
+    from retrctl.train.config import TrainConfig
+
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    assert all(fields[k].default is None for k in ENCODER_FLAGS)
+    assert list(fields)[:10] == ["model", "pooling", "query_prompt", "passage_prompt", "query_max_len", "passage_max_len",
+                                 "bidirectional", "dtype", "device", "batch_size"]
+    cfg = TrainConfig(model="m", pooling="cls", query_max_len=9, dtype="bf16")
+    assert cfg.encoder_overrides() == {"pooling": "cls", "query_max_len": 9}  # dtype/device say how to run, not what
+    opts = {"pooling": "cls", "device": "cpu", "query_prompt": None, "top_k": 3}
+    assert encoder_overrides(opts) == {"pooling": "cls", "device": "cpu"} and opts == {"top_k": 3}
+    assert dense.ENCODER_KEYS == ("pooling", "normalize", "query_prompt", "passage_prompt", "query_max_len",
+                                  "passage_max_len", "bidirectional", "dims", "temperature")
+    assert dense.PASSAGE_KEYS == ("pooling", "normalize", "passage_prompt", "passage_max_len", "bidirectional", "dims")
