@@ -41,8 +41,9 @@ Deviations and additions, each because a peer tool went wrong there (PEER_LESSON
   × N·B exactly (tested), instead of the local-slice-only gradient (tevatron#143).
 - GradCache runs under every ZeRO stage 0-3, with or without LoRA, and no combination is refused (tested on 2
   processes against one plain process: test_zero_matrix, in the slow suite): its inner chunk backwards tell
-  DeepSpeed which one ends the step, the case that breaks in peers (tevatron#206, ST#3173). LoRA fails loudly if its B weights have not moved after ``--lora-check-steps``; step 1 is padded to
-  the max lengths so an out-of-memory shows at once.
+  DeepSpeed which one ends the step, the case that breaks in peers (tevatron#206, ST#3173). LoRA fails loudly if
+  its B weights have not moved after ``--lora-check-steps``; step 1 is padded to the max lengths so an
+  out-of-memory shows at once.
 - Groups with too few negatives are padded by resampling their own negatives (counted and reported); groups
   with none get random corpus passages. Gradient accumulation is not offered: it adds no negatives (ST#2916).
 - Groups stream from a file or stdin; stdin is held in memory (ids and query text only), never written to disk,
