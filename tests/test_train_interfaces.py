@@ -84,3 +84,19 @@ def test_the_old_module_paths_still_import_the_same_objects():
     assert engines.checkpoints is checkpoint.checkpoints and engines.deepspeed_config is new_engines.deepspeed_config
     assert trainset.GroupSource is data.GroupSource and contrastive.group_loss is losses.group_loss
     assert not hasattr(loop, "Tower")  # one forward pass: the Encoder's
+
+
+def test_a_checkpoint_of_the_old_training_wrapper_loads_into_the_encoder(tiny_bert):
+    """Checkpoints written before issue 13 name the weights enc.<name> (a wrapper was trained): a resume reads them."""
+    import torch
+
+    from retrctl.train.checkpoint import legacy_keys
+
+    a, b = Encoder.load(tiny_bert, device="cpu"), Encoder.load(tiny_bert, device="cpu")
+    with torch.no_grad():
+        for p in b.parameters():
+            p.add_(1.0)
+    legacy_keys(b)
+    b.load_state_dict({f"enc.{k}": v for k, v in a.state_dict().items()})
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    b.load_state_dict(b.state_dict())  # today's names still load
