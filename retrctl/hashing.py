@@ -9,8 +9,10 @@ keys) or splits work between machines: tests/test_stable_values.py pins them; ch
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
+from collections.abc import Iterable
 from pathlib import Path
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
@@ -33,6 +35,15 @@ def stable_int(*parts, size: int = 8) -> int:
 def stable_rng(*parts) -> random.Random:
     """A random.Random seeded from the parts (e.g. run seed and record id): the same draws in any order."""
     return random.Random(stable_int(*parts))
+
+
+def json_lines_hex(values: Iterable, size: int = 16) -> str:
+    """Hex blake2b of each value as one sorted-key JSON line (non-ASCII kept), streamed: what training fingerprints
+    its groups and corpus with (a resume compares them)."""
+    h = hashlib.blake2b(digest_size=size)
+    for v in values:
+        h.update(json.dumps(v, sort_keys=True, ensure_ascii=False).encode() + b"\n")
+    return h.hexdigest()
 
 
 def weight_files(root: str | os.PathLike) -> list[list]:

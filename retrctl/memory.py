@@ -227,7 +227,7 @@ def probe(forward, make_batch, module, rows: int = 2) -> int:
     saved_tensors_hooks, each saved storage counted once, ``module``'s parameters (and their views) left out."""
     import torch
 
-    from retrctl.contrastive import RngState
+    from retrctl.train.losses import RngState
 
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     seen: dict[int, int] = {}

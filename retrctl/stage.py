@@ -24,6 +24,7 @@ import click
 
 from retrctl import records
 from retrctl.hashing import stable_int
+from retrctl.models.config import ENCODER_FLAGS, flag_fields
 
 log = logging.getLogger("retrctl")
 STATE = {"debug": False, "quiet": False}
@@ -118,6 +119,20 @@ def _opt(*decls, **kw):
     return click.option(*decls, **kw)
 
 
+def _encoder_option(field):
+    """A shared encoder flag from its declaration (retrctl/models/config.py: flag, help, choices, min)."""
+    m = field.metadata
+    if m["choices"]:
+        kind = click.Choice(list(m["choices"]))
+    elif m["min"] is not None:
+        kind = click.IntRange(min=m["min"])
+    else:
+        kind = None
+    if "/" in m["flag"]:  # --on/--off: unset (None) means the model's own
+        return _opt(m["flag"], field.name, default=None, help=m["help"])
+    return _opt(m["flag"], field.name, type=kind, help=m["help"])
+
+
 # the value types of shared flags that a stage defines itself (train takes --batch-size from TrainConfig)
 SHARED_TYPES = {"batch_size": click.IntRange(min=1)}
 OPTIONS: dict[str, Callable] = {
@@ -149,20 +164,7 @@ OPTIONS: dict[str, Callable] = {
             _opt("--max-retries", type=click.IntRange(min=0), help="Retries with exponential backoff on connection errors, 429, 5xx (default 5).")(f)
         )
     ),
-    "encoder": lambda f: functools.reduce(
-        lambda g, o: o(g),
-        [
-            _opt("--pooling", type=click.Choice(["mean", "cls", "eos", "last"]), help="Pooling (default: the model's own)."),
-            _opt("--bidirectional/--causal", default=None, help="Bidirectional attention for decoders (default: the model's own)."),
-            _opt("--query-prompt", help="Prefix for queries, e.g. 'query: '."),
-            _opt("--passage-prompt", help="Prefix for passages, e.g. 'passage: '."),
-            _opt("--query-max-len", type=click.IntRange(min=1), help="Query length cap in tokens (default: the model's own)."),
-            _opt("--passage-max-len", type=click.IntRange(min=1), help="Passage length cap in tokens (default: the model's own)."),
-            _opt("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), help="Compute dtype."),
-            _opt("--device", help="Device (default: cuda when present, else cpu)."),
-        ],
-        f,
-    ),
+    "encoder": lambda f: functools.reduce(lambda g, o: o(g), [_encoder_option(fl) for fl in flag_fields()], f),
 }
 
 
@@ -175,9 +177,6 @@ def options(*names: str):
         return f
 
     return deco
-
-
-ENCODER_FLAGS = ("pooling", "bidirectional", "query_prompt", "passage_prompt", "query_max_len", "passage_max_len", "dtype", "device")
 
 
 def encoder_overrides(opts: dict) -> dict:

@@ -39,10 +39,11 @@ Deviations and additions, each because a peer tool went wrong there (PEER_LESSON
   the softmax rather than pushed away (ST#3189).
 - Cross-process gather sums every process's gradient into the local slice, so N processes × B equal one process
   × N·B exactly (tested), instead of the local-slice-only gradient (tevatron#143).
-- GradCache runs under every ZeRO stage 0-3, with or without LoRA (tested on 2 processes against one plain process):
-  its inner chunk backwards tell DeepSpeed which one ends the step, the case that breaks in peers (tevatron#206,
-  ST#3173). LoRA fails loudly if its B weights have not moved after ``--lora-check-steps``; step 1 is padded to
-  the max lengths so an out-of-memory shows at once.
+- GradCache runs under every ZeRO stage 0-3, with or without LoRA, and no combination is refused (tested on 2
+  processes against one plain process: test_zero_matrix, in the slow suite): its inner chunk backwards tell
+  DeepSpeed which one ends the step, the case that breaks in peers (tevatron#206, ST#3173). LoRA fails loudly if
+  its B weights have not moved after ``--lora-check-steps``; step 1 is padded to the max lengths so an
+  out-of-memory shows at once.
 - Groups with too few negatives are padded by resampling their own negatives (counted and reported); groups
   with none get random corpus passages. Gradient accumulation is not offered: it adds no negatives (ST#2916).
 - Groups stream from a file or stdin; stdin is held in memory (ids and query text only), never written to disk,
@@ -84,7 +85,9 @@ import click
 from retrctl import records
 from retrctl.memory import Size
 from retrctl.stage import ENCODER_FLAGS, SHARED_TYPES, options, stage
-from retrctl.trainer import TrainConfig, Trainer, check_output
+from retrctl.train.checkpoint import check_output
+from retrctl.train.config import TrainConfig
+from retrctl.train.loop import Trainer
 
 
 def train(groups, *, output, corpus=None, config: TrainConfig | None = None, on_step=None, **settings) -> Path:

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from retrctl import contrastive
-from retrctl.contrastive import distill_kl, false_negative_mask, grad_cache_step, group_loss
+from retrctl.train import losses as contrastive
+from retrctl.train.losses import distill_kl, false_negative_mask, grad_cache_step, group_loss
 
 
 def _unit(*rows):

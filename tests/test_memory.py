@@ -13,7 +13,7 @@ from trainkit import write_jsonl as _write_jsonl
 
 from retrctl import memory
 from retrctl.memory import GB, Budget, DoesNotFit, StepCost, parse_size, plan_step
-from retrctl.trainer import TrainConfig
+from retrctl.train.config import TrainConfig
 from stages.train import train
 
 HELD = 2 * GB  # what the process "holds" in these tests: RSS is the test runner's, so it is pinned

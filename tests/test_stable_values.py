@@ -61,3 +61,18 @@ def test_gguf_conversion_dir_is_unchanged(tmp_path, monkeypatch):
     done.mkdir(parents=True)
     (done / "config.json").write_text("{}")
     assert models.gguf_to_hf(gguf) == done  # found, not converted again
+
+
+def test_training_data_fingerprints_are_unchanged():
+    """What a resume compares (trainer_state.json's data_hash), pinned at f32c50e before it used hashing.py."""
+    pytest.importorskip("torch")
+    from retrctl.train.data import GroupSource
+
+    corpus = {"d1": {"title": "Cats", "text": "Cats purr. ü"}, "d2": {"text": "Dogs bark"}, "d3": {"title": "", "text": "Tea"}}
+    groups = [{"query_id": "q1", "query_text": "which purr", "positive_document_ids": ["d1"], "negative_document_ids": ["d2"]},
+              {"query_id": "q2", "query_text": "drink", "positive_document_ids": ["d3"], "negative_document_ids": [],
+               "positive_scores": [1.0], "negative_scores": []}]
+    source = GroupSource(groups, corpus)
+    assert source.validate() == 2 and source.without_negatives == 1
+    assert source.fingerprint == "dfd488e3a25c98bf2a781609aa432ebd"
+    assert source.corpus_fingerprint() == "0865d4d294b69c5e5efada68045a5958"

@@ -17,10 +17,10 @@ from trainkit import groups as _groups
 from trainkit import losses as _losses
 from trainkit import write_jsonl as _write_jsonl
 
-from retrctl.engines import deepspeed_config
 from retrctl.models import Encoder
-from retrctl.trainer import TrainConfig
-from retrctl.trainset import Batches, GroupSource
+from retrctl.train.config import TrainConfig
+from retrctl.train.data import Batches, GroupSource
+from retrctl.train.engines import deepspeed_config
 from stages.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,7 +141,7 @@ def test_bf16_mixed_precision_on_cpu(no_dropout_bert, tmp_path):
 
 def test_first_step_is_padded_to_the_max_lengths(tiny_bert, tmp_path):
     widths = []
-    from retrctl import trainer
+    from retrctl.train import loop as trainer
 
     orig = trainer.Trainer._tokenize
 
@@ -339,7 +339,7 @@ def test_deepspeed_resume_after_kill(no_dropout_bert, tmp_path):
 
     import psutil
 
-    from retrctl.engines import checkpoints
+    from retrctl.train.checkpoint import checkpoints
 
     corpus_file, groups_file = _files(tmp_path)
     common = [groups_file, "--corpus", corpus_file, "--model", no_dropout_bert, "--train-group-size", 3, "--lr", 1e-3,
@@ -378,7 +378,7 @@ def test_kill_9_then_resume(tiny_bert, tmp_path, runner):
 
     from safetensors.torch import load_file
 
-    from retrctl.engines import checkpoints
+    from retrctl.train.checkpoint import checkpoints
 
     seed = int(os.environ.get("RETRCTL_KILL_SEED") or random.SystemRandom().randrange(10**6))
     rng = random.Random(seed)

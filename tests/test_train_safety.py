@@ -19,9 +19,10 @@ from trainkit import groups as _groups
 from trainkit import losses as _losses
 from trainkit import write_jsonl as _jsonl
 
-from retrctl import engines, trainer
 from retrctl.models import Encoder
 from retrctl.records import RecordError
+from retrctl.train import engines
+from retrctl.train import loop as trainer
 from stages.train import train
 
 RUN = {"max_steps": 6, "save_steps": 2, "warmup_steps": 1, **FAST}
@@ -268,7 +269,7 @@ def test_resume_refuses_other_data_and_accepts_the_same_data_in_another_containe
 
 
 def test_fingerprint_covers_what_training_reads_and_only_that():
-    from retrctl.trainset import GroupSource
+    from retrctl.train.data import GroupSource
 
     def fingerprint(groups, corpus):
         src = GroupSource(groups, corpus)
@@ -352,7 +353,7 @@ def _spy_torch_load(monkeypatch) -> list:
 
 
 def test_config_file_never_carries_resume_or_overwrite_over(tmp_path):
-    from retrctl.trainer import TrainConfig
+    from retrctl.train.config import TrainConfig
 
     (tmp_path / "train_config.json").write_text(json.dumps({"lr": 0.5, "resume": True, "overwrite": True}))
     cfg = TrainConfig.from_json(tmp_path / "train_config.json")

@@ -29,13 +29,13 @@ import numpy as np
 from retrctl import records
 from retrctl.indexes import base, store
 
+# the encoder settings a manifest records, and those that change the doc vectors (overriding them at search time
+# mismatches the index): declared once, in retrctl/models/config.py
+from retrctl.models.config import PASSAGE_KEYS
+from retrctl.models.config import SETTINGS as ENCODER_KEYS
+
 log = logging.getLogger("retrctl.index")
 logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build loaded is not news for stderr
-
-ENCODER_KEYS = ("pooling", "normalize", "query_prompt", "passage_prompt", "query_max_len", "passage_max_len",
-                "bidirectional", "dims", "temperature")
-# settings that change the doc vectors: overriding them at search time mismatches the index
-PASSAGE_KEYS = ("pooling", "normalize", "passage_prompt", "passage_max_len", "bidirectional", "dims")
 
 
 class DenseIndex(base.Index):

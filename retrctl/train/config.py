@@ -1,0 +1,135 @@
+"""Training settings: ``TrainConfig`` (saved as train_config.json beside each checkpoint and the model) and what a
+resume may change. ``TrainConfig`` lives in the core rather than in the stage because every training stage shares it
+(the core never imports a stage). Its encoder settings (pooling, prompts, lengths, bidirectional, dtype, device) are
+not listed here: they come from ``retrctl/models/config.py``, where each is declared once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from retrctl import records
+from retrctl.models.config import SETTING_FLAGS, with_encoder_flags
+
+
+def _f(default, help: str):
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass
+@with_encoder_flags(after="model")
+class TrainConfig:
+    """Everything a training run needs besides its data; saved as train_config.json beside each checkpoint."""
+
+    model: str | None = _f(None, "Encoder to start from: directory, GGUF file, 'minilm' or 'smollm2'.")
+    # here: one field per shared encoder flag (pooling, prompts, lengths, bidirectional, dtype, device), default None
+    batch_size: int = _f(32, "Query groups per step per process; in-batch negatives span all processes.")
+    train_group_size: int = _f(2, "Passages per query: 1 positive + N-1 hard negatives (resampled per epoch from the group's).")
+    temperature: float = _f(0.05, "Softmax temperature on cosine scores (0.05 as E5/sentence-transformers; LightRetriever 0.02).")
+    lr: float = _f(2e-5, "Peak learning rate (AdamW).")
+    weight_decay: float = _f(0.01, "AdamW weight decay (not on biases and norms).")
+    warmup_ratio: float = _f(0.1, "Linear warmup over this fraction of the steps, then linear decay to 0.")
+    warmup_steps: int | None = _f(None, "Warmup steps (overrides --warmup-ratio).")
+    epochs: int = _f(3, "Passes over the groups (3, as HF TrainingArguments).")
+    max_steps: int | None = _f(None, "Stop after this many optimizer steps (overrides --epochs).")
+    max_grad_norm: float = _f(1.0, "Gradient clipping (global norm); 0 = off.")
+    seed: int = _f(42, "Seed for sampling, dropout and LoRA init.")
+    mrl_dims: list[int] | None = _f(None, "Matryoshka: loss summed over these truncated dims, e.g. 64,128,384.")
+    distill_weight: float = _f(0.0, "Weight of KL(teacher || student) on groups carrying positive/negative_scores.")
+    teacher_temperature: float = _f(1.0, "Temperature applied to teacher scores before the softmax.")
+    lora_r: int = _f(0, "LoRA rank (0 = full fine-tuning); adapters are merged on save.")
+    lora_alpha: int = _f(32, "LoRA alpha.")
+    lora_dropout: float = _f(0.05, "LoRA dropout.")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in backward (less memory, ~30% slower).")
+    grad_cache: str = _f("auto", "GradCache (same loss and gradient, bounded memory): auto = when plain steps would not fit.")
+    chunk_size: int = _f(32, "Texts per forward pass (length-sorted, padding trimmed); GradCache's sub-batch (auto: the largest that fits).")
+    max_memory: int | None = _f(None, "Cap on this process's memory, e.g. 12GB or 12GiB (default: what the machine has free).")
+    group_by_length: bool = _f(True, "Batch groups of similar length (less padding); order shuffled per epoch.")
+    zero_stage: int | None = _f(None, "DeepSpeed ZeRO stage 0-3 (config generated); implies DeepSpeed.")
+    deepspeed: str | None = _f(None, "DeepSpeed JSON config ('auto' values are filled in).")
+    save_steps: int = _f(0, "Checkpoint every N steps into <output>.partial/checkpoints (0 = none).")
+    save_minutes: float = _f(10.0, "Also checkpoint when this many minutes passed since the last one (0 = none).")
+    save_total_limit: int = _f(2, "Checkpoints kept.")
+    resume: bool = _f(False, "Continue from the newest checkpoint in <output>.partial (refused if its data or settings differ).")
+    logging_steps: int = _f(10, "Log loss, lr and groups/s every N steps (metrics.jsonl gets every step).")
+    first_step_max_len: bool = _f(True, "Pad step 1 to the max lengths so an out-of-memory shows at step 1.")
+    lora_check_steps: int = _f(5, "Fail if LoRA B weights are still zero after this many steps.")
+    overwrite: bool = _f(False, "Replace -o if it is a retrctl model (never other files); without --resume, also "
+                                "discard the checkpoints in <output>.partial.")
+    plan: dict | None = _f(None, "The memory plan of the run (written by train, not a flag).")
+
+    def __post_init__(self):
+        if isinstance(self.grad_cache, bool):  # train_config.json files written before auto|on|off
+            self.grad_cache = "on" if self.grad_cache else "off"
+        if isinstance(self.max_memory, str):
+            from retrctl.memory import parse_size
+
+            self.max_memory = parse_size(self.max_memory)
+
+    @classmethod
+    def from_json(cls, path) -> TrainConfig:
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict):
+            raise records.RecordError(path, message="expected a JSON object of training settings")
+        for key in ("resume", "overwrite", "plan"):  # per invocation: an earlier run's train_config.json must not carry them over
+            data.pop(key, None)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise records.RecordError(path, message=f"unknown training setting(s): {', '.join(unknown)}")
+        return cls(**data)
+
+    def save(self, path) -> None:
+        Path(path).write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+
+    def replace(self, **flags) -> TrainConfig:
+        """A copy with the flags that were given (not None) applied."""
+        return dataclasses.replace(self, **{k: v for k, v in flags.items() if v is not None})
+
+    def encoder_overrides(self) -> dict:
+        """The encoder settings given (what the saved model records; dtype and device say how to run it)."""
+        return {k: getattr(self, k) for k in SETTING_FLAGS if getattr(self, k) is not None}
+
+    def ds_stage(self) -> int | None:
+        if self.deepspeed:
+            return int(json.loads(Path(self.deepspeed).read_text()).get("zero_optimization", {}).get("stage", 0))
+        return self.zero_stage
+
+    def check(self) -> None:
+        """Refuse bad settings before any model is loaded. No GradCache × ZeRO 0-3 × LoRA combination is refused:
+        each is supported and tested on 2 processes against one plain process (tests/test_train.py::test_zero_matrix,
+        in the slow suite): GradCache's per-chunk backwards tell DeepSpeed which one ends the step, the case that
+        breaks in peers (tevatron#206, ST#3173)."""
+        if self.batch_size < 1 or self.train_group_size < 1 or self.chunk_size < 1:
+            raise ValueError("--batch-size, --train-group-size and --chunk-size must be at least 1")
+        if self.temperature <= 0:
+            raise ValueError("--temperature must be positive")
+        if self.grad_cache not in ("auto", "on", "off"):
+            raise ValueError(f"--grad-cache must be auto, on or off, got {self.grad_cache!r}")
+        if self.max_memory is not None and self.max_memory <= 0:
+            raise ValueError("--max-memory must be positive")
+        if self.save_minutes < 0:
+            raise ValueError("--save-minutes must be 0 (off) or positive")
+        if self.zero_stage is not None and self.deepspeed:
+            raise ValueError("give --zero-stage or --deepspeed, not both")
+        if self.zero_stage not in (None, 0, 1, 2, 3):
+            raise ValueError("--zero-stage must be 0, 1, 2 or 3")
+        if self.dtype not in (None, "fp32", "bf16"):
+            raise ValueError("training runs in fp32 or bf16 mixed precision (--dtype bf16); fp16 needs loss scaling, not offered")
+
+
+# Settings a resume may change: where and how often it reports and saves, never what it computes.
+# per-invocation and bookkeeping settings, and the memory plan's inputs and outcome: plain or GradCache with any chunk
+# computes the same loss and gradient, so a resume on a busier (or bigger) machine may plan differently
+RESUME_MAY_CHANGE = frozenset({"resume", "overwrite", "save_steps", "save_minutes", "save_total_limit", "logging_steps",
+                               "device", "lora_check_steps", "grad_cache", "chunk_size", "max_memory", "plan"})
+
+
+def resume_conflicts(saved: dict, cfg: TrainConfig) -> list[str]:
+    """The settings of ``cfg`` that differ from a checkpoint's train_config.json, as 'key (checkpoint X, now Y)'."""
+    now = dataclasses.asdict(cfg)
+    then = {**dataclasses.asdict(TrainConfig()), **saved}  # a field added since the checkpoint: its default
+    return [f"{k} (checkpoint {then.get(k)!r}, now {now.get(k)!r})" for k in sorted(set(now) | set(then))
+            if k not in RESUME_MAY_CHANGE and then.get(k) != now.get(k)]

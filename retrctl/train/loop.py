@@ -1,0 +1,478 @@
+"""The contrastive training loop shared by stages that fine-tune an encoder (train; prune's healing).
+
+``Trainer`` validates the groups, builds the encoder (LoRA, gradient checkpointing) or takes one already built,
+picks an engine (``engines.py``: plain torch for one process, DeepSpeed ZeRO 0-3 otherwise), runs the steps
+(InfoNCE from ``losses.py``, optionally through GradCache), writes metrics.jsonl and checkpoints, and saves a model
+that stock loaders read. Both engines give the same losses for the same global batch (tested: 2 processes × B
+under ZeRO-2 = 1 process × 2B). Checkpoints (``<output>.partial/checkpoints/step-N``) hold the engine state (model,
+optimizer, scheduler), each process's RNG state and the input position; ``resume`` continues from the newest.
+
+The module trained is the ``Encoder`` itself: each step runs ``Encoder.forward(..., raw=True)`` (backbone → head,
+the pass ``encode`` runs), so training and inference cannot drift (issue 13: a separate training tower did).
+Distillation takes teacher scores from the groups (``positive_scores``/``negative_scores``) or from an online
+``teacher``: a callable ``(query, passages) -> scores`` or an ``Encoder`` scored with its own similarity.
+
+Nothing lost, nothing executed (issue 12): ``checkpoint.check_output`` runs before any model is loaded. A resume
+checks that the data (``GroupSource.fingerprint``) and every setting outside ``RESUME_MAY_CHANGE`` equal the
+checkpoint's, so a run never records one setting and runs another. Checkpoints load with ``weights_only=True``
+(``checkpoint.load_tensors``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import functools
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from retrctl import memory, records
+from retrctl.models import Encoder
+from retrctl.train import losses
+from retrctl.train.checkpoint import (
+    check_output,
+    checkpoints,
+    legacy_keys,
+    load_tensors,
+    read_state,
+    rng_state,
+    set_rng_state,
+)
+from retrctl.train.config import TrainConfig, resume_conflicts
+from retrctl.train.data import Batches, Example, GroupSource
+from retrctl.train.engines import DeepSpeedEngine, PlainEngine, import_deepspeed, setup_processes
+
+log = logging.getLogger("retrctl.train")
+
+Teacher = Callable[[str, Sequence[str]], Sequence[float]]
+
+
+# ---------------------------------------------------------------- model
+
+
+def build_encoder(cfg: TrainConfig, device: str, *, for_training: bool = True) -> Encoder:
+    """The encoder ``cfg.model`` names, made ready to train (``prepare``)."""
+    torch.manual_seed(cfg.seed)  # LoRA init identical in every process
+    return prepare(Encoder.load(cfg.model, device=device, **cfg.encoder_overrides()), cfg, for_training=for_training)
+
+
+def prepare(enc: Encoder, cfg: TrainConfig, *, for_training: bool = True) -> Encoder:
+    """The flags' encoder settings applied, BERT's unused pooler frozen, gradient checkpointing and LoRA set up."""
+    for key, value in cfg.encoder_overrides().items():
+        if key == "bidirectional":
+            enc.set_bidirectional(value)
+        else:
+            setattr(enc.config, key, value)  # in place: the sides and the head read this config
+    for name, p in enc.model.named_parameters():
+        if name.startswith("pooler."):  # BERT's pooler is unused by our pooling; frozen, it gets no None grads
+            p.requires_grad_(False)
+    if cfg.gradient_checkpointing and for_training:
+        enc.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.lora_r:
+            enc.model.enable_input_require_grads()  # open-unlearning#178: else LoRA under checkpointing trains nothing
+    if cfg.lora_r:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                          target_modules="all-linear", exclude_modules=r".*pooler.*", task_type="FEATURE_EXTRACTION")
+        enc.model = get_peft_model(enc.model, lora)
+    enc.config.temperature = cfg.temperature
+    enc.train(for_training)
+    return enc
+
+
+def teacher_scores(teacher: Teacher | Encoder, examples: list[Example]) -> torch.Tensor:
+    """[len(examples), group size] scores of each example's passages for its query, from an online teacher: a
+    callable ``(query, passages) -> scores`` or an Encoder (its own similarity of query and passage vectors)."""
+    if isinstance(teacher, Encoder):
+        with torch.inference_mode():
+            rows = []
+            for e in examples:
+                q = torch.from_numpy(teacher.encode([e.query], kind="query"))
+                p = torch.from_numpy(teacher.encode(e.passages, kind="passage"))
+                rows.append(teacher.similarity(q, p)[0])
+            return torch.stack(rows).float()
+    return torch.tensor([[float(x) for x in teacher(e.query, e.passages)] for e in examples], dtype=torch.float32)
+
+
+def lora_b_norm(module: torch.nn.Module) -> float:
+    total = torch.zeros((), device=next(module.parameters()).device)
+    for name, p in module.named_parameters():
+        if "lora_B" in name:
+            t = p.ds_tensor if hasattr(p, "ds_tensor") else p  # ZeRO-3 keeps a partition per process
+            total += t.detach().float().pow(2).sum()
+    if dist.is_initialized():  # nccl reduces device tensors only
+        dist.all_reduce(total)
+    return math.sqrt(float(total))
+
+
+# ---------------------------------------------------------------- the loop
+
+
+@dataclasses.dataclass
+class Position:
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    batch_in_epoch: int = 0  # global batches of this epoch already trained
+    groups_consumed: int = 0  # groups read from the input so far (the stream offset)
+
+
+class Trainer:
+    """Train an encoder on groups and save it to ``output``.
+
+    ``encoder``: an Encoder to train instead of loading ``cfg.model`` (e.g. a pruned one); ``cfg``'s encoder
+    settings still apply to it, and a CPU copy is kept to export the trained weights into (``cfg.model`` may be
+    None then). ``teacher``: scores each example's passages for its query on the fly for the distillation term
+    (``cfg.distill_weight``), instead of the scores stored in the groups: a callable ``(query, passages) ->
+    scores`` or an Encoder. Neither is part of what a resume can check (the data and ``cfg`` are): resume with the
+    same ones.
+    """
+
+    def __init__(self, cfg: TrainConfig, groups, corpus: dict | None, output, *,
+                 on_step: Callable[[int, dict], None] | None = None, encoder: Encoder | None = None,
+                 teacher: Teacher | Encoder | None = None):
+        cfg.check()
+        if encoder is None and not cfg.model:
+            raise ValueError("a model is required (--model)")
+        check_output(output, cfg)
+        self.cfg, self.output, self.on_step, self.teacher = cfg, Path(output), on_step, teacher
+        self.dist = setup_processes(cfg)
+        if self.dist.world > 1 and groups == "-":
+            raise ValueError("with several processes read groups from a file, not stdin (every process reads them)")
+        self.source = GroupSource(groups, corpus)
+        self.n_groups = self.source.validate()
+        self.resume_from = self.resume_point() if cfg.resume else None  # checked before any model is loaded
+        rank, world = self.dist.rank, self.dist.world
+        self.batches = Batches(self.source, group_size=cfg.train_group_size, global_batch=cfg.batch_size * world,
+                               seed=cfg.seed, drop_last=world > 1, group_by_length=cfg.group_by_length)
+        per_epoch = self.batches.per_epoch(self.n_groups)
+        if per_epoch == 0:
+            raise records.RecordError(self.source.path, message=f"{self.n_groups} groups: fewer than one global batch of {cfg.batch_size * world}")
+        self.total = cfg.max_steps or per_epoch * cfg.epochs
+        self.warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * self.total)
+        log.info("%d groups, %d steps of %d groups (%d per process × %d), group size %d, warmup %d",
+                 self.n_groups, self.total, cfg.batch_size * world, cfg.batch_size, world, cfg.train_group_size, self.warmup)
+        self.template = None  # what the trained weights are exported into, when the encoder was given
+        if encoder is None:
+            self.enc = build_encoder(cfg, self.dist.device)
+        else:
+            self.template = copy.deepcopy(encoder).to("cpu")  # before LoRA wraps it or ZeRO-3 partitions it
+            torch.manual_seed(cfg.seed)  # LoRA init identical in every process
+            self.enc = prepare(encoder.to(self.dist.device), cfg)
+        legacy_keys(self.enc)  # resume checkpoints written before the Encoder was trained directly
+        self.probe = self._probe_texts()
+        self.before = self._embed(self.enc, self.probe) if rank == 0 else None
+        self.plan = self._plan_memory()  # before any optimizer state: on CPU an OOM is a kill, not an error
+        cfg.plan = self.plan.record()
+        if self.dist.deepspeed:
+            self.engine = DeepSpeedEngine(self.enc, cfg, self.total, self.warmup, world)
+        else:
+            self.engine = PlainEngine(self.enc, cfg, self.total, self.warmup)
+        torch.manual_seed(cfg.seed + 1 + rank)  # dropout differs per process
+        self.padded = self.drawn = 0  # negatives resampled / drawn from the corpus, over the batches trained
+        self.partial = self.output.with_name(self.output.name + ".partial")
+        self.ckpt_root = self.partial / "checkpoints"
+
+    # -- helpers
+
+    def _probe_texts(self) -> list[str]:
+        """A few texts whose embeddings must change in training and survive saving (FlagEmbedding#1547)."""
+        batch = next(iter(self.batches.epoch(0)))
+        return [t for e in batch[:4] for t in (e.query, e.passages[0])]
+
+    @staticmethod
+    def _embed(enc: Encoder, texts: list[str]) -> np.ndarray:
+        was = enc.training
+        enc.eval()
+        out = enc.encode(texts, kind="passage", batch_size=16)
+        enc.train(was)
+        return out
+
+    def _tokenize(self, texts: list[str], kind: str, pad_to_max: bool) -> dict:
+        width = None
+        if pad_to_max:
+            width = self.enc.config.query_max_len if kind == "query" else self.enc.config.passage_max_len
+            width = min(width, getattr(self.enc.model.config, "max_position_embeddings", width) or width)
+        batch = self.enc.tokenize(texts, kind, width)
+        return {k: v.to(self.dist.device) for k, v in batch.items()}
+
+    def _plan_memory(self) -> memory.Plan:
+        """Plain steps or GradCache (and its chunk) from what one text at the max length keeps for backward
+        (measured), the gradients and AdamW state, and the memory free now (memory.py)."""
+        cfg, enc, dev = self.cfg, self.enc, self.dist.device
+
+        def forward(batch):
+            with torch.autocast(torch.device(dev).type, dtype=torch.bfloat16, enabled=cfg.dtype == "bf16"):
+                return enc(batch, raw=True)
+
+        per: dict[str, int] = {}
+        measured: dict[int, int] = {}
+        for kind in ("query", "passage"):
+            batch = memory.max_length_batch(enc, kind, 1, "cpu")
+            width = batch["input_ids"].size(1)
+            if width not in measured:
+                measured[width] = memory.probe(forward, lambda n, k=kind: memory.max_length_batch(enc, k, n, dev), enc)
+                if cfg.gradient_checkpointing:
+                    measured[width] += memory.checkpoint_boundaries(enc.model.config, width)
+            per[kind] = measured[width]
+        trainable = sum(p.numel() for p in enc.parameters() if p.requires_grad)
+        zero = cfg.ds_stage() if self.dist.deepspeed else None
+        b, g = cfg.batch_size, cfg.train_group_size
+        cost = memory.StepCost(state=memory.optimizer_state(trainable, zero_stage=zero, world=self.dist.world),
+                               per_query=per["query"], per_passage=per["passage"], queries=b, passages=b * g,
+                               embeddings=3 * 4 * b * (1 + g) * self.dist.world * enc.model.config.hidden_size)
+        budget = memory.agree(memory.available(dev, cfg.max_memory), dev)
+        plan = memory.plan_step(cost, mode=cfg.grad_cache, chunk_size=cfg.chunk_size, budget=budget, batch_size=b, group_size=g)
+        if self.dist.rank == 0:
+            log.info("%s", plan.line())
+        return plan
+
+    # -- one step
+
+    def step(self, batch: list[Example], first: bool) -> dict:
+        cfg, rank, g = self.cfg, self.dist.rank, self.cfg.train_group_size
+        b = len(batch) // self.dist.world
+        local = batch[rank * b : (rank + 1) * b]
+        qb = self._tokenize([e.query for e in local], "query", first and cfg.first_step_max_len)
+        pb = self._tokenize([p for e in local for p in e.passages], "passage", first and cfg.first_step_max_len)
+        labels = [(rank * b + j) * g for j in range(b)]
+        mask = losses.false_negative_mask([e.positive_keys for e in local], [k for e in batch for k in e.keys], labels)
+        teacher = valid = None
+        if cfg.distill_weight and self.teacher is not None:  # scored now, for every example
+            teacher, valid = teacher_scores(self.teacher, local), torch.ones(len(local), dtype=torch.bool)
+        elif cfg.distill_weight:
+            valid = torch.tensor([e.teacher is not None for e in local])
+            teacher = torch.tensor([e.teacher or [0.0] * g for e in local], dtype=torch.float32)
+        loss_fn = functools.partial(
+            losses.group_loss, group_size=g, temperature=cfg.temperature, normalize=self.enc.config.normalize,
+            mrl_dims=cfg.mrl_dims, mask=mask, teacher=teacher, teacher_valid=valid, distill_weight=cfg.distill_weight,
+            teacher_temperature=cfg.teacher_temperature)
+        # forward in length-sorted chunks cut to their longest row: padding costs nothing (except at step 1)
+        trim = not (first and cfg.first_step_max_len)
+        qc, qinv = losses.sorted_chunks(qb, self.plan.chunk_size, trim)
+        pc, pinv = losses.sorted_chunks(pb, self.plan.chunk_size, trim)
+        embed_q = functools.partial(self.engine.forward, kind="query")
+        embed_p = functools.partial(self.engine.forward, kind="passage")
+
+        def unsorted_loss(q, p):
+            return loss_fn(q[qinv.to(q.device)], p[pinv.to(p.device)])
+
+        if self.plan.grad_cache:
+            loss, parts = losses.grad_cache_step(embed_q, qc, pc, unsorted_loss, self.engine.backward, encode_passage=embed_p)
+        else:
+            loss, parts = unsorted_loss(torch.cat([embed_q(c) for c in qc]), torch.cat([embed_p(c) for c in pc]))
+            self.engine.backward(loss)
+            loss = loss.detach()
+        lr = self.engine.lr()
+        self.engine.step()
+        out = {"loss": loss, **parts}
+        masked = torch.tensor(float(mask.sum()))
+        if self.dist.world > 1:  # report global values, as one process with the whole batch would
+            vals = torch.stack([*(v.float().cpu() for v in out.values()), masked]).to(self.dist.device)
+            dist.all_reduce(vals)  # on the device: nccl reduces nothing else
+            vals = vals.cpu()
+            out, masked = dict(zip(out, vals[:-1] / self.dist.world, strict=True)), vals[-1]
+        return {"lr": lr, **{k: float(v) for k, v in out.items()}, "masked": int(masked)}
+
+    # -- checkpoints
+
+    def save_checkpoint(self, pos: Position) -> None:
+        d = self.ckpt_root / f"step-{pos.step}"
+        tmp = d.with_name(d.name + ".tmp")
+        if self.dist.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self.dist.barrier()
+        self.engine.save(tmp, self.dist.rank)
+        torch.save(rng_state(), tmp / f"rng-{self.dist.rank}.pt")
+        if self.dist.rank == 0:
+            state = {**dataclasses.asdict(pos), "world_size": self.dist.world, "total_steps": self.total,
+                     "padded_negatives": self.padded, "random_negatives": self.drawn, "data_hash": self.data_hash}
+            (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
+            self.cfg.save(tmp / "train_config.json")
+        self.dist.barrier()
+        if self.dist.rank == 0:
+            shutil.rmtree(d, ignore_errors=True)
+            os.replace(tmp, d)
+            for old in checkpoints(self.ckpt_root)[: -max(1, self.cfg.save_total_limit)]:
+                shutil.rmtree(old, ignore_errors=True)
+            log.info("checkpoint %s", d)
+        self.dist.barrier()
+
+    def resume_point(self) -> Path | None:
+        """The newest checkpoint, refused (exit 2) if it was written for other data, settings or process count."""
+        found = checkpoints(self.output.with_name(self.output.name + ".partial") / "checkpoints")
+        if not found:
+            return None
+        d = found[-1]
+        state = read_state(d / "trainer_state.json")
+        if state.get("world_size") != self.dist.world:
+            raise records.RecordError(d, message=f"written by {state.get('world_size')} processes; resume with the same number (now {self.dist.world})")
+        differ = resume_conflicts(read_state(d / "train_config.json"), self.cfg)
+        if state.get("data_hash") != self.data_hash:
+            differ.insert(0, "the data (groups, or the text of the docs they name)")
+        if differ:
+            raise records.RecordError(d, message=f"--resume: this run differs from the checkpoint in {'; '.join(differ)}. Rerun with "
+                                                 "the checkpoint's data and settings (its train_config.json), or drop --resume and "
+                                                 "give --overwrite to start over")
+        return d
+
+    def load_checkpoint(self) -> Position:
+        d = self.resume_from
+        if d is None:
+            log.warning("--resume: no checkpoint in %s; starting from step 0", self.ckpt_root)
+            return Position()
+        state = read_state(d / "trainer_state.json")
+        self.engine.load(d)
+        set_rng_state(load_tensors(d / f"rng-{self.dist.rank}.pt"))
+        try:
+            self.padded, self.drawn = state["padded_negatives"], state["random_negatives"]
+            pos = Position(**{k: int(state[k]) for k in ("step", "epoch", "batch_in_epoch", "groups_consumed")})
+        except (KeyError, TypeError, ValueError) as e:
+            raise records.RecordError(d / "trainer_state.json", message=f"damaged checkpoint file (bad or missing {e})") from None
+        log.info("resumed from %s (step %d, epoch %d, %d groups consumed)", d, pos.step, pos.epoch, pos.groups_consumed)
+        return pos
+
+    @functools.cached_property
+    def data_hash(self) -> str:
+        """What the run trains on: the groups and the docs they name, plus the whole corpus when negatives are drawn from it."""
+        parts = [self.source.fingerprint]
+        if self.source.without_negatives and self.cfg.train_group_size > 1:
+            parts.append(self.source.corpus_fingerprint())
+        return "+".join(parts)
+
+    # -- the run
+
+    def fit(self) -> Path:
+        try:
+            with records.atomic_dir(self.output) if self.dist.rank == 0 else contextlib.nullcontext(self.partial):
+                if self.dist.rank == 0 and not self.cfg.resume:  # a fresh start; check_output saw only our files here
+                    for p in self.partial.iterdir():
+                        if p.is_dir() and not p.is_symlink():
+                            shutil.rmtree(p)
+                        else:
+                            p.unlink()
+                self.dist.barrier()
+                pos = self.load_checkpoint() if self.cfg.resume else Position()
+                self._loop(pos)
+                self._export()
+                self.dist.barrier()
+        finally:  # also on failure; DeepSpeed's own call also drops its group handles, so this process can train again
+            if self.dist.deepspeed and dist.is_initialized():
+                import_deepspeed().comm.destroy_process_group()
+        return self.output
+
+    def _metrics(self, pos: Position):
+        path = self.partial / "metrics.jsonl"
+        if self.dist.rank != 0:
+            return contextlib.nullcontext(None)
+        if path.exists():  # a kill after the checkpoint leaves later lines, the last maybe torn: drop them
+            keep = []
+            for ln in path.read_text().splitlines():
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    if json.loads(ln)["step"] <= pos.step:
+                        keep.append(ln)
+            tmp = path.with_name(path.name + ".tmp")  # replaced whole: a kill here must not lose earlier steps' lines
+            tmp.write_text("".join(ln + "\n" for ln in keep))
+            os.replace(tmp, path)
+        return open(path, "a", encoding="utf-8")
+
+    def _loop(self, pos: Position) -> None:
+        cfg = self.cfg
+        first, t0, window = True, time.perf_counter(), []
+        self.last_save = time.monotonic()
+        with self._metrics(pos) as metrics:
+            while pos.step < self.total:
+                for i, batch in enumerate(self.batches.epoch(pos.epoch)):
+                    if i < pos.batch_in_epoch:
+                        continue  # resume: skip what was trained (sampling is a pure function of seed and position)
+                    start = time.perf_counter()
+                    m = self.step(batch, first and pos.step == 0)  # a fresh run's step 1 runs at max length
+                    self.padded += sum(e.padded for e in batch)
+                    self.drawn += sum(e.drawn for e in batch)
+                    first = False
+                    pos.step, pos.batch_in_epoch, pos.groups_consumed = pos.step + 1, i + 1, pos.groups_consumed + len(batch)
+                    window = (window + [time.perf_counter() - start])[-20:]
+                    m = {"step": pos.step, "epoch": pos.epoch, **m, "groups_per_s": round(len(batch) * len(window) / sum(window), 3),
+                         "groups_consumed": pos.groups_consumed, "elapsed_s": round(time.perf_counter() - t0, 2)}
+                    if metrics is not None:
+                        metrics.write(json.dumps(m) + "\n")
+                        metrics.flush()
+                    if pos.step % max(1, cfg.logging_steps) == 0 or pos.step == self.total:
+                        log.info("step %d/%d  loss %.4f  lr %.2e  %.1f groups/s", pos.step, self.total, m["loss"], m["lr"], m["groups_per_s"])
+                    if cfg.lora_r and pos.step == min(cfg.lora_check_steps, self.total):
+                        self._check_lora()
+                    by_steps = bool(cfg.save_steps) and pos.step % cfg.save_steps == 0
+                    if (by_steps or self._minutes_passed()) and pos.step < self.total:
+                        self.save_checkpoint(pos)
+                        self.last_save = time.monotonic()
+                    if self.on_step is not None:
+                        self.on_step(pos.step, m)
+                    if pos.step >= self.total:
+                        break
+                else:
+                    pos.epoch, pos.batch_in_epoch = pos.epoch + 1, 0
+        if (self.padded or self.drawn) and self.dist.rank == 0:
+            log.warning("%d negatives resampled (groups with fewer than %d), %d drawn at random from the corpus (groups with none)",
+                        self.padded, cfg.train_group_size - 1, self.drawn)
+        self.enc.report_truncation()
+
+    def _minutes_passed(self) -> bool:
+        """--save-minutes elapsed since the last checkpoint (rank 0's clock decides for every process: saving
+        is collective)."""
+        if not self.cfg.save_minutes:
+            return False
+        due = time.monotonic() - self.last_save >= 60 * self.cfg.save_minutes
+        if self.dist.world > 1:
+            flag = torch.tensor([int(due)], device=self.dist.device)
+            dist.broadcast(flag, 0)
+            due = bool(flag.item())
+        return due
+
+    def _check_lora(self) -> None:
+        norm = lora_b_norm(self.engine.module)
+        if norm == 0.0:
+            raise RuntimeError(f"LoRA B weights are still zero after {self.cfg.lora_check_steps} steps: the adapters are not "
+                               "training (kamalkraj/e5-mistral#6, open-unlearning#178); check --lr and the ZeRO/checkpointing setup")
+        log.info("LoRA B norm after %d steps: %.3g", self.cfg.lora_check_steps, norm)
+
+    # -- saving the model
+
+    def _export(self) -> None:
+        state = self.engine.full_state_dict()
+        if self.dist.rank != 0:
+            return
+        if self.template is None:
+            fresh = build_encoder(self.cfg, "cpu", for_training=False)
+        else:
+            torch.manual_seed(self.cfg.seed)
+            fresh = prepare(self.template, self.cfg, for_training=False)
+        fresh.load_state_dict(state)
+        after = self._embed(fresh, self.probe)
+        if self.cfg.lora_r:
+            fresh.model = fresh.model.merge_and_unload()  # in fp32
+            merged = self._embed(fresh, self.probe)
+            if not np.allclose(after, merged, atol=1e-4):
+                raise RuntimeError("merging the LoRA adapters changed the embeddings")
+        if self.before is not None and float(np.abs(after - self.before).max()) < 1e-6:
+            raise RuntimeError("training did not change the embeddings (FlagEmbedding#1547): check --lr and the data")
+        shutil.rmtree(self.ckpt_root, ignore_errors=True)
+        fresh.save(self.partial)
+        self.cfg.save(self.partial / "train_config.json")
+        reloaded = Encoder.load(self.partial, device="cpu")
+        cos = float((self._embed(reloaded, self.probe) * after).sum(1).min()) if fresh.config.normalize else 1.0
+        if cos < 0.9999:
+            raise RuntimeError(f"the saved model does not reproduce the trained embeddings (min cos {cos:.5f})")
+        drift = float((after * self.before).sum(1).mean()) if self.before is not None and fresh.config.normalize else float("nan")
+        log.info("saved %s (probe cos to the untrained model %.4f; reload parity %.6f)", self.output, drift, cos)
