@@ -27,6 +27,7 @@ install: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check retrctl stages tests bench
+	$(VENV)/bin/lint-imports --no-cache
 
 # CI subset: unit tests on tiny models plus the real-model tests marked `real` that are not `slow`.
 test: $(STAMP) lint

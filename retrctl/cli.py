@@ -18,8 +18,7 @@ import sys
 import click
 
 from retrctl import __version__
-from retrctl.errors import UsageError
-from retrctl.records import BusyError, RecordError
+from retrctl.errors import BusyError, RecordError, UsageError
 from retrctl.stage import STATE
 
 EX_TEMPFAIL = 75

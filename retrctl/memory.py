@@ -33,7 +33,7 @@ import os
 import re
 from pathlib import Path
 
-import click
+from retrctl.errors import UsageError
 
 log = logging.getLogger("retrctl.memory")
 
@@ -63,25 +63,11 @@ def parse_size(text: str) -> int:
     return n
 
 
-class Size(click.ParamType):
-    """A click type for memory sizes: junk or zero is a usage error naming the flag (exit 2)."""
-
-    name = "size"
-
-    def convert(self, value, param, ctx):
-        if value is None or isinstance(value, int):
-            return value
-        try:
-            return parse_size(value)
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
-
-
 def fmt(n: float) -> str:
     return f"{n / GB:.1f} GB" if n >= 0.1 * GB else f"{n / 2**20:.0f} MB"
 
 
-class DoesNotFit(click.UsageError):
+class DoesNotFit(UsageError):
     """Nothing fits: exit 2 with one line naming the smallest setting that would."""
 
 
@@ -227,8 +213,6 @@ def probe(forward, make_batch, module, rows: int = 2) -> int:
     saved_tensors_hooks, each saved storage counted once, ``module``'s parameters (and their views) left out."""
     import torch
 
-    from retrctl.train.losses import RngState
-
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     seen: dict[int, int] = {}
 
@@ -242,13 +226,10 @@ def probe(forward, make_batch, module, rows: int = 2) -> int:
             seen.setdefault(key, st.nbytes())
         return t
 
-    rng = RngState()
-    try:
-        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = forward(make_batch(rows))
+    # fork_rng puts the generators back: probing must not shift the dropout masks of the steps that follow
+    with torch.random.fork_rng(), torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward(make_batch(rows))
         del out
-    finally:
-        rng.restore()
     return math.ceil(sum(seen.values()) / rows)
 
 

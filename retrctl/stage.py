@@ -102,6 +102,22 @@ def parse_range(value: str, what: str = "range") -> tuple[int, int]:
     return lo, hi
 
 
+class Size(click.ParamType):
+    """A click type for memory sizes (``retrctl.memory.parse_size``): junk or zero is a usage error naming the flag."""
+
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, int):
+            return value
+        from retrctl.memory import parse_size
+
+        try:
+            return parse_size(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
 def check_range(ctx, param, value):
     """click callback: a bad LO-HI flag value exits 2 naming the flag; the text is kept as given."""
     if value is not None:

@@ -83,8 +83,7 @@ from pathlib import Path
 import click
 
 from retrctl import records
-from retrctl.memory import Size
-from retrctl.stage import ENCODER_FLAGS, SHARED_TYPES, options, stage
+from retrctl.stage import ENCODER_FLAGS, SHARED_TYPES, Size, options, stage
 from retrctl.train.checkpoint import check_output
 from retrctl.train.config import TrainConfig
 from retrctl.train.loop import Trainer

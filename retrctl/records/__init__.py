@@ -7,7 +7,9 @@ turns into one line naming file, line and field, with exit status 2.
 
 Where each part lives (import from ``retrctl.records``; the modules are the layout, not the API):
 
-- ``errors``      RecordError (bad input, exit 2) and BusyError (output locked by another run, exit 75).
+RecordError (bad input, exit 2) and BusyError (output locked by another run, exit 75) live in ``retrctl.errors``
+with the core's other errors and are re-exported here.
+
 - ``containers``  .jsonl/.gz/.zst/.parquet detection, opening, line reading; atomic writes of a file
                   (``atomic_path``, ``open_output``) or a directory (``atomic_dir``, ``sweep_dir``);
                   ``check_outputs`` (an output may not be, be inside or contain an input).
@@ -18,12 +20,13 @@ Where each part lives (import from ``retrctl.records``; the modules are the layo
 - ``reader``      ``read(path, kind)`` and ``read_corpus``: the canonical records of one kind.
 - ``provenance``  library ``versions()`` and the ``<output>.manifest.json`` beside a run or query file.
 
-Imports go one way (errors <- containers <- streams, fields <- trec <- reader; provenance uses containers),
+Imports go one way (containers <- streams, fields <- trec <- reader; provenance uses containers),
 and none imports torch or pyarrow at import time.
 """
 
 from __future__ import annotations
 
+from retrctl.errors import BusyError, RecordError
 from retrctl.records.containers import (
     atomic_dir,
     atomic_path,
@@ -33,7 +36,6 @@ from retrctl.records.containers import (
     open_text,
     sweep_dir,
 )
-from retrctl.records.errors import BusyError, RecordError
 from retrctl.records.fields import (
     ALIASES,
     BEIR_FILES,

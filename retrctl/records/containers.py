@@ -26,7 +26,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from retrctl.records.errors import RecordError
+from retrctl.errors import RecordError
 
 log = logging.getLogger("retrctl.records")
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 import re
 
+from retrctl.errors import RecordError
 from retrctl.hashing import stable_hex
-from retrctl.records.errors import RecordError
 
 KINDS = ("doc", "query", "group", "run", "qrels")
 

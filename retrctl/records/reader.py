@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from retrctl.records.errors import RecordError
+from retrctl.errors import RecordError
 from retrctl.records.fields import ID_FIELD, NORMALIZERS, resolve
 from retrctl.records.streams import read_objects
 from retrctl.records.trec import read_run

@@ -12,8 +12,8 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 
+from retrctl.errors import RecordError
 from retrctl.records.containers import _lines, atomic_path, is_parquet, open_output
-from retrctl.records.errors import RecordError
 
 
 def read_jsonl(path) -> Iterator[tuple[int, dict]]:

@@ -14,8 +14,8 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from operator import itemgetter
 
+from retrctl.errors import RecordError
 from retrctl.records.containers import _lines, is_parquet, open_output
-from retrctl.records.errors import RecordError
 from retrctl.records.fields import _SPACE, _as_id, _normalize_row, resolve
 from retrctl.records.streams import read_objects, write
 
