@@ -44,8 +44,28 @@ from retrctl.stage import encoder_overrides, options, progress, stage
 log = logging.getLogger("retrctl.prune")
 
 METHOD = "EffiR coarse step: sub-layer importance 1 - cos(x_in, x_out), attention and MLP ranked apart; blocks by ShortGPT Block Influence"
+AUTO_MAP = {"AutoModel": "modeling_pruned.PrunedModel"}
+# what a prune output holds (Encoder.save's files, tokenizer files aside, and ours): a leftover .partial with only these is ours
+WRITTEN = {"config.json", "model.safetensors", "model.safetensors.index.json", "generation_config.json", "modules.json",
+           "sentence_bert_config.json", "config_sentence_transformers.json", "retrctl.json", "1_Pooling", "2_Normalize",
+           "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt", "chat_template.jinja", "added_tokens.json",
+           "prune.json", "importance.png", "README.md", "modeling_pruned.py"}
 # the reload check always sees these too (a --scores run may have no calibration texts)
 CHECK_TEXTS = ["retrctl prune: the reload check.", "A second, longer text, so that the batch is padded and the mask is used."]
+
+
+def check_output(out: Path) -> None:
+    """``-o`` may be new, empty, or an earlier prune output (replaced); a leftover ``.partial`` of a killed run is
+    cleared when it holds only what prune writes. Anything else is refused before any work (nothing lost)."""
+    if out.is_dir() and any(out.iterdir()) and not (out / "prune.json").is_file():
+        raise records.RecordError(out, message="exists and is not a retrctl prune output: choose another -o (nothing written)")
+    partial = out.with_name(out.name + ".partial")
+    if partial.is_dir():
+        foreign = [p.name for p in partial.iterdir() if p.name not in WRITTEN and not p.name.startswith("tokenizer")]
+        if foreign:
+            raise records.RecordError(partial, message=f"holds files prune did not write ({', '.join(sorted(foreign)[:3])}): "
+                                      "remove it or choose another -o (nothing written)")
+        shutil.rmtree(partial)
 
 
 def calibration_texts(path, size: int = 256, seed: int = 0) -> list[str]:
@@ -78,6 +98,7 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
     from retrctl.prune import importance, save, surgery
 
     records.check_outputs([output], [model, calibration, scores], dir_output=True)
+    check_output(Path(output))
     if not (drop_mlp or drop_attn or drop_layers or target_params is not None):
         raise surgery.PruneError("nothing to do: give --drop-mlp, --drop-attn, --drop-layers or --target-params")
     if calibration is None and scores is None:
@@ -111,8 +132,10 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
         "params": {"before": before, "after": after, "embedding": sum(x.numel() for x in enc.model.get_input_embeddings().parameters())},
         "calibration": calib, "versions": records.versions(),
     }
-    if not p.uniform or already:
-        enc.model.config.auto_map = {"AutoModel": "modeling_pruned.PrunedModel"}
+    if getattr(enc.model.config, "retrctl_pruned", None):
+        enc.model.config.auto_map = AUTO_MAP
+    elif getattr(enc.model.config, "auto_map", None) == AUTO_MAP:  # a pruned model whose skipped blocks all went
+        del enc.model.config.auto_map
     with records.atomic_dir(output) as tmp:
         try:
             enc.save(tmp)

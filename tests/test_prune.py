@@ -132,6 +132,12 @@ def test_layer_idx_contiguous_and_cache_forward_works(decoder):
         nxt = model(input_ids=torch.tensor([[2003]]), past_key_values=out.past_key_values, use_cache=True)
     assert nxt.last_hidden_state.shape == (1, 1, 32)
 
+    naive = _base(decoder)  # the bug it guards against (transformers#28462): blocks out, layer_idx left as it was
+    naive.layers = torch.nn.ModuleList([naive.layers[1], naive.layers[3]])
+    naive.config.num_hidden_layers = 2
+    with pytest.raises(IndexError), torch.no_grad():
+        naive(input_ids=ids, use_cache=True)
+
 
 def test_zeroed_sublayers_stay_zero_under_training(decoder):
     """All-zero is a fixed point: the gradients of a removed sub-layer are exactly zero, so `train` keeps it removed."""
@@ -238,6 +244,26 @@ def test_bad_flags_exit_2_and_leave_nothing(runner, tiny_llama, tiny_bert, llama
     r = runner("prune", tiny_llama, "-o", out, "--scores", other / "prune.json", "--drop-mlp", 1)
     _refused(r, out)
     assert "another model" in r.stderr
+
+
+def test_output_that_is_not_ours_is_refused_and_kept(runner, tiny_llama, corpus_file, tmp_path):
+    mine = tmp_path / "project"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    r = runner("prune", tiny_llama, "-o", mine, "--calibration", corpus_file, "--drop-mlp", 1)
+    assert r.exit_code == 2 and "not a retrctl prune output" in r.stderr
+    assert (mine / "notes.txt").read_text() == "keep me"
+    stale = tmp_path / "small.partial"  # a killed run's leftover (only prune's files) is cleared, not mixed in
+    stale.mkdir()
+    (stale / "modeling_pruned.py").write_text("stale")
+    out = prune(str(tiny_llama), output=tmp_path / "small", calibration=corpus_file, drop_layers=1)
+    assert not (out / "modeling_pruned.py").exists() and not stale.exists()
+    again = prune(str(tiny_llama), output=out, calibration=corpus_file, drop_mlp=1)  # an earlier output is replaced
+    assert json.loads((again / "prune.json").read_text())["removed"]["mlp"]
+    (stale).mkdir()
+    (stale / "thesis.tex").write_text("x")
+    r = runner("prune", tiny_llama, "-o", out, "--calibration", corpus_file, "--drop-mlp", 1)
+    assert r.exit_code == 2 and "did not write" in r.stderr and (stale / "thesis.tex").exists()
 
 
 def test_cli_prune_then_index_search_and_train(runner, llama4, corpus_file, queries_file, tmp_path):
