@@ -11,7 +11,8 @@
    judged for the first `--ndcg-queries` test queries (sorted ids), filled up to N with other corpus docs in
    corpus order; scored by retrctl.metrics (trec_eval semantics), exact dot-product search over the sub-corpus.
 
-    flock /work/bench.lock .venv/bin/python bench/prune.py                       # importance + speed, ~10 min on 2 cores
+    flock /work/bench.lock .venv/bin/python bench/prune.py                       # importance + speed, ~15 min on 2 cores
+    flock /work/bench.lock .venv/bin/python bench/prune.py --scores S.json --threads 1   # speed only, CPU time robust to load
     flock /work/bench.lock .venv/bin/python bench/prune.py --ndcg-docs 1000 --settings unpruned,drop-mlp-8
 
 Markdown tables on stdout; progress on stderr.
@@ -64,16 +65,19 @@ def importance_table(scores: dict) -> str:
 
 
 def throughput(models: dict, texts: list[str], rounds: int, batch_size: int) -> dict:
-    times = {k: [] for k in models}
+    """name -> (median wall seconds, median CPU seconds of this process). On a box shared with other jobs wall time
+    swings 2x between rounds; CPU time (one thread: no spin-waiting) tracks the work done."""
+    times = {k: ([], []) for k in models}
     with torch.inference_mode():
         models[next(iter(models))].encode(texts[:batch_size], batch_size=batch_size)  # warm-up
         for r in range(rounds):
             for name, e in models.items():
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 e.encode(texts, batch_size=batch_size)
-                times[name].append(time.perf_counter() - t0)
-                say(f"round {r + 1}: {name} {times[name][-1]:.1f}s")
-    return {k: statistics.median(v) for k, v in times.items()}
+                times[name][0].append(time.perf_counter() - t0)
+                times[name][1].append(time.process_time() - c0)
+                say(f"round {r + 1}: {name} wall {times[name][0][-1]:.1f}s cpu {times[name][1][-1]:.1f}s")
+    return {k: (statistics.median(w), statistics.median(c)) for k, (w, c) in times.items()}
 
 
 def subcorpus(n_docs: int, n_queries: int):
@@ -108,11 +112,14 @@ def main():
     ap.add_argument("--docs", type=int, default=32, help="docs encoded per throughput round")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--ndcg-docs", type=int, default=0)
     ap.add_argument("--ndcg-queries", type=int, default=100)
     args = ap.parse_args()
     torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     enc = Encoder.load(args.model, device="cpu", pooling="mean", bidirectional=True,
                        passage_max_len=args.max_length, query_max_len=64)
@@ -155,14 +162,14 @@ def main():
 def speed_table(speed, base, params, removed, args):
     print(f"## Params and encode throughput ({args.docs} SciFact docs at <= {args.max_length} tokens, batch {args.batch_size}, "
           f"median of {args.rounds} interleaved rounds; {platform.processor() or platform.machine()}, "
-          f"{torch.get_num_threads()} threads)\n")
-    print("| model | removed | non-embedding params | docs/s | throughput vs unpruned |")
-    print("|---|---|---:|---:|---:|")
-    for name, t in speed.items():
+          f"{torch.get_num_threads()} torch threads, box shared with other jobs)\n")
+    print("| model | removed | non-embedding params | docs/s (wall) | vs unpruned (wall) | docs per CPU-s | vs unpruned (CPU) |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for name, (wall, cpu) in speed.items():
         p = removed.get(name.split(" ")[0])
         what = "—" if p is None else f"blocks {p.blocks}" if p.blocks else f"MLPs {p.mlp}"
         print(f"| {name} | {what} | {params[name] / 1e6:.1f}M ({params[name] / params['unpruned']:.0%}) | "
-              f"{args.docs / t:.2f} | {base / t:.2f}× |")
+              f"{args.docs / wall:.2f} | {base[0] / wall:.2f}× | {args.docs / cpu:.2f} | {base[1] / cpu:.2f}× |")
     print()
 
 

@@ -31,21 +31,27 @@ def write_modeling_file(model, out: Path) -> None:
     (out / "modeling_pruned.py").write_text(src)
 
 
-def chart(scores: dict, masks: dict, path: Path, title: str) -> None:
+def chart(scores: dict, removed: dict, path: Path, title: str) -> None:
+    """Attention and MLP importance per block (log scale); removed sub-layers circled, removed blocks shaded."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     n = len(scores["attention"])
     fig, ax = plt.subplots(figsize=(max(6, 0.3 * n + 2), 3.6))
+    for i in removed["blocks"]:
+        ax.axvspan(i - 0.4, i + 0.4, color="0.85", zorder=0, label="block removed" if i == removed["blocks"][0] else None)
     for kind, color in (("attention", "tab:blue"), ("mlp", "tab:orange")):
         ax.plot(range(n), scores[kind], marker="o", ms=4, color=color, label=f"{kind} (1 − cos)")
-        gone = [i for i in range(n) if not masks[kind][i]]
-        ax.scatter(gone, [scores[kind][i] for i in gone], s=80, facecolors="none", edgecolors="red", zorder=3,
-                   label=f"{kind} removed" if gone else None)
+        gone = removed[kind]
+        if gone:
+            ax.scatter(gone, [scores[kind][i] for i in gone], s=90, facecolors="none", edgecolors=color, linewidths=1.5,
+                       zorder=3, label=f"{kind} removed")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("block")
-    ax.set_ylabel("importance")
+    ax.set_ylabel("importance (log)")
     ax.set_yscale("log")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
@@ -85,8 +91,7 @@ def card(report: dict) -> str:
 
 def write_report(out: Path, report: dict) -> None:
     (out / PRUNE_JSON).write_text(json.dumps(report, indent=2) + "\n")
-    chart(report["scores"], report["masks"], out / "importance.png",
-          f"{report['source']}: sub-layer importance (circled: removed)")
+    chart(report["scores"], report["removed"], out / "importance.png", f"{report['source']}: sub-layer importance")
     (out / "README.md").write_text(card(report))
 
 
