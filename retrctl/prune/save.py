@@ -84,7 +84,9 @@ def card(report: dict) -> str:
             "", "Single sub-layers were removed, which no stock config can express: they are stored as zeros, so the "
             "stock load above gives the pruned model's outputs exactly but computes them. To skip them (same outputs, "
             "less compute), load the bundled `modeling_pruned.py`, which imports only transformers:", "",
-            "```python", "model = AutoModel.from_pretrained(DIR, trust_remote_code=True)", "```",
+            "```python", "model = AutoModel.from_pretrained(DIR, trust_remote_code=True)", "```", "",
+            "A model trained from this one (`retrctl train --model DIR`) keeps the zeros (their gradients are zero) "
+            "but not this file yet: copy `modeling_pruned.py` into the trained dir to skip them there too.",
         ]
     return "\n".join(lines) + "\n"
 

@@ -26,7 +26,10 @@ model cannot revive a removed sub-layer (tested). The cost: zeros save no comput
 sub-layer really skipped, so the dir also carries ``modeling_pruned.py`` (``auto_map``; imports only
 transformers) and ``config.retrctl_pruned`` listing the removed sub-layers: ``trust_remote_code=True`` (the
 user's choice; retrctl never sets it) runs them skipped, with the same outputs, and ``skip_removed`` here does the
-same in memory for retrctl's own encoders. A result that is uniform (whole blocks only) gets neither: it is a
+same in memory for retrctl's own encoders (for inference only: a skipped sub-layer has no weights to save, so a
+model to be trained or saved keeps the zero form). Not yet done (the models package of issue 13): retrctl's loader
+calling ``skip_removed`` for index/search, and ``Encoder.save`` copying ``modeling_pruned.py`` (a trained pruned
+model keeps the zeros and the ``auto_map`` but loses the file: its stock load is unaffected). A result that is uniform (whole blocks only) gets neither: it is a
 plain stock model.
 """
 
