@@ -151,7 +151,7 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
 
 
 @stage(prune, writes="dir")
-@click.argument("model")
+@click.argument("source", metavar="MODEL")  # not named "model": that is the shared --model flag's name
 @click.option("--calibration", help="Corpus to sample calibration passages from (JSONL/Parquet/BEIR folder).")
 @click.option("--calibration-size", type=click.IntRange(min=1), help="Calibration passages (EffiR: 256).")
 @click.option("--max-length", type=click.IntRange(min=1), help="Tokens per calibration passage.")
@@ -161,12 +161,12 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
 @click.option("--target-params", type=float, help="Keep this fraction of the non-embedding parameters (MLPs first, then blocks).")
 @click.option("--scores", help="prune.json of an earlier run: reuse its importance scores instead of recomputing.")
 @options("batch_size", "seed", "encoder")
-def command(model, **opts):
+def command(source, **opts):
     """Drop the least important attention / MLP sub-layers or whole blocks of a decoder (EffiR, ShortGPT)."""
     from retrctl.prune.surgery import PruneError
 
     settings = encoder_overrides(opts)
     try:
-        prune(model, encoder_settings=settings, **opts)
+        prune(source, encoder_settings=settings, **opts)
     except PruneError as e:
         raise click.UsageError(str(e)) from None
