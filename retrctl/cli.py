@@ -29,6 +29,7 @@ STAGES = {
     "qgen": "LLM-written queries for documents.",
     "mine": "Hard negatives for queries: groups for training.",
     "rerank": "Listwise / pointwise LLM reranking of runs or groups.",
+    "prune": "Drop the least important layers of a decoder (EffiR).",
     "train": "Contrastive training (InfoNCE, DeepSpeed ZeRO, GradCache, LoRA).",
     "index": "Build (or update) a dense or BM25 index of a corpus.",
     "search": "Search an index with queries: write a run.",

@@ -1,0 +1,301 @@
+"""prune: importance by hand, masked == removed, stock reload, layer_idx and the cache, budgets, refusals, and
+prune → index → search → train on the CLI. Tiny random Llama and Qwen2 decoders (4 blocks, hidden 32)."""
+
+import json
+
+import pytest
+import torch
+from conftest import DOCS, _minilm_dir
+from trainkit import FAST, write_jsonl
+from trainkit import corpus as _corpus
+from trainkit import groups as _groups
+
+from retrctl.prune import importance, surgery
+from retrctl.prune.modeling_pruned import Skipped
+from stages.prune import prune
+
+TEXTS = [d["title"] + " " + d["text"] for d in DOCS]
+
+
+def _decoder(family, out, layers=4):
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(str(_minilm_dir()))
+    tok.eos_token, tok.padding_side = "[SEP]", "left"
+    config, model = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[family]
+    cfg = config(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id)
+    model(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def decoder(request, tmp_path_factory):
+    return _decoder(request.param, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture(scope="module")
+def llama4(tmp_path_factory):
+    return _decoder("llama", tmp_path_factory.mktemp("llama4"))
+
+
+def _base(path):
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(str(path)).eval()
+
+
+def _hidden(model, path, texts=TEXTS, **kw):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    batch = tok(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        out = model(**batch, **kw).last_hidden_state
+    return out[batch["attention_mask"].bool()]
+
+
+# ---------------------------------------------------------------- importance
+
+
+def test_importance_by_hand_on_two_blocks(tiny_llama):
+    from transformers import AutoTokenizer
+
+    model, tok = _base(tiny_llama), AutoTokenizer.from_pretrained(str(tiny_llama))
+    text = "cats purr when they are content"
+    got = importance.importance(model, tok, [text])
+    ids = tok([text], return_tensors="pt")["input_ids"]
+    gap = lambda a, b: (1 - torch.nn.functional.cosine_similarity(a, b, dim=-1)).mean().item()  # noqa: E731
+    with torch.no_grad():  # the block written out: x -> h = x + attn(norm(x)) -> y = h + mlp(norm(h)); causal, no padding
+        x = model.embed_tokens(ids)
+        rope = model.rotary_emb(x, torch.arange(ids.shape[1])[None])
+        for i, layer in enumerate(model.layers):
+            h = x + layer.self_attn(layer.input_layernorm(x), position_embeddings=rope, attention_mask=None)[0]
+            y = h + layer.mlp(layer.post_attention_layernorm(h))
+            assert got["attention"][i] == pytest.approx(gap(x, h), rel=1e-5)
+            assert got["mlp"][i] == pytest.approx(gap(h, y), rel=1e-5)
+            assert got["block"][i] == pytest.approx(gap(x, y), rel=1e-5)
+            x = y
+    assert got["tokens"] == ids.shape[1] and len(got["mlp"]) == 2
+
+
+def test_importance_masks_padding(tiny_llama):
+    """A padded batch gives the token-weighted mean of the texts scored one by one: padding counts for nothing."""
+    from transformers import AutoTokenizer
+
+    model, tok = _base(tiny_llama), AutoTokenizer.from_pretrained(str(tiny_llama))
+    texts = ["a short one", "a much longer text that forces the first one to be padded on the left side"]
+    both = importance.importance(model, tok, texts, batch_size=2)
+    alone = [importance.importance(model, tok, [t]) for t in texts]
+    for kind in importance.KINDS:
+        for i in range(2):
+            want = sum(a[kind][i] * a["tokens"] for a in alone) / sum(a["tokens"] for a in alone)
+            assert both[kind][i] == pytest.approx(want, rel=1e-4)
+
+
+# ---------------------------------------------------------------- surgery
+
+
+def test_zeroed_sublayers_equal_skipped_and_dropped(decoder):
+    """The stock form (zeros) and real removal give the same hidden states (1e-5), for sub-layers and blocks."""
+    zeroed = _base(decoder)
+    surgery.apply(zeroed, surgery.Plan(mlp=[0, 2], attention=[3]))
+    skipped = _base(decoder)
+    surgery.apply(skipped, surgery.Plan(mlp=[0, 2], attention=[3]))
+    surgery.skip_removed(skipped)
+    assert isinstance(skipped.layers[2].mlp, Skipped) and isinstance(skipped.layers[3].self_attn, Skipped)
+    assert not isinstance(zeroed.layers[2].mlp, Skipped)
+    assert torch.allclose(_hidden(zeroed, decoder), _hidden(skipped, decoder), atol=1e-5)
+    assert not torch.allclose(_hidden(zeroed, decoder), _hidden(_base(decoder), decoder), atol=1e-3)
+
+    masked = _base(decoder)  # a block masked (both sub-layers zero) == the block taken out
+    surgery.apply(masked, surgery.Plan(mlp=[1], attention=[1]))
+    dropped = _base(decoder)
+    surgery.apply(dropped, surgery.Plan(blocks=[1]))
+    assert len(dropped.layers) == 3 and dropped.config.num_hidden_layers == 3
+    assert torch.allclose(_hidden(masked, decoder), _hidden(dropped, decoder), atol=1e-5)
+
+
+def test_layer_idx_contiguous_and_cache_forward_works(decoder):
+    model = _base(decoder)
+    surgery.apply(model, surgery.Plan(blocks=[0, 2]))
+    assert [layer.self_attn.layer_idx for layer in model.layers] == [0, 1]
+    if getattr(model.config, "layer_types", None):
+        assert len(model.config.layer_types) == 2
+    ids = torch.tensor([[101, 2000, 2001, 2002]])
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=True)
+        assert out.past_key_values.get_seq_length() == 4
+        nxt = model(input_ids=torch.tensor([[2003]]), past_key_values=out.past_key_values, use_cache=True)
+    assert nxt.last_hidden_state.shape == (1, 1, 32)
+
+    naive = _base(decoder)  # the bug it guards against (transformers#28462): blocks out, layer_idx left as it was
+    naive.layers = torch.nn.ModuleList([naive.layers[1], naive.layers[3]])
+    naive.config.num_hidden_layers = 2
+    with pytest.raises(IndexError), torch.no_grad():
+        naive(input_ids=ids, use_cache=True)
+
+
+def test_zeroed_sublayers_stay_zero_under_training(decoder):
+    """All-zero is a fixed point: the gradients of a removed sub-layer are exactly zero, so `train` keeps it removed."""
+    model = _base(decoder).train()
+    surgery.apply(model, surgery.Plan(mlp=[1], attention=[2]))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    ids = torch.tensor([[101, 2000, 2001, 2002, 102]])
+    for _ in range(2):
+        model(input_ids=ids).last_hidden_state.mean(1).pow(2).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    for p in [*model.layers[1].mlp.parameters(), *model.layers[2].self_attn.parameters()]:
+        assert torch.count_nonzero(p) == 0
+    assert torch.count_nonzero(model.layers[0].mlp.down_proj.weight) > 0
+
+
+def test_plan_ranks_groups_apart_and_meets_budgets():
+    scores = {"attention": [0.5, 0.1, 0.3, 0.4], "mlp": [0.2, 0.05, 0.01, 0.3], "block": [0.6, 0.12, 0.31, 0.5]}
+    sizes = {"attention": [10] * 4, "mlp": [30] * 4, "block": [41] * 4, "total": 165}
+    p = surgery.plan(scores, sizes, drop_mlp=2, drop_attn=1)
+    assert (p.mlp, p.attention, p.blocks) == ([1, 2], [1], [])
+    p = surgery.plan(scores, sizes, drop_layers=1, drop_mlp=1)
+    assert (p.blocks, p.mlp) == ([1], [2])  # block 1 (least influence) out; then the least MLP among the rest
+    p = surgery.plan(scores, sizes, target_params=0.7)  # 165 -> <= 115.5: two MLPs (60) suffice
+    assert (p.mlp, p.blocks) == ([1, 2], [])
+    p = surgery.plan(scores, sizes, target_params=0.55)  # <= 90.75: MLPs capped at half (2: 105), then blocks 1, 2 (83)
+    assert p.blocks == [1, 2] and p.mlp == [] and p.masks(4)["mlp"] == [1, 0, 0, 1]
+    with pytest.raises(surgery.PruneError, match="--drop-layers 4"):
+        surgery.plan(scores, sizes, drop_layers=4)
+    with pytest.raises(surgery.PruneError, match="--drop-mlp 4"):
+        surgery.plan(scores, sizes, drop_layers=1, drop_mlp=4)
+    with pytest.raises(surgery.PruneError, match="alone"):
+        surgery.plan(scores, sizes, target_params=0.5, drop_mlp=1)
+    with pytest.raises(surgery.PruneError, match="already|left"):
+        surgery.plan(scores, sizes, drop_mlp=4, already={"mlp": [0]})
+
+
+# ---------------------------------------------------------------- saved output
+
+
+def test_prune_saves_what_stock_loaders_reload(decoder, corpus_file, tmp_path):
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel
+
+    out = prune(str(decoder), output=tmp_path / "small", calibration=corpus_file, drop_mlp=2, drop_layers=1)
+    report = json.loads((out / "prune.json").read_text())
+    assert len(report["scores"]["mlp"]) == 4 and report["calibration"]["texts"] == len(DOCS)
+    assert report["params"]["after"] < report["params"]["before"]
+    assert sum(report["masks"]["block"]) == 3 and sum(report["masks"]["mlp"]) == 1
+    assert (out / "importance.png").read_bytes()[:4] == b"\x89PNG" and "Pruned from" in (out / "README.md").read_text()
+
+    want = _base(decoder)  # the same plan applied in memory to the source
+    surgery.apply(want, surgery.Plan(report["removed"]["blocks"], report["removed"]["mlp"], report["removed"]["attention"]))
+    stock = AutoModel.from_pretrained(str(out)).eval()
+    assert type(stock).__module__.startswith("transformers.models.")  # no remote code without the user's flag
+    assert torch.allclose(_hidden(stock, out), _hidden(want, decoder), atol=1e-5)
+    fast = AutoModel.from_pretrained(str(out), trust_remote_code=True).eval()
+    assert sum(type(layer.mlp).__name__ == "Skipped" for layer in fast.layers) == 2  # the copy in the dir
+    assert torch.allclose(_hidden(fast, out), _hidden(stock, out), atol=1e-5)
+    assert SentenceTransformer(str(out), device="cpu").encode(["cats"]).shape == (1, 32)
+    assert surgery.non_embedding_params(stock) == report["params"]["after"]
+
+
+@pytest.mark.xfail(strict=True, reason="Encoder.save (what train writes with) does not copy modeling_pruned.py yet: "
+                   "the models package of issue 13 must, when config.auto_map names it; the stock load is unaffected")
+def test_resaving_a_pruned_model_keeps_its_skip_file(llama4, corpus_file, tmp_path):
+    from retrctl.models import Encoder
+
+    out = prune(str(llama4), output=tmp_path / "small", calibration=corpus_file, drop_mlp=1)
+    Encoder.load(out, device="cpu").save(tmp_path / "again")
+    assert (tmp_path / "again" / "modeling_pruned.py").exists()
+
+
+def test_whole_blocks_give_a_plain_stock_model(llama4, corpus_file, tmp_path):
+    out = prune(str(llama4), output=tmp_path / "small", calibration=corpus_file, drop_layers=2)
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2 and "auto_map" not in config and "retrctl_pruned" not in config
+    assert not (out / "modeling_pruned.py").exists()
+
+
+def test_target_params_met_and_scores_reused(llama4, corpus_file, tmp_path):
+    a = prune(str(llama4), output=tmp_path / "a", calibration=corpus_file, target_params=0.5)
+    ra = json.loads((a / "prune.json").read_text())
+    assert ra["params"]["after"] <= 0.5 * ra["params"]["before"] and ra["removed"]["mlp"] + ra["removed"]["blocks"]
+    b = prune(str(llama4), output=tmp_path / "b", scores=a / "prune.json", drop_layers=1)  # no calibration pass
+    rb = json.loads((b / "prune.json").read_text())
+    assert rb["scores"] == ra["scores"] and rb["calibration"] == ra["calibration"]
+    assert rb["removed"]["blocks"] == [min(range(4), key=lambda i: ra["scores"]["block"][i])]
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def _refused(r, out):
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 or "Error:" in r.stderr
+    assert not out.exists() and not out.with_name(out.name + ".partial").exists()
+
+
+def test_bad_flags_exit_2_and_leave_nothing(runner, tiny_llama, tiny_bert, llama4, corpus_file, tmp_path):
+    out = tmp_path / "small"
+    r = runner("prune", tiny_llama, "-o", out, "--calibration", corpus_file, "--drop-layers", 5)
+    _refused(r, out)
+    assert "--drop-layers 5" in r.stderr and "2 blocks" in r.stderr
+    r = runner("prune", tiny_bert, "-o", out, "--calibration", corpus_file, "--drop-mlp", 1)
+    _refused(r, out)
+    assert "encoder-only" in r.stderr
+    _refused(r := runner("prune", tiny_llama, "-o", out, "--calibration", corpus_file), out)
+    assert "nothing to do" in r.stderr
+    _refused(runner("prune", tiny_llama, "-o", out, "--calibration", corpus_file, "--target-params", 0.5, "--drop-mlp", 1), out)
+    _refused(runner("prune", tiny_llama, "-o", out, "--calibration", corpus_file, "--target-params", 1.5), out)
+    _refused(runner("prune", tiny_llama, "-o", out, "--drop-mlp", 1), out)  # no calibration, no scores
+    other = prune(str(llama4), output=tmp_path / "other", calibration=corpus_file, drop_mlp=1)
+    r = runner("prune", tiny_llama, "-o", out, "--scores", other / "prune.json", "--drop-mlp", 1)
+    _refused(r, out)
+    assert "another model" in r.stderr
+
+
+def test_output_that_is_not_ours_is_refused_and_kept(runner, tiny_llama, corpus_file, tmp_path):
+    mine = tmp_path / "project"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    r = runner("prune", tiny_llama, "-o", mine, "--calibration", corpus_file, "--drop-mlp", 1)
+    assert r.exit_code == 2 and "not a retrctl prune output" in r.stderr
+    assert (mine / "notes.txt").read_text() == "keep me"
+    stale = tmp_path / "small.partial"  # a killed run's leftover (only prune's files) is cleared, not mixed in
+    stale.mkdir()
+    (stale / "modeling_pruned.py").write_text("stale")
+    out = prune(str(tiny_llama), output=tmp_path / "small", calibration=corpus_file, drop_layers=1)
+    assert not (out / "modeling_pruned.py").exists() and not stale.exists()
+    again = prune(str(tiny_llama), output=out, calibration=corpus_file, drop_mlp=1)  # an earlier output is replaced
+    assert json.loads((again / "prune.json").read_text())["removed"]["mlp"]
+    (stale).mkdir()
+    (stale / "thesis.tex").write_text("x")
+    r = runner("prune", tiny_llama, "-o", out, "--calibration", corpus_file, "--drop-mlp", 1)
+    assert r.exit_code == 2 and "did not write" in r.stderr and (stale / "thesis.tex").exists()
+
+
+def test_cli_prune_then_index_search_and_train(runner, llama4, corpus_file, queries_file, tmp_path):
+    small = tmp_path / "small"
+    r = runner("prune", llama4, "-o", small, "--calibration", corpus_file, "--drop-mlp", 1, "--drop-layers", 1,
+               "--bidirectional", "--pooling", "mean")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == "" and json.loads((small / "retrctl.json").read_text())["bidirectional"] is True
+    r = runner("index", corpus_file, "--model", small, "-o", tmp_path / "idx")
+    assert r.exit_code == 0, r.stderr
+    r = runner("search", tmp_path / "idx", queries_file, "--hits", 2)
+    assert r.exit_code == 0, r.stderr
+    assert len([line for line in r.stdout.splitlines() if line.strip()]) == 6
+
+    groups = write_jsonl(tmp_path / "g.jsonl", _groups(4, negatives=2))
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"docid": k, **v} for k, v in _corpus().items()])
+    fast = [f"--{k.replace('_', '-')}={v}" for k, v in FAST.items() if k != "train_group_size"]
+    r = runner("train", groups, "--corpus", corpus, "--model", small, "-o", tmp_path / "healed", "--max-steps", 1,
+               "--train-group-size", 2, *fast)
+    assert r.exit_code == 0, r.stderr
+    from transformers import AutoModel
+
+    healed = AutoModel.from_pretrained(str(tmp_path / "healed"))
+    removed = json.loads((small / "config.json").read_text())["retrctl_pruned"]["mlp"]
+    assert removed and all(torch.count_nonzero(p) == 0 for i in removed for p in healed.layers[i].mlp.parameters())
