@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from pathlib import Path
 
 import click
@@ -45,27 +44,15 @@ log = logging.getLogger("retrctl.prune")
 
 METHOD = "EffiR coarse step: sub-layer importance 1 - cos(x_in, x_out), attention and MLP ranked apart; blocks by ShortGPT Block Influence"
 AUTO_MAP = {"AutoModel": "modeling_pruned.PrunedModel"}
-# what a prune output holds (Encoder.save's files, tokenizer files aside, and ours): a leftover .partial with only these is ours
-WRITTEN = {"config.json", "model.safetensors", "model.safetensors.index.json", "generation_config.json", "modules.json",
-           "sentence_bert_config.json", "config_sentence_transformers.json", "retrctl.json", "1_Pooling", "2_Normalize",
-           "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt", "chat_template.jinja", "added_tokens.json",
-           "prune.json", "importance.png", "README.md", "modeling_pruned.py"}
 # the reload check always sees these too (a --scores run may have no calibration texts)
 CHECK_TEXTS = ["retrctl prune: the reload check.", "A second, longer text, so that the batch is padded and the mask is used."]
 
 
 def check_output(out: Path) -> None:
-    """``-o`` may be new, empty, or an earlier prune output (replaced); a leftover ``.partial`` of a killed run is
-    cleared when it holds only what prune writes. Anything else is refused before any work (nothing lost)."""
+    """``-o`` may be new, empty, or an earlier prune output (replaced); anything else is refused before any work
+    (nothing lost). A killed run leaves only a private temp dir beside it, which the next write sweeps."""
     if out.is_dir() and any(out.iterdir()) and not (out / "prune.json").is_file():
         raise records.RecordError(out, message="exists and is not a retrctl prune output: choose another -o (nothing written)")
-    partial = out.with_name(out.name + ".partial")
-    if partial.is_dir():
-        foreign = [p.name for p in partial.iterdir() if p.name not in WRITTEN and not p.name.startswith("tokenizer")]
-        if foreign:
-            raise records.RecordError(partial, message=f"holds files prune did not write ({', '.join(sorted(foreign)[:3])}): "
-                                      "remove it or choose another -o (nothing written)")
-        shutil.rmtree(partial)
 
 
 def calibration_texts(path, size: int = 256, seed: int = 0) -> list[str]:
@@ -136,21 +123,17 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
         enc.model.config.auto_map = AUTO_MAP
     elif getattr(enc.model.config, "auto_map", None) == AUTO_MAP:  # a pruned model whose skipped blocks all went
         del enc.model.config.auto_map
-    with records.atomic_dir(output) as tmp:
-        try:
-            enc.save(tmp)
-            if getattr(enc.model.config, "retrctl_pruned", None):
-                save.write_modeling_file(enc.model, tmp)
-            save.write_report(tmp, report)
-            diff = save.verify(enc.model, enc.tokenizer, tmp, CHECK_TEXTS + texts[:4], max_length)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written is left (atomic_dir keeps it for resumable stages)
-            raise
+    with records.atomic_dir(output, resume=False) as tmp:  # a failure leaves nothing half-written
+        enc.save(tmp)
+        if getattr(enc.model.config, "retrctl_pruned", None):
+            save.write_modeling_file(enc.model, tmp)
+        save.write_report(tmp, report)
+        diff = save.verify(enc.model, enc.tokenizer, tmp, CHECK_TEXTS + texts[:4], max_length)
     log.info("wrote %s (stock reload matches: max |diff| %.1e)", output, diff)
     return Path(output)
 
 
-@stage(prune, writes="dir")
+@stage(prune, writes="dir", atomic=False)  # prune checks -o first, then builds its own atomic dir
 @click.argument("source", metavar="MODEL")  # not named "model": that is the shared --model flag's name
 @click.option("--calibration", help="Corpus to sample calibration passages from (JSONL/Parquet/BEIR folder).")
 @click.option("--calibration-size", type=click.IntRange(min=1), help="Calibration passages (EffiR: 256).")
