@@ -15,6 +15,10 @@ anywhere: TREC, JSONL or Parquet, ``.gz``/``.zst``, read by ``records.read_run``
 | results per query written             | ``--hits``                      | 1000      |
 | output                                | ``--output-format``, ``--run-tag`` | by ``-o`` extension, else TREC; ``fused-<method>`` |
 
+A JSONL or Parquet run also carries ``run_scores`` in each row: the doc's raw score in each input run, in the
+runs' order (null where that run did not retrieve it), so a threshold can be set on what a retriever said
+rather than on a fused score that says little by itself (PEER 66: RRF scores sit in 0.014-0.017 whatever the fit).
+
 A run written to a file gets ``<run>.manifest.json`` beside it: the input runs (and the run tag and index of
 each, from their own manifests when present) and the fusion settings, so the numbers can be re-derived.
 """
@@ -34,10 +38,15 @@ log = logging.getLogger("retrctl.fuse")
 
 
 def fuse(runs: list[dict], *, fusion_method: str = "rrf", rrf_k: float = 60, weights: list[float] | None = None,
-         norm: str = "minmax", depth: int | None = None, hits: int = 1000):
-    """Run rows {query_id, doc_id, score, rank} of the fused runs, best first per query."""
+         norm: str = "minmax", depth: int | None = None, hits: int = 1000, run_scores: bool = False):
+    """Run rows {query_id, doc_id, score, rank} of the fused runs, best first per query; with ``run_scores`` each
+    row also carries ``run_scores``: the doc's raw score in each input run (None where that run lacks it)."""
     fused = fusion.fuse(runs, fusion_method, rrf_k, weights, norm, depth, hits)
-    return records.run_rows(fused)
+    if not run_scores:
+        return records.run_rows(fused)
+    lookups = [{q: dict(lst) for q, lst in run.items()} for run in runs]
+    return ({**row, "run_scores": [lk.get(row["query_id"], {}).get(row["doc_id"]) for lk in lookups]}
+            for row in records.run_rows(fused))
 
 
 def _input_summary(path: str) -> dict:
@@ -85,7 +94,10 @@ def command(runs, output, input_format, fusion_method, rrf_k, weights, norm, dep
     tag = run_tag or f"fused-{fusion_method}"
     settings = {"fusion": fusion_method, "weights": weights or [1.0] * len(runs), "depth": depth, "hits": hits,
                 **({"rrf_k": rrf_k} if fusion_method == "rrf" else {"norm": norm})}
-    rows = fuse(loaded, fusion_method=fusion_method, rrf_k=rrf_k, weights=weights, norm=norm, depth=depth, hits=hits)
+    name = output.lower().removesuffix(".gz").removesuffix(".zst")
+    keyed = output_format in ("jsonl", "parquet") or (output_format is None and name.endswith((".jsonl", ".parquet")))
+    rows = fuse(loaded, fusion_method=fusion_method, rrf_k=rrf_k, weights=weights, norm=norm, depth=depth, hits=hits,
+                run_scores=keyed)
     return Output(rows, fmt=output_format, tag=tag,
                   finish=lambda n: {"stage": "fuse", "runs": [_input_summary(p) for p in runs], "run_tag": tag,
                                     "rows": n, "settings": settings})

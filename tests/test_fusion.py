@@ -166,6 +166,9 @@ def test_cli_round_trip_trec_and_jsonl(runner, tmp_path, out_name):
         close(got[q], want[q])
     if out_name.endswith(".trec"):
         assert {line.split()[5] for line in out.read_text().splitlines()} == {"fused-linear"}
+    else:  # PEER 66: each input's own score beside the fused one, null where that run missed the doc
+        rows = {(r["query_id"], r["doc_id"]): r["run_scores"] for r in map(json.loads, out.read_text().splitlines())}
+        assert rows[("q1", "c")] == [1.0, 0.9] and rows[("q1", "a")] == [3.0, None] and rows[("q3", "z")] == [None, 0.1]
     manifest = json.loads((tmp_path / f"{out_name}.manifest.json").read_text())
     assert manifest["stage"] == "fuse"
     assert [r["path"] for r in manifest["runs"]] == [str(a.resolve()), str(b.resolve())]
