@@ -161,14 +161,20 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, self_flag, 
     if not qrels:
         raise click.UsageError("--qrels is required")
     grid = None
-    if sweep_grid is not None:
+    ctx = click.get_current_context()
+    if sweep_grid is None:
+        stray = [f"--{n.replace('_', '-')}" for n in ("fusion_method", "rrf_k", "norm", "depth")
+                 if ctx.get_parameter_source(n).name == "COMMANDLINE"]
+        if stray:
+            raise click.UsageError(f"{', '.join(stray).replace('--fusion-method', '--fusion')} only apply with --sweep")
+    else:
         try:
             grid = fusion.parse_grid(sweep_grid)
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="'--sweep'") from None
         if len(runs) != 2:
             raise click.UsageError(f"--sweep fuses exactly 2 runs, got {len(runs)}")
-        if click.get_current_context().get_parameter_source("alpha").name == "COMMANDLINE" or opts["per_query"]:
+        if ctx.get_parameter_source("alpha").name == "COMMANDLINE" or opts["per_query"]:
             raise click.UsageError("--sweep prints one row per weight: --alpha and --per-query do not apply")
     try:
         names = [s.name for s in metrics.parse(opts["measures"], opts["capped_recall"])]

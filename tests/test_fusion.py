@@ -275,3 +275,5 @@ def test_sweep_json_and_bad_sweeps_exit_2(runner, tmp_path):
         assert res.exit_code == 2 and words in res.output, (args, res.output)
     res = runner("eval", a, "--qrels", qrels, "--sweep", "0:1:0.5")
     assert res.exit_code == 2 and "exactly 2 runs" in res.output
+    res = runner("eval", a, b, "--qrels", qrels, "--fusion", "linear", "--depth", "5")
+    assert res.exit_code == 2 and "--fusion, --depth only apply with --sweep" in res.output, res.output
