@@ -277,3 +277,16 @@ def test_sweep_json_and_bad_sweeps_exit_2(runner, tmp_path):
     assert res.exit_code == 2 and "exactly 2 runs" in res.output
     res = runner("eval", a, b, "--qrels", qrels, "--fusion", "linear", "--depth", "5")
     assert res.exit_code == 2 and "--fusion, --depth only apply with --sweep" in res.output, res.output
+
+
+def test_cli_refuses_to_overwrite_an_input_run_and_reads_stdin(runner, tmp_path):
+    a = write_trec(tmp_path / "a.trec", A)
+    b = write_trec(tmp_path / "b.trec", B)
+    before = a.read_bytes()
+    res = runner("fuse", a, b, "-o", a)
+    assert res.exit_code == 2 and "destroy the input" in res.output
+    assert a.read_bytes() == before
+    res = runner("fuse", a, "-", input=b.read_text())
+    assert res.exit_code == 0, res.output
+    assert records.read_run(b)["q3"] == [("z", 0.1)]
+    assert res.stdout.splitlines()[0].split()[:3] == ["q1", "Q0", "c"]
