@@ -33,6 +33,7 @@ STAGES = {
     "train": "Contrastive training (InfoNCE, DeepSpeed ZeRO, GradCache, LoRA).",
     "index": "Build (or update) a dense or BM25 index of a corpus.",
     "search": "Search an index with queries: write a run.",
+    "fuse": "Fuse runs (RRF or weighted normalised scores): hybrid search.",
     "eval": "Score runs against judgments (trec_eval semantics).",
 }
 

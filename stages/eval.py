@@ -25,6 +25,13 @@ ignore-self, capped-recall and the test. ``--json``: one JSON object per run and
 first when several runs are given), ending with ``all`` rows as trec_eval -q does. Counts of evaluated,
 missing, ignored and skipped queries go to stderr.
 
+Weight sweep (PEER 35: the weight of a hybrid moves nDCG a lot): ``retrctl eval RUN_A RUN_B --qrels Q --sweep
+0:1:0.1 [--fusion rrf|linear] [--norm minmax] [--rrf-k 60] [--depth N]`` fuses the two runs at each grid point
+(weight w on RUN_A, 1 - w on RUN_B, as Pyserini's interpolation α·s1 + (1-α)·s2) with retrctl.fusion, as
+``retrctl fuse --weights w,1-w`` would (its default 1000 hits per query), and prints one row per weight: ``w_a
+w_b <measures> queries`` (``--json``: one object per weight with ``"weights"``; no significance marks, every row
+is a setting of one fusion, not a run to compare with the first).
+
 Deviations: ``--ignore-self`` is on by default when the qrels path names ArguAna or Quora, BEIR's datasets
 whose queries are corpus documents (their published numbers drop self-hits, beir#91, beir#206), with a note on
 stderr; ``--keep-self`` turns it off. Elsewhere it is off, as in trec_eval.
@@ -38,7 +45,7 @@ from collections.abc import Iterable
 
 import click
 
-from retrctl import metrics, records
+from retrctl import fusion, metrics, records
 from retrctl.stage import options, stage
 
 log = logging.getLogger("retrctl.eval")
@@ -63,6 +70,33 @@ def eval(runs: Iterable[tuple[str, dict]], qrels: dict, *, measures=metrics.DEFA
             row["per_query"] = res.per_query
         rows.append(row)
     return rows
+
+
+FUSE_HITS = 1000  # retrctl fuse's default --hits: a sweep row equals evaluating that fused run
+
+
+def sweep(run_a: dict, run_b: dict, qrels: dict, grid: list[float], *, fusion_method: str = "rrf", rrf_k: float = 60,
+          norm: str = "minmax", depth: int | None = None, **opts) -> list[dict]:
+    """One row per grid weight w: ``eval`` of the two runs fused with weights (w, 1 - w), plus ``"weights"``.
+    Fused runs are made one at a time, as eval consumes them."""
+    def fused():
+        for w in grid:
+            ws = [w, round(1 - w, 10)]
+            yield f"{fusion_method}:{ws[0]:g},{ws[1]:g}", fusion.fuse([run_a, run_b], fusion_method, rrf_k, ws, norm, depth, FUSE_HITS)
+
+    rows = eval(fused(), qrels, **opts)
+    for w, row in zip(grid, rows, strict=True):
+        row.pop("p_value", None)
+        row.pop("significant", None)
+        row["weights"] = [w, round(1 - w, 10)]
+    return rows
+
+
+def _sweep_table(rows: list[dict], names: list[str], header: str) -> str:
+    out = [header, "\t".join(["w_a", "w_b", *names, "queries"])]
+    for row in rows:
+        out.append("\t".join([*(f"{w:g}" for w in row["weights"]), *(f"{row[m]:.4f}" for m in names), str(row["counts"]["evaluated"])]))
+    return "\n".join(out) + "\n"
 
 
 def _table(rows: list[dict], names: list[str], header: str) -> str:
@@ -113,10 +147,35 @@ def _log_counts(row: dict, ignore_self: bool) -> None:
 @click.option("--capped-recall", is_flag=True, help="BEIR's capped recall: R@k as hits@k / min(k, #relevant), named R_cap@k.")
 @click.option("--ignore-self/--keep-self", "self_flag", default=None,
               help="Drop retrieved docs whose id equals the query id (default: on for ArguAna/Quora qrels, else off).")
-def command(runs, qrels, qrels_split, output, input_format, as_json, self_flag, **opts):
-    """Score runs (TREC, JSONL, Parquet) against qrels; several runs are compared with the first."""
+@click.option("--sweep", "sweep_grid", help="Fuse the two runs at weights w, 1-w for w in LO:HI:STEP (e.g. 0:1:0.1); one row per weight.")
+@click.option("--fusion", "fusion_method", type=click.Choice(list(fusion.METHODS)), default="rrf", show_default=True,
+              help="With --sweep: reciprocal rank fusion or weighted sum of normalised scores.")
+@click.option("--rrf-k", type=click.FloatRange(min=0), default=60, show_default=True, help="With --sweep: RRF constant k.")
+@click.option("--norm", type=click.Choice(list(fusion.NORMS)), default="minmax", show_default=True,
+              help="With --sweep --fusion linear: per-query score normalisation before weighting.")
+@click.option("--depth", type=click.IntRange(min=1), help="With --sweep: use only each run's top N per query.")
+def command(runs, qrels, qrels_split, output, input_format, as_json, self_flag, sweep_grid, fusion_method, rrf_k, norm, depth,
+            **opts):
+    """Score runs (TREC, JSONL, Parquet) against qrels; several runs are compared with the first (--sweep: two runs
+    fused over a weight grid)."""
     if not qrels:
         raise click.UsageError("--qrels is required")
+    grid = None
+    ctx = click.get_current_context()
+    if sweep_grid is None:
+        stray = [f"--{n.replace('_', '-')}" for n in ("fusion_method", "rrf_k", "norm", "depth")
+                 if ctx.get_parameter_source(n).name == "COMMANDLINE"]
+        if stray:
+            raise click.UsageError(f"{', '.join(stray).replace('--fusion-method', '--fusion')} only apply with --sweep")
+    else:
+        try:
+            grid = fusion.parse_grid(sweep_grid)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="'--sweep'") from None
+        if len(runs) != 2:
+            raise click.UsageError(f"--sweep fuses exactly 2 runs, got {len(runs)}")
+        if ctx.get_parameter_source("alpha").name == "COMMANDLINE" or opts["per_query"]:
+            raise click.UsageError("--sweep prints one row per weight: --alpha and --per-query do not apply")
     try:
         names = [s.name for s in metrics.parse(opts["measures"], opts["capped_recall"])]
     except ValueError as e:
@@ -126,13 +185,30 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, self_flag, 
     if self_flag is None and ignore_self:
         log.info("--ignore-self is on: BEIR drops self-hits for ArguAna/Quora (beir#91); --keep-self turns it off")
     judged = records.read_qrels(qrels_file)
+    header = (f"# qrels: {qrels_file}  ignore_self: {'on' if ignore_self else 'off'}  capped_recall: "
+              f"{'on' if opts['capped_recall'] else 'off'}")
+    if grid is not None:
+        run_a, run_b = (records.read_run(p, input_format) for p in runs)
+        opts = {k: v for k, v in opts.items() if k not in ("alpha", "per_query")}
+        rows = sweep(run_a, run_b, judged, grid, fusion_method=fusion_method, rrf_k=rrf_k, norm=norm, depth=depth,
+                     ignore_self=ignore_self, **opts)
+        settings = {"qrels": qrels_file, "ignore_self": ignore_self, "capped_recall": opts["capped_recall"], "runs": list(runs),
+                    "fusion": fusion_method, **({"rrf_k": rrf_k} if fusion_method == "rrf" else {"norm": norm}),
+                    "depth": depth, "hits": FUSE_HITS}
+        _log_counts(rows[0], ignore_self)  # the same queries at every weight
+        fused_with = f"rrf k={rrf_k:g}" if fusion_method == "rrf" else f"linear norm={norm}"
+        header += f"  sweep: {fused_with}, w_a on {runs[0]}, w_b on {runs[1]}"
+        with records.open_output(output) as f:
+            if as_json:
+                f.writelines(records.dumps({**row, "settings": settings}) + "\n" for row in rows)
+            else:
+                f.write(_sweep_table(rows, names, header))
+        return
     rows = eval(((p, records.read_run(p, input_format)) for p in runs), judged, ignore_self=ignore_self, **opts)
     settings = {"qrels": qrels_file, "ignore_self": ignore_self, "capped_recall": opts["capped_recall"], "alpha": opts["alpha"],
                 "test": f"paired t-test vs {runs[0]}" if len(runs) > 1 else None}
     for row in rows:
         _log_counts(row, ignore_self)
-    header = (f"# qrels: {qrels_file}  ignore_self: {'on' if ignore_self else 'off'}  capped_recall: "
-              f"{'on' if opts['capped_recall'] else 'off'}")
     if len(runs) > 1:
         header += f"  *: p < {opts['alpha']:g}, paired t-test vs {runs[0]}"
     with records.open_output(output) as f:

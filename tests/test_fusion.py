@@ -1,0 +1,292 @@
+"""Fusion (retrctl.fusion, `retrctl fuse`, `retrctl eval --sweep`): RRF and linear fusion against hand-computed
+cases (docs missing from one list, ties, weights, each norm, degenerate lists), PEER 62/63/65 reproductions,
+the CLI round trip on TREC and JSONL runs, bad flags exit 2, and sweep rows equal to evaluating each fused run."""
+
+import json
+import math
+
+import pytest
+
+from retrctl import fusion, records
+
+# run A ranks a, b, c (c last); run B ranks c, d. Queries: q1 in both, q2 only in A, q3 only in B.
+A = {"q1": [("a", 3.0), ("b", 2.0), ("c", 1.0)], "q2": [("a", 5.0)]}
+B = {"q1": [("c", 0.9), ("d", 0.5)], "q3": [("z", 0.1)]}
+
+
+def close(got, want):
+    assert [d for d, _ in got] == [d for d, _ in want], (got, want)
+    for (_, g), (_, w) in zip(got, want, strict=True):
+        assert g == pytest.approx(w, abs=1e-12)
+
+
+def test_rrf_by_hand_with_missing_docs_and_ties():
+    out = fusion.fuse([A, B], "rrf", k=60)
+    # c: 1/(60+3) + 1/(60+1); a: 1/61 (B contributes nothing); b and d tie at 1/62 -> doc id descending: d, b
+    close(out["q1"], [("c", 1 / 63 + 1 / 61), ("a", 1 / 61), ("d", 1 / 62), ("b", 1 / 62)])
+    close(out["q2"], [("a", 1 / 61)])
+    close(out["q3"], [("z", 1 / 61)])
+    assert list(out) == ["q1", "q2", "q3"]
+
+
+def test_rrf_ranks_follow_trec_eval_order_not_list_order():
+    """Input ties are ranked as trec_eval ranks them (doc id descending), whatever order the list came in."""
+    tied = {"q": [("a", 1.0), ("b", 1.0)]}  # trec_eval order: b (rank 1), a (rank 2)
+    other = {"q": [("x", 1.0)]}
+    out = fusion.fuse([tied, other], "rrf", k=0)
+    close(out["q"], [("x", 1.0), ("b", 1.0), ("a", 0.5)])
+
+
+def test_rrf_weights_and_k():
+    out = fusion.fuse([A, B], "rrf", k=1, weights=[2.0, 0.5])
+    # A: a 2/(1+1), b 2/(1+2), c 2/(1+3); B: c 0.5/(1+1), d 0.5/(1+2)
+    close(out["q1"], [("a", 1.0), ("c", 0.5 + 0.25), ("b", 2 / 3), ("d", 0.5 / 3)])
+
+
+def test_rrf_agreement_beats_a_single_list_top_hit_at_k60():
+    """PEER 62 (graphiti#1847, Qdrant k=2): with k = 60 a doc ranked 3rd by both lists beats either list's own #1."""
+    l1 = {"q": [("top1", 9.0), ("x", 8.0), ("both", 7.0)]}
+    l2 = {"q": [("top2", 9.0), ("y", 8.0), ("both", 7.0)]}
+    assert fusion.fuse([l1, l2], "rrf")["q"][0][0] == "both"
+    assert fusion.fuse([l1, l2], "rrf", k=1)["q"][0][0] != "both"  # the small-k failure, for contrast
+
+
+def test_doc_found_by_both_lists_is_not_buried_by_phantom_ranks():
+    """PEER 63, sentence-transformers#3883: absent docs got rank len(list) and the only relevant doc (found by
+    both) fell out of the top 3. Absent means no term here."""
+    l1 = {"q": [("a", 5), ("rel", 4), ("b", 3), ("c", 2)]}
+    l2 = {"q": [("d", 5), ("rel", 4), ("e", 3)]}
+    assert fusion.fuse([l1, l2], "rrf")["q"][0][0] == "rel"
+
+
+def test_linear_minmax_by_hand():
+    out = fusion.fuse([A, B], "linear", weights=[0.5, 0.5], norm="minmax")
+    # A: a=1, b=.5, c=0; B: c=1, d=0; missing -> 0. c and a tie at 0.5 -> doc id descending: c, a
+    close(out["q1"], [("c", 0.5), ("a", 0.5), ("b", 0.25), ("d", 0.0)])
+    close(out["q2"], [("a", 0.5)])  # one hit: no range, maps to 1.0; B lacks the query: 0
+    close(out["q3"], [("z", 0.5)])
+
+
+def test_linear_none_missing_doc_gets_the_lists_minimum():
+    out = fusion.fuse([A, B], "linear", weights=[1.0, 2.0], norm="none")
+    # missing from B -> B's min 0.5; missing from A -> A's min 1.0 (Pyserini's HybridSearcher rule)
+    close(out["q1"], [("a", 3.0 + 2 * 0.5), ("b", 2.0 + 2 * 0.5), ("c", 1.0 + 2 * 0.9), ("d", 1.0 + 2 * 0.5)])
+    close(out["q2"], [("a", 5.0)])  # a query B lacks entirely contributes 0
+
+
+def test_linear_zscore_by_hand():
+    out = fusion.fuse([A, B], "linear", norm="zscore")
+    sa = math.sqrt(2 / 3)  # population std of 3, 2, 1
+    za = {"a": 1 / sa, "b": 0.0, "c": -1 / sa}
+    zb = {"c": 1.0, "d": -1.0}  # std of 0.9, 0.5 is 0.2
+    want = {"a": za["a"] + zb["d"], "b": za["b"] + zb["d"], "c": za["c"] + zb["c"], "d": za["c"] + zb["d"]}
+    close(out["q1"], records.trec_order(want))
+    close(out["q2"], [("a", 0.0)])  # one hit: std 0 -> 0.0, no division by zero
+
+
+def test_minmax_all_equal_list_maps_to_one_and_an_empty_list_adds_nothing():
+    """PEER 65: a list whose scores are all equal has no range: 1.0 each, never a NaN; an empty list for a query
+    (one retriever found nothing, PEER 66) leaves the other list's order intact."""
+    flat = {"q": [("a", 2.0), ("b", 2.0)], "r": []}
+    other = {"q": [("c", 10.0), ("a", 0.0)], "r": [("x", 3.0), ("y", 1.0)]}
+    out = fusion.fuse([flat, other], "linear", norm="minmax")
+    # a: 1 + 0 (its minmax score in the other list); b: 1 + missing 0; c: missing 0 + 1 -> all tie, doc id descending
+    close(out["q"], [("c", 1.0), ("b", 1.0), ("a", 1.0)])
+    close(out["r"], [("x", 1.0), ("y", 0.0)])
+    assert all(not math.isnan(s) for lst in out.values() for _, s in lst)
+
+
+def test_depth_and_hits():
+    out = fusion.fuse([A, B], "rrf", depth=1, hits=2)
+    close(out["q1"], [("c", 1 / 61), ("a", 1 / 61)])  # only a (A's top) and c (B's top) are candidates
+
+
+def test_equal_weights_default_and_scale_invariance():
+    assert fusion.fuse([A, B], "rrf") == fusion.fuse([A, B], "rrf", weights=[1, 1])
+    one = fusion.fuse([A, B], "linear", weights=[0.3, 0.7])
+    ten = fusion.fuse([A, B], "linear", weights=[3, 7])
+    assert [[d for d, _ in v] for v in one.values()] == [[d for d, _ in v] for v in ten.values()]
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"runs": [A]}, "at least 2 runs"),
+    ({"weights": [1.0]}, "1 weights for 2 runs"),
+    ({"weights": [0, 0]}, "not all 0"),
+    ({"weights": [1, -1]}, ">= 0"),
+    ({"method": "max"}, "method"),
+    ({"norm": "l2"}, "norm"),
+])
+def test_bad_settings_raise(kwargs, words):
+    runs = kwargs.pop("runs", [A, B])
+    with pytest.raises(ValueError, match=words):
+        fusion.fuse(runs, **kwargs)
+
+
+def test_parse_weights_and_grid():
+    assert fusion.parse_weights("0.3, 0.7") == [0.3, 0.7]
+    with pytest.raises(ValueError, match="'x'"):
+        fusion.parse_weights("0.3,x")
+    assert fusion.parse_grid("0:1:0.1") == [round(i / 10, 10) for i in range(11)]
+    assert fusion.parse_grid("0.2:0.5:0.2") == [0.2, 0.4]
+    for bad in ("0:1", "1:0:0.1", "0:1:0", "0:2:0.5", "a:b:c"):
+        with pytest.raises(ValueError):
+            fusion.parse_grid(bad)
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def write_trec(path, run, tag="t"):
+    with open(path, "w") as f:
+        for q, lst in run.items():
+            for r, (d, s) in enumerate(lst, 1):
+                f.write(f"{q} Q0 {d} {r} {s} {tag}\n")
+    return path
+
+
+def write_jsonl(path, run):
+    with open(path, "w") as f:
+        for q, lst in run.items():
+            for r, (d, s) in enumerate(lst, 1):
+                f.write(json.dumps({"query_id": q, "doc_id": d, "score": s, "rank": r}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("out_name", ["fused.trec", "fused.jsonl"])
+def test_cli_round_trip_trec_and_jsonl(runner, tmp_path, out_name):
+    a = write_trec(tmp_path / "a.trec", A)
+    b = write_jsonl(tmp_path / "b.jsonl", B)
+    out = tmp_path / out_name
+    res = runner("fuse", a, b, "-o", out, "--fusion", "linear", "--weights", "0.5,0.5", "--norm", "minmax")
+    assert res.exit_code == 0, res.output
+    got = records.read_run(out)
+    want = fusion.fuse([A, B], "linear", weights=[0.5, 0.5], norm="minmax")
+    assert got.keys() == want.keys()
+    for q in want:
+        close(got[q], want[q])
+    if out_name.endswith(".trec"):
+        assert {line.split()[5] for line in out.read_text().splitlines()} == {"fused-linear"}
+    else:  # PEER 66: each input's own score beside the fused one, null where that run missed the doc
+        rows = {(r["query_id"], r["doc_id"]): r["run_scores"] for r in map(json.loads, out.read_text().splitlines())}
+        assert rows[("q1", "c")] == [1.0, 0.9] and rows[("q1", "a")] == [3.0, None] and rows[("q3", "z")] == [None, 0.1]
+    manifest = json.loads((tmp_path / f"{out_name}.manifest.json").read_text())
+    assert manifest["stage"] == "fuse"
+    assert [r["path"] for r in manifest["runs"]] == [str(a.resolve()), str(b.resolve())]
+    assert manifest["settings"] == {"fusion": "linear", "weights": [0.5, 0.5], "depth": None, "hits": 1000, "norm": "minmax"}
+
+
+def test_cli_rrf_default_stdout_and_run_tag(runner, tmp_path):
+    a = write_trec(tmp_path / "a.trec", A)
+    b = write_trec(tmp_path / "b.trec", B)
+    res = runner("fuse", a, b, "--run-tag", "hyb", "--hits", "1")
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0].split() == ["q1", "Q0", "c", "1", f"{1 / 63 + 1 / 61:.6f}", "hyb"]
+    assert len(lines) == 3  # one hit per query
+
+
+def test_cli_records_the_input_runs_manifests(runner, tmp_path):
+    a = write_trec(tmp_path / "a.trec", A)
+    b = write_trec(tmp_path / "b.trec", B)
+    (tmp_path / "a.trec.manifest.json").write_text(json.dumps({"stage": "search", "run_tag": "bm25", "index": "/x"}))
+    out = tmp_path / "f.trec"
+    assert runner("fuse", a, b, "-o", out).exit_code == 0
+    runs = json.loads((tmp_path / "f.trec.manifest.json").read_text())["runs"]
+    assert runs[0] == {"path": str(a.resolve()), "stage": "search", "run_tag": "bm25", "index": "/x"}
+    assert runs[1] == {"path": str(b.resolve())}
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--weights", "0.3"], "1 weights for 2 runs"),
+    (["--weights", "0.3,x"], "'x'"),
+    (["--weights", "1,2,3"], "3 weights for 2 runs"),
+    (["--fusion", "max"], "max"),
+    (["--norm", "l2"], "l2"),
+])
+def test_cli_bad_flags_exit_2(runner, tmp_path, args, words):
+    a = write_trec(tmp_path / "a.trec", A)
+    b = write_trec(tmp_path / "b.trec", B)
+    out = tmp_path / "f.trec"
+    res = runner("fuse", a, b, "-o", out, *args)
+    assert res.exit_code == 2, res.output
+    assert words in res.output
+    assert not out.exists()
+
+
+def test_cli_one_run_exits_2(runner, tmp_path):
+    a = write_trec(tmp_path / "a.trec", A)
+    res = runner("fuse", a)
+    assert res.exit_code == 2
+    assert "at least 2 runs" in res.output
+
+
+def test_cli_bad_run_line_names_file_and_line(runner, tmp_path):
+    a = write_trec(tmp_path / "a.trec", A)
+    bad = tmp_path / "bad.trec"
+    bad.write_text("q1 Q0 d 1 0.5 t\nq1 Q0 e 2 oops t\n")
+    res = runner("fuse", a, bad, "-o", tmp_path / "f.trec")
+    assert res.exit_code == 2
+    assert f"{bad}:2" in res.output and "score" in res.output
+    assert not (tmp_path / "f.trec").exists()
+
+
+# ---------------------------------------------------------------- eval --sweep
+
+QRELS = "q1 0 c 1\nq1 0 b 1\nq2 0 a 2\nq4 0 x 1\n"
+
+
+@pytest.mark.parametrize("method", [["--fusion", "rrf"], ["--fusion", "linear", "--norm", "minmax"],
+                                    ["--fusion", "linear", "--norm", "zscore"]])
+def test_sweep_rows_equal_evaluating_each_fused_run(runner, tmp_path, method):
+    a = write_trec(tmp_path / "a.trec", A)
+    b = write_trec(tmp_path / "b.trec", B)
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text(QRELS)
+    res = runner("eval", a, b, "--qrels", qrels, "--sweep", "0:1:0.25", "-m", "nDCG@10", "-m", "AP", *method)
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("# qrels:") and "sweep:" in lines[0]
+    assert lines[1].split("\t") == ["w_a", "w_b", "nDCG@10", "AP", "queries"]
+    rows = [line.split("\t") for line in lines[2:]]
+    assert [float(r[0]) for r in rows] == [0, 0.25, 0.5, 0.75, 1.0]
+    for r in rows:
+        fused = tmp_path / f"f{r[0]}.trec"
+        assert runner("fuse", a, b, "-o", fused, "--weights", f"{r[0]},{r[1]}", *method).exit_code == 0
+        alone = runner("eval", fused, "--qrels", qrels, "-m", "nDCG@10", "-m", "AP", "--json")
+        want = json.loads(alone.stdout)
+        assert float(r[2]) == pytest.approx(want["nDCG@10"], abs=5e-5)
+        assert float(r[3]) == pytest.approx(want["AP"], abs=5e-5)
+        assert r[4] == "3"
+
+
+def test_sweep_json_and_bad_sweeps_exit_2(runner, tmp_path):
+    a = write_trec(tmp_path / "a.trec", A)
+    b = write_trec(tmp_path / "b.trec", B)
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text(QRELS)
+    res = runner("eval", a, b, "--qrels", qrels, "--sweep", "0:1:0.5", "--json", "--fusion", "linear")
+    assert res.exit_code == 0, res.output
+    objs = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [o["weights"] for o in objs] == [[0.0, 1.0], [0.5, 0.5], [1.0, 0.0]]
+    assert all("p_value" not in o and o["settings"]["fusion"] == "linear" for o in objs)
+    for args, words in ((["--sweep", "0:2:0.5"], "LO <= HI <= 1"), (["--sweep", "0:1"], "LO:HI:STEP"),
+                        (["--sweep", "0:1:0.5", "--alpha", "0.1"], "--alpha"), (["--sweep", "0:1:0.5", "--per-query"], "--per-query")):
+        res = runner("eval", a, b, "--qrels", qrels, *args)
+        assert res.exit_code == 2 and words in res.output, (args, res.output)
+    res = runner("eval", a, "--qrels", qrels, "--sweep", "0:1:0.5")
+    assert res.exit_code == 2 and "exactly 2 runs" in res.output
+    res = runner("eval", a, b, "--qrels", qrels, "--fusion", "linear", "--depth", "5")
+    assert res.exit_code == 2 and "--fusion, --depth only apply with --sweep" in res.output, res.output
+
+
+def test_cli_refuses_to_overwrite_an_input_run_and_reads_stdin(runner, tmp_path):
+    a = write_trec(tmp_path / "a.trec", A)
+    b = write_trec(tmp_path / "b.trec", B)
+    before = a.read_bytes()
+    res = runner("fuse", a, b, "-o", a)
+    assert res.exit_code == 2 and "destroy the input" in res.output
+    assert a.read_bytes() == before
+    res = runner("fuse", a, "-", input=b.read_text())
+    assert res.exit_code == 0, res.output
+    assert records.read_run(b)["q3"] == [("z", 0.1)]
+    assert res.stdout.splitlines()[0].split()[:3] == ["q1", "Q0", "c"]
