@@ -157,7 +157,7 @@ def notes(enc) -> list[str]:
     if c.query_max_len != c.passage_max_len:
         out.append(f"sentence-transformers has one max_seq_length: {c.passage_max_len} (the passage cap) is saved; retrctl "
                    f"and the ONNX runtime cut queries at {c.query_max_len}.")
-    if is_decoder(enc.model.config):
+    if is_decoder(enc.model.config) or getattr(enc.model.config, "is_causal", None) is not None:
         out.append("decoder: bidirectional attention is config.json's is_causal=false, which transformers reads; "
                    if c.bidirectional else "decoder with causal attention. ")
         if c.pooling == "eos":

@@ -28,7 +28,8 @@ def write(enc, out: Path) -> None:
     from sentence_transformers.sentence_transformer.modules import Dense
 
     hidden = enc.model.config.hidden_size
-    dense = Dense(hidden, dims, bias=False, activation_function=torch.nn.Identity(), init_weight=torch.eye(hidden)[:dims])
+    dense = Dense(hidden, dims, bias=False, activation_function=torch.nn.Identity(), init_weight=torch.eye(hidden)[:dims].clone())
+    (out / "2_Dense").mkdir()
     dense.save(str(out / "2_Dense"))
     modules = json.loads((out / "modules.json").read_text())
     at = next((i for i, m in enumerate(modules) if m["type"].endswith("Normalize")), len(modules))
