@@ -18,6 +18,9 @@ dim, and unless the model was trained with N (train_config.json ``mrl_dims``) or
 Decoders: bidirectional attention is saved as ``is_causal: false`` in config.json, which transformers reads, so a
 stock loader gets it; EOS pooling appends EOS in retrctl's tokenizing, which a stock tokenizer may not do — the
 ``st`` check catches it (and the card says so) rather than shipping a silent difference.
+
+A PEFT adapter-only dir (adapter_config.json, no config.json) is merged into its base in fp32 first and must
+reproduce the adapter model to 1e-5 (retrctl/export/lora.py); ``retrctl train --lora-r`` outputs are merged already.
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ def _checked(source, name: str, figures: dict) -> str:
 def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | None = None, force: bool = False,
            encoder_settings: dict | None = None) -> Path:
     """Export ``source`` to ``output`` (see the module docstring). Returns the output dir."""
-    from retrctl.export import SAMPLE_TEXTS, card, require_runtime, st
+    from retrctl.export import SAMPLE_TEXTS, card, lora, require_runtime, st
     from retrctl.hashing import weights_fingerprint
     from retrctl.models import Encoder, resolve
 
@@ -98,14 +101,18 @@ def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | Non
     if (encoder_settings or {}).get("dtype") not in (None, "fp32"):
         raise click.BadParameter("export runs and checks in fp32 (casts after export are not supported yet)", param_hint="--dtype")
     root = resolve(source)
-    enc = Encoder.load(source, device="cpu", dtype="fp32", **settings)
+    texts = list(SAMPLE_TEXTS)
+    merged = None
+    if lora.is_adapter(root):  # merged in fp32 and checked against the adapter model
+        enc, merged = lora.load_merged(root, texts, **settings)
+    else:
+        enc = Encoder.load(source, device="cpu", dtype="fp32", **settings)
     if dim is not None:
         check_dim(enc, root, dim, force)
         enc.config.dims = dim
-    texts = list(SAMPLE_TEXTS)
     report = {"source": str(source), "source_fingerprint": weights_fingerprint(root), "retrctl": records.versions().get("retrctl"),
               "encoder": {k: v for k, v in enc.describe().items() if k not in ("model", "dim")}, "dim": enc.dim,
-              "sample_texts": len(texts), "formats": {}, "notes": [], "versions": records.versions()}
+              "sample_texts": len(texts), "formats": {}, "notes": [], "lora": merged, "versions": records.versions()}
     ref = {kind: enc.encode(texts, kind) for kind in ("query", "passage")}
     with records.atomic_dir(out, resume=False) as tmp:
         if "st" in names:

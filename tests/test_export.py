@@ -192,3 +192,34 @@ def test_export_help_imports_neither_torch_nor_onnxruntime():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "export" in out.stdout and "--dim" in out.stdout
+
+
+def test_lora_adapter_dir_is_merged_in_fp32_and_matches_the_adapter_model(runner, tiny_bert, tmp_path):
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModel
+
+    torch.manual_seed(1)
+    base = AutoModel.from_pretrained(str(tiny_bert))
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"], init_lora_weights=False)
+    adapter = tmp_path / "adapter"
+    get_peft_model(base, cfg).save_pretrained(adapter)
+    meta = json.loads((adapter / "adapter_config.json").read_text())
+    meta["base_model_name_or_path"] = str(tiny_bert)
+    (adapter / "adapter_config.json").write_text(json.dumps(meta))
+    from retrctl.models import Encoder
+
+    enc = Encoder.load(tiny_bert, device="cpu")
+    plain = enc.encode(TEXTS)
+    enc.model = PeftModel.from_pretrained(enc.model, str(adapter)).eval()
+    want = enc.encode(TEXTS)  # the adapter model, unmerged
+    assert np.abs(want - plain).max() > 1e-3  # the adapters change the vectors, so the check below means something
+    dist = tmp_path / "dist"
+    r = runner("export", adapter, "-o", dist, "--format", "st,onnx")
+    assert r.exit_code == 0, r.stderr
+    from sentence_transformers import SentenceTransformer
+
+    np.testing.assert_allclose(SentenceTransformer(str(dist), device="cpu").encode(TEXTS), want, atol=1e-5)
+    report = json.loads((dist / "export.json").read_text())
+    assert report["lora"]["merged_in"] == "fp32" and report["lora"]["merge_max_abs_diff"] <= 1e-5
+    assert not (dist / "adapter_config.json").exists() and "merged in fp32" in (dist / "README.md").read_text()

@@ -53,6 +53,10 @@ def render(source_root: Path, source: str, report: dict) -> str:
         rows += ["", "Training data hashes: none recorded with the model (train_config.json holds the settings only)."]
     else:
         rows += ["No train_config.json: this is a base model, not trained by retrctl."]
+    if report.get("lora"):
+        m = report["lora"]
+        rows += ["", f"LoRA adapters (r={m['r']}) of `{m['base']}` merged in {m['merged_in']} before export; the merged model "
+                 f"reproduces the adapter model to {m['merge_max_abs_diff']:.2g} (max abs diff)."]
     prune = _json(source_root / "prune.json")
     if prune:
         rows += ["", "## Pruning", "", f"Method: {prune.get('method')}.", f"Removed: `{json.dumps(prune.get('removed'))}`; "
