@@ -169,8 +169,9 @@ def notes(enc) -> list[str]:
         out.append(f"sentence-transformers has one max_seq_length: {c.passage_max_len} (the passage cap) is saved; retrctl "
                    f"and the ONNX runtime cut queries at {c.query_max_len}.")
     if is_decoder(enc.model.config) or getattr(enc.model.config, "is_causal", None) is not None:
-        out.append("decoder: bidirectional attention is config.json's is_causal=false, which transformers reads; "
-                   if c.bidirectional else "decoder with causal attention. ")
+        out.append("decoder with bidirectional attention: saved as is_causal=false in config.json, which transformers reads, "
+                   "so stock AutoModel and SentenceTransformer run it bidirectionally (the st check above compared them)"
+                   if c.bidirectional else "decoder with causal attention.")
         if c.pooling == "eos":
             out.append("EOS pooling: retrctl appends the EOS token when tokenizing; stock sentence-transformers does so only "
                        "if the tokenizer itself appends it (the st parity check above ran on this tokenizer).")
