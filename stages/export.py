@@ -7,7 +7,7 @@ check leaves no DIST):
 |---|---|---|
 | ``st`` | DIST itself: a sentence-transformers dir (stock ``SentenceTransformer(DIST)``) | max abs diff ≤ 1e-5 |
 | ``onnx`` | ``DIST/onnx/model.onnx``: token ids → pooled, truncated, normalised vector | min cosine ≥ 0.9999 |
-| ``onnx-int8`` | ``DIST/onnx/model_int8.onnx``: dynamic int8, MatMul weights per channel (FFN outputs fp32) | mean cosine ≥ 0.99 |
+| ``onnx-int8`` | ``DIST/onnx/model_int8.onnx``: dynamic int8, MatMul weights per channel | mean cosine ≥ 0.99 |
 
 plus ``export.json`` (the figures) and a model card (README.md). ``DIST/onnx`` holds its tokenizer and
 retrctl.json, so ``retrctl index --model DIST/onnx`` (or the int8 file) encodes with onnxruntime.
@@ -141,16 +141,12 @@ def _export_onnx(enc, d: Path, names: list[str], ref: dict, texts: list[str], so
     (d / "retrctl.json").write_text(json.dumps(dataclasses.asdict(enc.config), indent=2))
     fp32 = onnx.export_fp32(enc, d / "model.onnx")
     files = {"onnx": fp32}
-    kept = []
     if "onnx-int8" in names:
-        kept = onnx.quantize_int8(fp32, d / "model_int8.onnx")
-        files["onnx-int8"] = d / "model_int8.onnx"
+        files["onnx-int8"] = onnx.quantize_int8(fp32, d / "model_int8.onnx")
     for name, path in files.items():
         runtime = OnnxEncoder.load(path)
         cos = np.concatenate([cosines(ref[k], runtime.encode(texts, k)) for k in ("query", "passage")])
         figures = {"min_cos": float(cos.min()), "mean_cos": float(cos.mean())}
-        if name == "onnx-int8":
-            report["int8_fp32_matmuls"] = kept  # the FFN output projections, kept fp32 for quality
         if name == "onnx":
             figures["max_abs_diff"] = float(max(np.abs(ref[k] - runtime.encode(texts, k)).max() for k in ref))
         if name in names:
@@ -175,8 +171,7 @@ def notes(enc) -> list[str]:
         if c.pooling == "eos":
             out.append("EOS pooling: retrctl appends the EOS token when tokenizing; stock sentence-transformers does so only "
                        "if the tokenizer itself appends it (the st parity check above ran on this tokenizer).")
-    out.append("ONNX graphs run onnxruntime on CPU; the int8 graph quantises MatMul weights per channel (dynamic), except "
-        "each block's FFN output projection, kept fp32 for quality.")
+    out.append("ONNX graphs run onnxruntime on CPU; the int8 graph quantises MatMul weights per channel (dynamic).")
     return out
 
 

@@ -74,14 +74,9 @@ def test_onnx_fp32_and_int8_parity(bert_dist, tiny_bert):
     assert np.abs(got - fp32.encode(TEXTS, "passage")).max() > 1e-6  # quantised: close, not the fp32 graph
     import onnx
 
-    nodes = onnx.load(str(int8_file)).graph.node
-    ops = {n.op_type for n in nodes}
+    ops = {n.op_type for n in onnx.load(str(int8_file)).graph.node}
     assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops  # weight MatMuls in int8 (attention QK^T stays fp32)
     report = json.loads((bert_dist / "export.json").read_text())
-    kept = report["int8_fp32_matmuls"]  # each block's FFN output projection stays fp32 (quality)
-    assert len(kept) == 2 and all("/output/dense/" in k and "attention" not in k for k in kept)
-    assert {n.name for n in nodes if n.op_type == "MatMul"} >= set(kept)
-    assert sum(n.op_type == "MatMulInteger" for n in nodes) == 2 * 6 - 2  # q, k, v, attn-out, ffn-in per block
     assert set(report["formats"]) == {"st", "onnx", "onnx-int8"}
     assert report["formats"]["onnx"]["min_cos"] >= 0.9999 and report["formats"]["onnx-int8"]["mean_cos"] >= 0.99
     card = (bert_dist / "README.md").read_text()

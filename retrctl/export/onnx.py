@@ -6,15 +6,11 @@ the TorchScript exporter (``dynamo=False``, opset 17; the dynamo exporter needs 
 Llama mask code), dynamic batch and sequence axes; attention runs as "eager" while tracing (sdpa's mask paths do
 not trace to ONNX on every transformers release). Quantisation: onnxruntime's ``quantize_dynamic`` with MatMul
 only and per-channel weights; its defaults (Gather/embeddings too, per tensor) gave 0.96 mean cosine on MiniLM
-against 0.993 for this (issue 16). The FFN output projection of each block (BERT ``output.dense``, Llama
-``down_proj``) stays fp32: its input is the widest, GELU/SiLU-shaped activation, the one dynamic per-tensor
-activation quantisation hurts most; on 200 SciFact docs with MiniLM, keeping those 6 of 36 MatMuls in fp32 raised
-the mean cosine to fp32 from 0.9949 to 0.9977 (min 0.9909 → 0.9964) for 25% more time (bench/RESULTS.md).
+against 0.993 for this (issue 16).
 """
 
 from __future__ import annotations
 
-import re
 import warnings
 from pathlib import Path
 
@@ -23,7 +19,6 @@ import torch
 from retrctl.export import require_runtime as require
 
 OPSET = 17
-FFN_OUT = re.compile(r"/(output/dense|down_proj|fc2|dense_4h_to_h)/")  # the FFN's second projection, by exported name
 
 
 class Graph(torch.nn.Module):
@@ -62,30 +57,18 @@ def export_fp32(enc, path: Path) -> Path:
     return path
 
 
-def ffn_out_nodes(path: Path) -> list[str]:
-    """Names of the MatMuls that are an FFN's output projection (not attention's output projection)."""
-    import onnx
-
-    graph = onnx.load(str(path), load_external_data=False).graph
-    return [n.name for n in graph.node if n.op_type == "MatMul" and FFN_OUT.search(n.name) and "attention" not in n.name]
-
-
-def quantize_int8(src: Path, dst: Path) -> list[str]:
-    """Dynamic int8 (weights int8 per channel, activations quantised at run time), MatMul only, the FFN output
-    projections kept fp32. Returns the names kept fp32."""
+def quantize_int8(src: Path, dst: Path) -> Path:
+    """Dynamic int8 (weights int8 per channel, activations quantised at run time), MatMul only."""
     require()
     import logging
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    keep = ffn_out_nodes(src)
-
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.WARNING)  # the quantizer logs a line per tensor on the root logger
     try:
-        quantize_dynamic(str(src), str(dst), op_types_to_quantize=["MatMul"], per_channel=True,
-                         weight_type=QuantType.QInt8, nodes_to_exclude=keep)
+        quantize_dynamic(str(src), str(dst), op_types_to_quantize=["MatMul"], per_channel=True, weight_type=QuantType.QInt8)
     finally:
         root.setLevel(level)
-    return keep
+    return dst
