@@ -76,6 +76,7 @@ def test_onnx_fp32_and_int8_parity(bert_dist, tiny_bert):
 
     ops = {n.op_type for n in onnx.load(str(int8_file)).graph.node}
     assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops  # weight MatMuls in int8 (attention QK^T stays fp32)
+    assert sum(n.op_type == "MatMulInteger" for n in onnx.load(str(int8_file)).graph.node) == 2 * 6  # all weight MatMuls
     report = json.loads((bert_dist / "export.json").read_text())
     assert set(report["formats"]) == {"st", "onnx", "onnx-int8"}
     assert report["formats"]["onnx"]["min_cos"] >= 0.9999 and report["formats"]["onnx-int8"]["mean_cos"] >= 0.99
