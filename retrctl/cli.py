@@ -31,6 +31,7 @@ STAGES = {
     "rerank": "Listwise / pointwise LLM reranking of runs or groups.",
     "prune": "Drop the least important layers of a decoder (EffiR).",
     "train": "Contrastive training (InfoNCE, DeepSpeed ZeRO, GradCache, LoRA).",
+    "export": "Ship a model: sentence-transformers dir, ONNX fp32/int8, card.",
     "index": "Build (or update) a dense or BM25 index of a corpus.",
     "search": "Search an index with queries: write a run.",
     "fuse": "Fuse runs (RRF or weighted normalised scores): hybrid search.",

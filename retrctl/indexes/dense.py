@@ -76,10 +76,10 @@ class DenseIndex(base.Index):
     def encoder_for(cls, model: str | None, manifest: dict | None, **settings):
         if model is None:
             return encoder_from_manifest(manifest, **settings)
-        from retrctl.models import Encoder
+        from retrctl.export.runtime import load_encoder  # torch weights, or an exported ONNX graph
 
         device, dtype = settings.pop("device", None), settings.pop("dtype", None)
-        return Encoder.load(model, device=device, dtype=dtype, **settings)
+        return load_encoder(model, device=device, dtype=dtype, **settings)
 
     @classmethod
     def content_settings(cls, manifest: dict) -> dict:
@@ -434,7 +434,7 @@ def encoder_from_manifest(manifest: dict, *, device: str | None = None, warn: Pa
     manifest to ``Encoder.load``. ``overrides`` (flags the user set: pooling, query_prompt, dtype, …; None = not
     set) win over the manifest. With ``warn`` (the index being opened to search) overriding a setting the doc
     vectors were made with is warned about; an update passes none, as it rebuilds when such a setting changes."""
-    from retrctl.models import Encoder
+    from retrctl.export.runtime import load_encoder  # torch weights, or an exported ONNX graph
 
     desc = manifest["encoder"]
     settings = {k: desc[k] for k in ENCODER_KEYS if k in desc}
@@ -445,7 +445,7 @@ def encoder_from_manifest(manifest: dict, *, device: str | None = None, warn: Pa
             if k in PASSAGE_KEYS and v != settings.get(k):
                 log.warning("index %s was built with %s=%r; overriding it with %r mismatches the doc vectors", warn, k, settings.get(k), v)
     settings.update(overrides)
-    return Encoder.load(desc["model"], device=device, dtype=dtype, **settings)
+    return load_encoder(desc["model"], device=device, dtype=dtype, **settings)
 
 
 def _describe(encoder) -> dict:

@@ -1,0 +1,66 @@
+"""The sentence-transformers dir of an export, and its check with stock ``SentenceTransformer``.
+
+``Encoder.save`` already writes a stock-loadable layout (modules.json, 1_Pooling, 2_Normalize, prompts, max
+length, retrctl.json). With Matryoshka ``dims`` an identity ``Dense`` (hidden → dims, no bias, Identity
+activation) goes between pooling and ``Normalize``: stock ``SentenceTransformer`` applies ``truncate_dim`` only
+after its modules, i.e. after normalising, so vectors would come out short of unit norm (PEER_LESSONS 32); with
+the Dense module it truncates and then renormalises, as retrctl does, and ``truncate_dim`` is a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("retrctl.export")
+
+
+def write(enc, out: Path) -> None:
+    """The model dir ``out`` (sentence-transformers layout + retrctl.json), dims as an identity Dense."""
+    enc.save(out)
+    dims = enc.config.dims
+    if not dims:
+        return
+    import torch
+    from sentence_transformers.sentence_transformer.modules import Dense
+
+    hidden = enc.model.config.hidden_size
+    dense = Dense(hidden, dims, bias=False, activation_function=torch.nn.Identity(), init_weight=torch.eye(hidden)[:dims].clone())
+    (out / "2_Dense").mkdir()
+    dense.save(str(out / "2_Dense"))
+    modules = json.loads((out / "modules.json").read_text())
+    at = next((i for i, m in enumerate(modules) if m["type"].endswith("Normalize")), len(modules))
+    modules.insert(at, {"path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    for i, m in enumerate(modules):
+        m.update(idx=i, name=str(i))
+        if m["type"].endswith("Normalize"):
+            (out / m["path"]).rename(out / f"{i}_Normalize")
+            m["path"] = f"{i}_Normalize"
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+
+
+def stock_parity(enc, out: Path, texts: list[str]) -> dict:
+    """Stock ``SentenceTransformer(out)`` against ``enc.encode`` on ``texts`` (queries and passages, with the
+    saved prompts): the largest absolute difference and the smallest cosine."""
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(out), device="cpu", trust_remote_code=False)
+    worst, cos = 0.0, 1.0
+    for kind, prompt in (("query", "query"), ("passage", "document")):
+        ours = enc.encode(texts, kind)
+        theirs = st.encode(texts, prompt_name=prompt if st.prompts.get(prompt) else None, convert_to_numpy=True,
+                           batch_size=len(texts))
+        if theirs.shape != ours.shape:
+            return {"max_abs_diff": float("inf"), "min_cos": -1.0, "shape": list(theirs.shape)}
+        worst = max(worst, float(np.abs(theirs - ours).max()))
+        cos = min(cos, float(cosines(ours, theirs).min()))
+    return {"max_abs_diff": worst, "min_cos": cos}
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    na = np.linalg.norm(a, axis=1).clip(1e-12)
+    nb = np.linalg.norm(b, axis=1).clip(1e-12)
+    return (a * b).sum(1) / (na * nb)
