@@ -37,3 +37,20 @@ def retrctl(*args, capture_stderr: bool = True, log: bool = True) -> Ran:
     if res.returncode != 0:
         sys.exit(f"failed ({res.returncode}): retrctl {' '.join(argv)}\n{(res.stderr or '')[-3000:]}")
     return Ran(secs, res.stdout, res.stderr or "")
+
+
+def subcorpus(n_docs: int, n_queries: int):
+    """A SciFact test sub-corpus: the first ``n_queries`` judged queries (sorted ids), all their judged docs, then
+    other docs in corpus order up to ``n_docs``; returns (docs, {qid: text}, qrels)."""
+    from retrctl import records
+
+    data = DATA / "scifact"
+    qrels = records.read_qrels(data, "test")
+    qids = sorted(qrels)[:n_queries]
+    qrels = {q: qrels[q] for q in qids}
+    judged = {d for q in qids for d in qrels[q]}
+    docs = list(records.read(data, "doc"))
+    keep = [d for d in docs if d["docid"] in judged]
+    keep += [d for d in docs if d["docid"] not in judged][: max(0, n_docs - len(keep))]
+    queries = {q["query_id"]: q["query_text"] for q in records.read(data, "query") if q["query_id"] in qrels}
+    return keep, queries, qrels

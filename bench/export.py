@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _run import DATA
+from _run import subcorpus
 
 from retrctl import metrics, records
 from retrctl.export.runtime import load_encoder
@@ -31,19 +31,6 @@ from stages.export import export
 
 def say(*a):
     print(*a, file=sys.stderr, flush=True)
-
-
-def subcorpus(n_docs: int, n_queries: int):
-    data = DATA / "scifact"
-    qrels = records.read_qrels(data, "test")
-    qids = sorted(qrels)[:n_queries]
-    qrels = {q: qrels[q] for q in qids}
-    judged = {d for q in qids for d in qrels[q]}
-    docs = list(records.read(data, "doc"))
-    keep = [d for d in docs if d["docid"] in judged]
-    keep += [d for d in docs if d["docid"] not in judged][: max(0, n_docs - len(keep))]
-    queries = {q["query_id"]: q["query_text"] for q in records.read(data, "query") if q["query_id"] in qrels}
-    return keep, queries, qrels
 
 
 def flops(enc: Encoder, texts: list[str], batch_size: int) -> float:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _run import DATA
+from _run import DATA, subcorpus
 
 from retrctl import metrics, records
 from retrctl.models import Encoder
@@ -82,19 +82,6 @@ def throughput(models: dict, texts: list[str], rounds: int, batch_size: int) -> 
                 times[name][1].append(time.process_time() - c0)
                 say(f"round {r + 1}: {name} wall {times[name][0][-1]:.1f}s cpu {times[name][1][-1]:.1f}s")
     return {k: (statistics.median(w), statistics.median(c)) for k, (w, c) in times.items()}
-
-
-def subcorpus(n_docs: int, n_queries: int):
-    data = DATA / "scifact"
-    qrels = records.read_qrels(data, "test")
-    qids = sorted(qrels)[:n_queries]
-    qrels = {q: qrels[q] for q in qids}
-    judged = {d for q in qids for d in qrels[q]}
-    docs = list(records.read(data, "doc"))
-    keep = [d for d in docs if d["docid"] in judged]
-    keep += [d for d in docs if d["docid"] not in judged][: max(0, n_docs - len(keep))]
-    queries = {q["query_id"]: q["query_text"] for q in records.read(data, "query") if q["query_id"] in qrels}
-    return keep, queries, qrels
 
 
 def ndcg(e: Encoder, docs, queries, qrels, batch_size: int) -> float:
