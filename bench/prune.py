@@ -6,7 +6,7 @@
 2. Non-embedding parameters and encode throughput vs the unpruned model (same docs, same process, rounds
    interleaved so load changes hit every model alike), for unpruned / drop-mlp 8 / drop-mlp 15 / drop-layers 10.
    Each single-sub-layer setting is timed twice: as stock `AutoModel.from_pretrained` runs the saved dir (removed
-   sub-layers are zeros: computed) and skipped (what `trust_remote_code=True` or `surgery.skip_removed` runs).
+   sub-layers are zeros: computed) and skipped (what `surgery.skip_removed` runs in memory).
 3. With `--ndcg-docs N`: SciFact test nDCG@10 right after pruning (no training) on an N-doc sub-corpus: every doc
    judged for the first `--ndcg-queries` test queries (sorted ids), filled up to N with other corpus docs in
    corpus order; scored by retrctl.metrics (trec_eval semantics), exact dot-product search over the sub-corpus.

@@ -21,8 +21,8 @@ The calibration passes run the model as the encoder runs it (``--bidirectional``
 measure the retriever, not the LM. Output (``-o DIR``, atomic: nothing is left on failure): an encoder dir that
 stock ``AutoModel.from_pretrained`` and ``SentenceTransformer`` load, with prune.json (scores, masks, counts,
 calibration hash), importance.png and a model card; it is reloaded with stock code and compared (1e-5) before
-it is moved into place. Why single removed sub-layers are stored as zeros (and skipped only with
-``trust_remote_code=True``): retrctl/prune/surgery.py.
+it is moved into place. Why single removed sub-layers are stored as zeros (and skipped only in memory):
+retrctl/prune/surgery.py.
 
 Refusals (exit 2, one line, no output dir): nothing to drop, more layers than exist, ``--target-params`` with
 ``--drop-*`` or outside (0, 1), an encoder-only model (BERT/MiniLM), ``--scores`` computed on another model.
@@ -43,7 +43,6 @@ from retrctl.stage import encoder_overrides, options, progress, stage
 log = logging.getLogger("retrctl.prune")
 
 METHOD = "EffiR coarse step: sub-layer importance 1 - cos(x_in, x_out), attention and MLP ranked apart; blocks by ShortGPT Block Influence"
-AUTO_MAP = {"AutoModel": "modeling_pruned.PrunedModel"}
 # the reload check always sees these too (a --scores run may have no calibration texts)
 CHECK_TEXTS = ["retrctl prune: the reload check.", "A second, longer text, so that the batch is padded and the mask is used."]
 
@@ -119,14 +118,8 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
         "params": {"before": before, "after": after, "embedding": sum(x.numel() for x in enc.model.get_input_embeddings().parameters())},
         "calibration": calib, "versions": records.versions(),
     }
-    if getattr(enc.model.config, "retrctl_pruned", None):
-        enc.model.config.auto_map = AUTO_MAP
-    elif getattr(enc.model.config, "auto_map", None) == AUTO_MAP:  # a pruned model whose skipped blocks all went
-        del enc.model.config.auto_map
     with records.atomic_dir(output, resume=False) as tmp:  # a failure leaves nothing half-written
         enc.save(tmp)
-        if getattr(enc.model.config, "retrctl_pruned", None):
-            save.write_modeling_file(enc.model, tmp)
         save.write_report(tmp, report)
         diff = save.verify(enc.model, enc.tokenizer, tmp, CHECK_TEXTS + texts[:4], max_length)
     log.info("wrote %s (stock reload matches: max |diff| %.1e)", output, diff)

@@ -11,7 +11,7 @@ from trainkit import corpus as _corpus
 from trainkit import groups as _groups
 
 from retrctl.prune import importance, surgery
-from retrctl.prune.modeling_pruned import Skipped
+from retrctl.prune.skipping import Skipped
 from stages.prune import prune
 
 TEXTS = [d["title"] + " " + d["text"] for d in DOCS]
@@ -194,19 +194,23 @@ def test_prune_saves_what_stock_loaders_reload(decoder, corpus_file, tmp_path):
     stock = AutoModel.from_pretrained(str(out)).eval()
     assert type(stock).__module__.startswith("transformers.models.")  # no remote code without the user's flag
     assert torch.allclose(_hidden(stock, out), _hidden(want, decoder), atol=1e-5)
-    fast = AutoModel.from_pretrained(str(out), trust_remote_code=True).eval()
-    assert sum(type(layer.mlp).__name__ == "Skipped" for layer in fast.layers) == 2  # the copy in the dir
+    assert not list(out.glob("*.py")) and "auto_map" not in json.loads((out / "config.json").read_text())  # no code
+    fast = AutoModel.from_pretrained(str(out)).eval()
+    surgery.skip_removed(fast)  # the zeroed sub-layers really skipped, in memory
+    assert sum(type(layer.mlp).__name__ == "Skipped" for layer in fast.layers) == 2
     assert torch.allclose(_hidden(fast, out), _hidden(stock, out), atol=1e-5)
     assert SentenceTransformer(str(out), device="cpu").encode(["cats"]).shape == (1, 32)
     assert surgery.non_embedding_params(stock) == report["params"]["after"]
 
 
-def test_resaving_a_pruned_model_keeps_its_skip_file(llama4, corpus_file, tmp_path):
+def test_resaving_a_pruned_model_keeps_its_removals_and_ships_no_code(llama4, corpus_file, tmp_path):
     from retrctl.models import Encoder
 
     out = prune(str(llama4), output=tmp_path / "small", calibration=corpus_file, drop_mlp=1)
     Encoder.load(out, device="cpu").save(tmp_path / "again")  # what train writes with
-    assert (tmp_path / "again" / "modeling_pruned.py").read_bytes() == (out / "modeling_pruned.py").read_bytes()
+    config = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert config["retrctl_pruned"] == json.loads((out / "config.json").read_text())["retrctl_pruned"]
+    assert "auto_map" not in config and not list((tmp_path / "again").glob("*.py"))
 
 
 def test_whole_blocks_give_a_plain_stock_model(llama4, corpus_file, tmp_path):

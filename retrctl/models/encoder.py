@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -170,24 +169,6 @@ class Encoder(torch.nn.Module):
         self.tokenizer.save_pretrained(out)
         modules, st = self.head.save(out, self.model.config.hidden_size)
         loading.write_st_dir(out, self.config, modules, st)
-        self._copy_code_files(out)
-
-    def _copy_code_files(self, out: Path) -> None:
-        """Modeling files the config's ``auto_map`` names (e.g. prune's modeling_pruned.py): save_pretrained copies
-        them only for a class loaded with trust_remote_code, which retrctl never sets, so a re-save (train, prune
-        → train) would keep an ``auto_map`` pointing at a missing file."""
-        auto_map = getattr(self.model.config, "auto_map", None) or {}
-        if not auto_map or not self.source:
-            return
-        try:
-            src = loading.resolve(self.source)
-        except (FileNotFoundError, ValueError):
-            return
-        refs = auto_map.values()
-        for ref in {r.split("--")[-1].rsplit(".", 1)[0] for v in refs for r in ([v] if isinstance(v, str) else v) if r}:
-            f = src / f"{ref}.py"
-            if f.is_file() and not (out / f.name).exists():
-                shutil.copy2(f, out / f.name)
 
     def describe(self) -> dict:
         """Settings recorded in index manifests and run headers."""

@@ -7,7 +7,6 @@ The dir is what ``Encoder.save`` writes (Hugging Face weights and config, tokeni
   the ``--scores`` input of a later ``retrctl prune`` that prunes differently without recomputing (PEER 19).
 - ``importance.png``: attention vs MLP importance per block (matplotlib, headless Agg).
 - ``README.md``: a model card saying what was removed, from what, and how to load it.
-- ``modeling_pruned.py`` and ``config.auto_map`` only when single sub-layers were removed (see surgery.py).
 
 ``verify`` reloads the written dir with stock ``AutoModel.from_pretrained`` (no retrctl code, no remote code) and
 compares hidden states with the in-memory pruned model before the dir is swapped into place (PEER 16, 18).
@@ -18,17 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from retrctl.prune import modeling_pruned
-
 PRUNE_JSON = "prune.json"
-
-
-def write_modeling_file(model, out: Path) -> None:
-    """The skip-capable model class, for ``trust_remote_code=True`` users; the base is the model's stock class."""
-    src = Path(modeling_pruned.__file__).read_text()
-    base = type(model).__name__
-    src = src.replace('BASE_MODEL = "LlamaModel"', f'BASE_MODEL = "{base}"', 1)
-    (out / "modeling_pruned.py").write_text(src)
 
 
 def chart(scores: dict, removed: dict, path: Path, title: str) -> None:
@@ -82,11 +71,9 @@ def card(report: dict) -> str:
     if report["removed"]["mlp"] or report["removed"]["attention"]:
         lines += [
             "", "Single sub-layers were removed, which no stock config can express: they are stored as zeros, so the "
-            "stock load above gives the pruned model's outputs exactly but computes them. To skip them (same outputs, "
-            "less compute), load the bundled `modeling_pruned.py`, which imports only transformers:", "",
-            "```python", "model = AutoModel.from_pretrained(DIR, trust_remote_code=True)", "```", "",
-            "A model trained from this one (`retrctl train --model DIR`) keeps the zeros (their gradients are zero) "
-            "but not this file yet: copy `modeling_pruned.py` into the trained dir to skip them there too.",
+            "stock load above gives the pruned model's outputs exactly but computes them. `config.retrctl_pruned` lists "
+            "them; `retrctl.prune.surgery.skip_removed(model)` skips them in memory (same outputs, less compute). "
+            "A model trained from this one (`retrctl train --model DIR`) keeps the zeros (their gradients are zero).",
         ]
     return "\n".join(lines) + "\n"
 

@@ -23,21 +23,18 @@ exactly, with no custom code and no ``trust_remote_code``, and retrctl's own loa
 three projections' gradients is a product with another one's (zero) output, so ``retrctl train`` on the pruned
 model cannot revive a removed sub-layer (tested). The cost: zeros save no compute and no disk
 (bench/RESULTS.md, prune: the zero form encodes as slowly as the unpruned model). The speed-up needs the
-sub-layer really skipped, so the dir also carries ``modeling_pruned.py`` (``auto_map``; imports only
-transformers) and ``config.retrctl_pruned`` listing the removed sub-layers: ``trust_remote_code=True`` (the
-user's choice; retrctl never sets it) runs them skipped, with the same outputs, and ``skip_removed`` here does the
-same in memory for retrctl's own encoders (for inference only: a skipped sub-layer has no weights to save, so a
-model to be trained or saved keeps the zero form). Not yet done (the models package of issue 13): retrctl's loader
-calling ``skip_removed`` for index/search, and ``Encoder.save`` copying ``modeling_pruned.py`` (a trained pruned
-model keeps the zeros and the ``auto_map`` but loses the file: its stock load is unaffected). A result that is uniform (whole blocks only) gets neither: it is a
-plain stock model.
+sub-layer really skipped: ``config.retrctl_pruned`` lists the removed sub-layers and ``skip_removed`` here skips
+them in memory, with the same outputs (for inference only: a skipped sub-layer has no weights to save, so a model
+to be trained or saved keeps the zero form). No modeling file or ``auto_map`` is written: a dir that asks for
+``trust_remote_code`` teaches users to run code that came with a model. Not yet done: retrctl's loader calling
+``skip_removed`` for index/search. A result that is uniform (whole blocks only) is a plain stock model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from retrctl.prune.modeling_pruned import skip
+from retrctl.prune.skipping import skip
 
 SUBLAYERS = {"attention": "self_attn", "mlp": "mlp"}
 
