@@ -62,11 +62,6 @@ def check_dim(enc, root: Path, dim: int, force: bool) -> None:
                                  param_hint="--dim")
 
 
-def check_output(out: Path) -> None:
-    if out.is_dir() and any(out.iterdir()) and not (out / "export.json").is_file():
-        raise records.RecordError(out, message="exists and is not a retrctl export: choose another -o (nothing written)")
-
-
 def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
 
@@ -94,7 +89,7 @@ def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | Non
     names = parse_formats(formats) if isinstance(formats, str) else list(formats)
     out = Path(output)
     records.check_outputs([output], [source], dir_output=True)
-    check_output(out)
+    records.check_own_dir(out, "export.json", "a retrctl export")
     if any(n.startswith("onnx") for n in names):
         require_runtime()
     settings = {k: v for k, v in (encoder_settings or {}).items() if k not in ("dtype", "device")}

@@ -47,13 +47,6 @@ METHOD = "EffiR coarse step: sub-layer importance 1 - cos(x_in, x_out), attentio
 CHECK_TEXTS = ["retrctl prune: the reload check.", "A second, longer text, so that the batch is padded and the mask is used."]
 
 
-def check_output(out: Path) -> None:
-    """``-o`` may be new, empty, or an earlier prune output (replaced); anything else is refused before any work
-    (nothing lost). A killed run leaves only a private temp dir beside it, which the next write sweeps."""
-    if out.is_dir() and any(out.iterdir()) and not (out / "prune.json").is_file():
-        raise records.RecordError(out, message="exists and is not a retrctl prune output: choose another -o (nothing written)")
-
-
 def calibration_texts(path, size: int = 256, seed: int = 0) -> list[str]:
     """``size`` passages of a corpus, chosen by a stable hash of (seed, docid): the same on any machine."""
     docs = sorted(records.read(path, "doc"), key=lambda d: stable_hex(seed, d["docid"]))[:size]
@@ -84,7 +77,7 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
     from retrctl.prune import importance, save, surgery
 
     records.check_outputs([output], [model, calibration, scores], dir_output=True)
-    check_output(Path(output))
+    records.check_own_dir(output, "prune.json", "a retrctl prune output")  # an earlier prune output is replaced
     if not (drop_mlp or drop_attn or drop_layers or target_params is not None):
         raise surgery.PruneError("nothing to do: give --drop-mlp, --drop-attn, --drop-layers or --target-params")
     if calibration is None and scores is None:

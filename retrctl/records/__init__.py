@@ -12,7 +12,7 @@ with the core's other errors and are re-exported here.
 
 - ``containers``  .jsonl/.gz/.zst/.parquet detection, opening, line reading; atomic writes of a file
                   (``atomic_path``, ``open_output``) or a directory (``atomic_dir``, ``sweep_dir``);
-                  ``check_outputs`` (an output may not be, be inside or contain an input).
+                  ``check_outputs`` (an output may not be, be inside or contain an input), ``check_own_dir``.
 - ``streams``     (line, object) pairs from JSONL or Parquet; ``write`` of records as JSONL or Parquet.
 - ``fields``      record kinds, canonical names and aliases, id checks (no whitespace), ``normalize_*``,
                   BEIR folders (``resolve``), ``passage_text``, ``text_id``, ``content_hash``.
@@ -31,6 +31,7 @@ from retrctl.records.containers import (
     atomic_dir,
     atomic_path,
     check_outputs,
+    check_own_dir,
     is_parquet,
     open_output,
     open_text,
@@ -69,6 +70,7 @@ __all__ = [
     "batched",
     "beir_qrels",
     "check_outputs",
+    "check_own_dir",
     "content_hash",
     "dumps",
     "is_parquet",

@@ -158,6 +158,14 @@ def _flat(paths) -> list[str]:
     return out
 
 
+def check_own_dir(out, marker: str, what: str) -> None:
+    """A stage's output directory may be new, empty, or an earlier output of that stage (it holds ``marker``), which
+    is replaced; anything else is refused before any work, so nothing of the user's is lost."""
+    out = Path(out)
+    if out.is_dir() and any(out.iterdir()) and not (out / marker).is_file():
+        raise RecordError(out, message=f"exists and is not {what}: choose another -o (nothing written)")
+
+
 def check_outputs(outputs, inputs, *, dir_output: bool = False) -> None:
     """Refuse an output that is, is inside, or (a directory output) contains an input (real paths, symlinks
     resolved), before anything is read: writing it would destroy the input. '-' never clashes; inputs that do not exist cannot be
