@@ -60,14 +60,14 @@ class Encoder(torch.nn.Module):
 
     @classmethod
     def load(cls, name_or_path, *, device: str | None = None, dtype: str | None = None, **overrides) -> Encoder:
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoTokenizer
 
         root = loading.resolve(name_or_path)
         weights, settings = loading.saved_settings(root)
         settings.update({k: v for k, v in overrides.items() if v is not None})
         tokenizer = AutoTokenizer.from_pretrained(str(weights))
         torch_dtype = getattr(torch, DTYPES[dtype or "fp32"])
-        model = AutoModel.from_pretrained(str(weights), dtype=torch_dtype)
+        model = loading.load_backbone(weights, torch_dtype)
         if "query_max_len" not in settings or "passage_max_len" not in settings:
             # never past the position table: a longer default crashes on the first long text
             positions = getattr(model.config, "max_position_embeddings", None) or 512

@@ -4,7 +4,7 @@ Hugging Face dir), sentence-transformers dirs (read and written), the cache dir.
 A saved model is a sentence-transformers layout (``modules.json``, the head's sub-folders such as ``1_Pooling`` and
 ``2_Normalize``, ``sentence_bert_config.json``, ``config_sentence_transformers.json``) plus ``retrctl.json``, so
 stock ``SentenceTransformer(dir)`` and ``AutoModel.from_pretrained(dir)`` read it with no retrctl code. torch is
-imported only to convert a GGUF file.
+imported only to convert a GGUF file or load a backbone.
 """
 
 from __future__ import annotations
@@ -33,6 +33,31 @@ def stdout_to_stderr():
     """Around DeepSpeed calls (import, init, checkpoints; transformers' save_pretrained imports it): it prints to
     stdout, which carries data only here."""
     return contextlib.redirect_stdout(sys.stderr)
+
+
+def load_backbone(weights: Path, dtype):
+    """``AutoModel.from_pretrained`` with transformers' multi-line load report replaced by one line of ours.
+
+    An encoder takes the backbone of a causal LM, so the checkpoint's ``lm_head`` is unexpected by design: said at
+    debug level, not as an eight-line table on stderr. Missing weights (initialised at random) stay a warning."""
+    from transformers import AutoModel
+
+    quiet = logging.getLogger("transformers.modeling_utils")
+    before = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        model, info = AutoModel.from_pretrained(str(weights), dtype=dtype, output_loading_info=True)
+    finally:
+        quiet.setLevel(before)
+    unexpected = sorted(k for k in info.get("unexpected_keys", ()) if not k.startswith("lm_head."))
+    if info.get("missing_keys"):
+        missing = sorted(info["missing_keys"])
+        log.warning("%s: %d weights missing from the checkpoint, initialised at random (%s%s)", weights, len(missing),
+                    ", ".join(missing[:3]), ", ..." if len(missing) > 3 else "")
+    if unexpected:
+        log.debug("%s: %d checkpoint weights unused by %s (%s)", weights, len(unexpected), type(model).__name__,
+                  ", ".join(unexpected[:3]))
+    return model
 
 
 # ---------------------------------------------------------------- locating weights

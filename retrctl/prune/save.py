@@ -88,9 +88,10 @@ def verify(model, tokenizer, out: Path, texts: list[str], max_length: int, atol:
     """Max |difference| of last hidden states between ``model`` and stock ``AutoModel.from_pretrained(out)``;
     RuntimeError above ``atol``."""
     import torch
-    from transformers import AutoModel
 
-    stock = AutoModel.from_pretrained(str(out), dtype=next(model.parameters()).dtype).to(next(model.parameters()).device).eval()
+    from retrctl.models.loading import load_backbone
+
+    stock = load_backbone(out, next(model.parameters()).dtype).to(next(model.parameters()).device).eval()
     batch = tokenizer(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt").to(next(model.parameters()).device)
     with torch.inference_mode():
         ours = model(**batch).last_hidden_state
