@@ -101,7 +101,7 @@ def dense_index(model, docs: dict[str, dict], corpus_path: str | None, batch_siz
     from retrctl.models import Encoder, cache_dir
 
     device, dtype = overrides.pop("device", None), overrides.pop("dtype", None)
-    enc = Encoder.load(model, device=device, dtype=dtype, **overrides)
+    enc = Encoder.load(model, device=device, dtype=dtype, inference=True, **overrides)
     stream = ({"docid": d, **doc} for d, doc in docs.items())
     if not cache or corpus_path in (None, "-"):
         idx = DenseIndex(enc, "Flat", batch_size)

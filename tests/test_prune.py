@@ -10,8 +10,8 @@ from trainkit import FAST, write_jsonl
 from trainkit import corpus as _corpus
 from trainkit import groups as _groups
 
+from retrctl.models.skipping import Skipped
 from retrctl.prune import importance, surgery
-from retrctl.prune.skipping import Skipped
 from stages.prune import prune
 
 TEXTS = [d["title"] + " " + d["text"] for d in DOCS]
@@ -211,6 +211,29 @@ def test_resaving_a_pruned_model_keeps_its_removals_and_ships_no_code(llama4, co
     config = json.loads((tmp_path / "again" / "config.json").read_text())
     assert config["retrctl_pruned"] == json.loads((out / "config.json").read_text())["retrctl_pruned"]
     assert "auto_map" not in config and not list((tmp_path / "again").glob("*.py"))
+
+
+def test_inference_loads_skip_removed_sublayers_with_the_same_vectors(runner, llama4, corpus_file, tmp_path):
+    from retrctl.export.runtime import load_encoder
+    from retrctl.indexes import open_index
+    from retrctl.models import Encoder
+
+    small = prune(str(llama4), output=tmp_path / "small", calibration=corpus_file, drop_mlp=1, drop_attn=1)
+    removed = json.loads((small / "config.json").read_text())["retrctl_pruned"]
+    computed = Encoder.load(small, device="cpu")
+    skipped = load_encoder(str(small), device="cpu")  # what index and search use
+    layers = skipped.model.layers
+    assert all(isinstance(layers[i].mlp, Skipped) for i in removed["mlp"])
+    assert all(isinstance(layers[i].self_attn, Skipped) for i in removed["attention"])
+    assert not any(isinstance(m, Skipped) for m in computed.model.modules())
+    texts = [json.loads(line)["text"] for line in corpus_file.read_text().splitlines()]
+    assert abs(computed.encode(texts) - skipped.encode(texts)).max() < 1e-5
+    with pytest.raises(ValueError, match="inference"):
+        skipped.save(tmp_path / "resaved")
+
+    assert runner("index", corpus_file, "--model", small, "-o", tmp_path / "idx").exit_code == 0
+    idx = open_index(tmp_path / "idx")
+    assert any(isinstance(m, Skipped) for m in idx.encoder.model.modules())
 
 
 def test_whole_blocks_give_a_plain_stock_model(llama4, corpus_file, tmp_path):

@@ -57,7 +57,7 @@ def load_encoder(model, *, backend: str | None = None, device: str | None = None
     if path is None or backend == "torch":
         from retrctl.models import Encoder
 
-        return Encoder.load(model, device=device, dtype=dtype, **settings)
+        return Encoder.load(model, device=device, dtype=dtype, inference=True, **settings)
     if dtype not in (None, "fp32"):
         log.warning("%s: --dtype %s ignored: the ONNX graph's precision is fixed at export", path, dtype)
     return OnnxEncoder.load(path, **settings)

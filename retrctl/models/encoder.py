@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from retrctl.models import backbone, loading
+from retrctl.models import backbone, loading, skipping
 from retrctl.models.config import DTYPES, EncoderConfig
 from retrctl.models.heads import DenseHead, Head
 
@@ -59,7 +59,10 @@ class Encoder(torch.nn.Module):
     # -- construction
 
     @classmethod
-    def load(cls, name_or_path, *, device: str | None = None, dtype: str | None = None, **overrides) -> Encoder:
+    def load(cls, name_or_path, *, device: str | None = None, dtype: str | None = None, inference: bool = False,
+             **overrides) -> Encoder:
+        """``inference=True`` (index, search, mine): a pruned model's removed sub-layers are skipped, not computed
+        (models/skipping.py); such an encoder cannot be saved or trained."""
         from transformers import AutoTokenizer
 
         root = loading.resolve(name_or_path)
@@ -68,6 +71,8 @@ class Encoder(torch.nn.Module):
         tokenizer = AutoTokenizer.from_pretrained(str(weights))
         torch_dtype = getattr(torch, DTYPES[dtype or "fp32"])
         model = loading.load_backbone(weights, torch_dtype)
+        if inference and skipping.skip_removed(model):
+            log.info("%s: removed sub-layers skipped %s", name_or_path, model.config.retrctl_pruned)
         if "query_max_len" not in settings or "passage_max_len" not in settings:
             # never past the position table: a longer default crashes on the first long text
             positions = getattr(model.config, "max_position_embeddings", None) or 512
@@ -162,6 +167,9 @@ class Encoder(torch.nn.Module):
 
     def save(self, out: str | os.PathLike) -> None:
         """sentence-transformers layout + retrctl.json; readable by stock loaders."""
+        if skipping.has_skipped(self.model):
+            raise ValueError(f"{self.source}: loaded for inference with its removed sub-layers skipped; "
+                             "load it with inference=False to save it")
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         with loading.stdout_to_stderr():

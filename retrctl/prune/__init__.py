@@ -4,5 +4,4 @@ sub-layers or whole blocks, ShortGPT), saved as a model stock loaders read.
 - ``importance``: 1 − cos(input, output) of every attention and MLP sub-layer (and block) on calibration text.
 - ``surgery``: the plan (what to drop) and the removal; why single sub-layers are saved as zeros.
 - ``save``: prune.json, the chart, the model card, the reload check.
-- ``skipping``: in-memory skipping of the sub-layers a pruned model stores as zeros (no code file is shipped).
 """

@@ -72,7 +72,8 @@ def card(report: dict) -> str:
         lines += [
             "", "Single sub-layers were removed, which no stock config can express: they are stored as zeros, so the "
             "stock load above gives the pruned model's outputs exactly but computes them. `config.retrctl_pruned` lists "
-            "them; `retrctl.prune.surgery.skip_removed(model)` skips them in memory (same outputs, less compute). "
+            "them; `retrctl index`, `search` and `mine` skip them in memory (same outputs, less compute; "
+            "`retrctl.models.skipping.skip_removed(model)` does it for your own code). "
             "A model trained from this one (`retrctl train --model DIR`) keeps the zeros (their gradients are zero).",
         ]
     return "\n".join(lines) + "\n"

@@ -26,15 +26,15 @@ model cannot revive a removed sub-layer (tested). The cost: zeros save no comput
 sub-layer really skipped: ``config.retrctl_pruned`` lists the removed sub-layers and ``skip_removed`` here skips
 them in memory, with the same outputs (for inference only: a skipped sub-layer has no weights to save, so a model
 to be trained or saved keeps the zero form). No modeling file or ``auto_map`` is written: a dir that asks for
-``trust_remote_code`` teaches users to run code that came with a model. Not yet done: retrctl's loader calling
-``skip_removed`` for index/search. A result that is uniform (whole blocks only) is a plain stock model.
+``trust_remote_code`` teaches users to run code that came with a model. retrctl's inference loads (index, search,
+mine: ``Encoder.load(..., inference=True)``) skip them by themselves (models/skipping.py). A result that is uniform (whole blocks only) is a plain stock model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from retrctl.prune.skipping import skip
+from retrctl.models import skipping
 
 SUBLAYERS = {"attention": "self_attn", "mlp": "mlp"}
 
@@ -226,4 +226,4 @@ def apply(model, p: Plan) -> None:
 
 def skip_removed(model) -> None:
     """Really skip the sub-layers listed in ``config.retrctl_pruned`` (in memory): same outputs, less compute."""
-    skip(model, getattr(model.config, "retrctl_pruned", None) or {})
+    skipping.skip_removed(model)

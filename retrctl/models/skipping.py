@@ -4,8 +4,10 @@ A pruned model dir stores a removed sub-layer as zeros in a stock config (surger
 projections are all zero adds exactly 0 to the residual stream, so replacing it by ``Skipped`` gives the same
 hidden states with less compute. ``config.retrctl_pruned`` lists them ({"mlp": [block, ...], "attention":
 [block, ...]}, blocks numbered as in this model). No code file is shipped in the dir: loading it never asks for
-``trust_remote_code``, and the skip is retrctl's own, in-process choice (inference only: a skipped sub-layer has no
-weights to save).
+``trust_remote_code``, and the skip is retrctl's own, in-process choice: ``Encoder.load(..., inference=True)`` (the
+index, search, mine and qgen loads) applies it, so a pruned model encodes at its pruned cost everywhere in retrctl.
+Inference only: a skipped sub-layer has no weights, so training loads keep the zeros (they stay zero under
+training: no gradient reaches a zeroed sub-layer) and ``Encoder.save`` refuses a skipped model.
 """
 
 from __future__ import annotations
@@ -34,3 +36,13 @@ def skip(model, pruned: dict) -> list[str]:
             setattr(model.layers[i], attr, Skipped(attention=kind == "attention"))
             patterns.append(rf"layers\.{i}\.{attr}\.")
     return patterns
+
+
+def skip_removed(model) -> list[str]:
+    """Skip the sub-layers listed in the loaded decoder's ``config.retrctl_pruned`` (none for other models)."""
+    pruned = getattr(getattr(model, "config", None), "retrctl_pruned", None) or {}
+    return skip(model, pruned) if pruned else []
+
+
+def has_skipped(model) -> bool:
+    return any(isinstance(m, Skipped) for m in model.modules())
