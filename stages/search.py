@@ -12,6 +12,7 @@ recorded in the manifest). The flag vocabulary is Pyserini's (`--hits`, `--batch
 | drop the doc whose id is the query's (BEIR ArguAna) | `--remove-query`        | off     |
 | query encoder settings (override the manifest)   | `--query-prompt`, `--query-max-len`, `--pooling`, … | the manifest's |
 | HNSW search breadth / IVF lists probed           | `--ef-search`, `--nprobe`  | the manifest's (128 / 32) |
+| query encoder: LightRetriever token lookup or the full model | `--query-encoder auto|full|token-lookup` | auto: lookup when the model has a table |
 | query batch                                      | `--batch-size`             | the manifest's |
 | output                                           | `--output-format trec|jsonl|parquet`, `--run-tag` | by `-o` extension, else TREC |
 | doc text in the output (for `rerank` in a pipe)  | `--with-text` (+ `--corpus`) | off   |
@@ -111,15 +112,18 @@ def provenance(idx, index_dir: str, queries: str, tag: str, rows: int, settings:
 @click.option("--with-text", is_flag=True, help="Add query_text, title and text to each row (JSONL/Parquet), for rerank in a pipe.")
 @click.option("--ef-search", type=click.IntRange(min=1), help="HNSW: candidates explored per query (default: the index's).")
 @click.option("--nprobe", type=click.IntRange(min=1), help="IVF: inverted lists probed per query (default: the index's).")
+@click.option("--query-encoder", type=click.Choice(["auto", "full", "token-lookup"]), default="auto", show_default=True,
+              help="Dense: auto = by token lookup when the model ships a table (LightRetriever; no transformer loaded), "
+                   "else the full model; full or token-lookup to insist.")
 def command(index_dir, queries, output, input_format, batch_size, corpus, hits, remove_query, output_format, run_tag,
-            with_text, ef_search, nprobe, **opts):
+            with_text, ef_search, nprobe, query_encoder, **opts):
     """Search an index (from `retrctl index`) with queries (JSONL/Parquet/BEIR folder, '-' = stdin); write a run."""
     from retrctl.indexes import open_index
 
     overrides = encoder_overrides(opts)
     device = overrides.pop("device", None)
     # one version, resolved once: an update publishing meanwhile cannot mix versions into this search
-    idx = open_index(index_dir, device=device, **overrides)
+    idx = open_index(index_dir, device=device, query_encoder=query_encoder, **overrides)
     version = idx.version
     manifest = version.manifest
     if not idx.needs_encoder and (overrides or device):
@@ -140,4 +144,6 @@ def command(index_dir, queries, output, input_format, batch_size, corpus, hits, 
     rows = search(recs, idx, hits=hits, remove_query=remove_query, texts=corpus_lookup(corpus) if with_text else None)
     tag = run_tag or default_tag(manifest)
     settings = {"hits": hits, "remove_query": remove_query, "with_text": with_text}
+    if idx.needs_encoder:
+        settings["query_encoder"] = "token-lookup" if idx.encoder.describe().get("query_encoder") == "token-lookup" else "full"
     return Output(rows, fmt=fmt, tag=tag, finish=lambda n: provenance(idx, index_dir, queries, tag, n, settings, overrides))

@@ -85,7 +85,7 @@ import click
 from retrctl import records
 from retrctl.stage import ENCODER_FLAGS, SHARED_TYPES, Size, options, stage
 from retrctl.train.checkpoint import check_output
-from retrctl.train.config import TrainConfig
+from retrctl.train.config import QUERY_ENCODERS, TrainConfig
 from retrctl.train.loop import Trainer
 
 
@@ -121,6 +121,8 @@ def config_options(f):
         if field.name == "grad_cache":  # a bare --grad-cache (as before auto existed) means on
             f = click.option(flag, field.name, type=click.Choice(["auto", "on", "off"]), is_flag=False, flag_value="on",
                              default=None, help=help)(f)
+        elif field.name == "query_encoder":
+            f = click.option(flag, field.name, type=click.Choice(QUERY_ENCODERS), default=None, help=help)(f)
         elif field.name == "max_memory":
             f = click.option(flag, field.name, type=Size(), default=None, help=help)(f)
         elif kind in (bool, bool | None):

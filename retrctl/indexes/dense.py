@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from retrctl import records
+from retrctl.errors import UsageError
 from retrctl.indexes import base, store
 
 # the encoder settings a manifest records, and those that change the doc vectors (overriding them at search time
@@ -354,8 +355,11 @@ class DenseIndex(base.Index):
         base.write_manifest(directory, manifest)
 
     @classmethod
-    def load(cls, directory: str | Path, encoder=None, device: str | None = None, **overrides) -> DenseIndex:
+    def load(cls, directory: str | Path, encoder=None, device: str | None = None, query_encoder: str = "full",
+             **overrides) -> DenseIndex:
         """Open a saved index; the encoder is re-loaded from the manifest's description when not given.
+        ``query_encoder``: ``auto`` encodes queries by token lookup when the model ships a table
+        (models/lookup.py: no transformer loaded), ``full`` with the full model, ``token-lookup`` insists.
 
         ``overrides`` (pooling, query_prompt, query_max_len, dtype, …) go to ``Encoder.load``; overriding
         a setting the doc vectors were made with is allowed but warned about.
@@ -366,7 +370,7 @@ class DenseIndex(base.Index):
         directory, manifest = version.path, version.manifest
         desc = manifest["encoder"]
         if encoder is None:
-            encoder = encoder_from_manifest(manifest, device=device, warn=directory, **overrides)
+            encoder = encoder_from_manifest(manifest, device=device, warn=directory, query_encoder=query_encoder, **overrides)
         else:
             mine = _describe(encoder)
             diff = {k for k in PASSAGE_KEYS if mine.get(k) != desc.get(k)}
@@ -429,12 +433,15 @@ class DenseIndex(base.Index):
         return out
 
 
-def encoder_from_manifest(manifest: dict, *, device: str | None = None, warn: Path | None = None, **overrides):
+def encoder_from_manifest(manifest: dict, *, device: str | None = None, warn: Path | None = None,
+                          query_encoder: str = "full", **overrides):
     """The encoder a dense manifest describes (its model and ENCODER_KEYS), loaded; the one place that maps a
     manifest to ``Encoder.load``. ``overrides`` (flags the user set: pooling, query_prompt, dtype, …; None = not
     set) win over the manifest. With ``warn`` (the index being opened to search) overriding a setting the doc
-    vectors were made with is warned about; an update passes none, as it rebuilds when such a setting changes."""
+    vectors were made with is warned about; an update passes none, as it rebuilds when such a setting changes.
+    ``query_encoder`` (search only): see ``DenseIndex.load``."""
     from retrctl.export.runtime import load_encoder  # torch weights, or an exported ONNX graph
+    from retrctl.models import lookup
 
     desc = manifest["encoder"]
     settings = {k: desc[k] for k in ENCODER_KEYS if k in desc}
@@ -445,6 +452,12 @@ def encoder_from_manifest(manifest: dict, *, device: str | None = None, warn: Pa
             if k in PASSAGE_KEYS and v != settings.get(k):
                 log.warning("index %s was built with %s=%r; overriding it with %r mismatches the doc vectors", warn, k, settings.get(k), v)
     settings.update(overrides)
+    if query_encoder == "token-lookup" or (query_encoder == "auto" and lookup.has_table(desc["model"])):
+        if not lookup.has_table(desc["model"]):
+            raise UsageError(f"--query-encoder token-lookup: {desc['model']} has no token-lookup table (train it with "
+                             "--query-encoder token-lookup, or search with --query-encoder full)")
+        log.info("queries by token lookup (%s/%s): no transformer loaded", desc["model"], lookup.TABLE_DIR)
+        return lookup.TokenLookupEncoder.load(desc["model"], **settings)
     return load_encoder(desc["model"], device=device, dtype=dtype, **settings)
 
 

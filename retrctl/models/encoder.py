@@ -54,6 +54,7 @@ class Encoder(torch.nn.Module):
         self.truncated = self._tok.truncated
         self.head = head or DenseHead(config)
         self.sides = {"query": Side(self, "query", self.head), "passage": Side(self, "passage", self.head)}
+        self.joint_lookup = False  # training LightRetriever's token-lookup query encoder beside the full one
         self.set_bidirectional(config.bidirectional)
 
     # -- construction
@@ -113,9 +114,15 @@ class Encoder(torch.nn.Module):
         """One forward pass, backbone → the side's head, with gradients. ``kind`` defaults to the side the batch
         was tokenized for (passage for a plain dict). ``raw``: the head's output as the training loss takes it
         (DenseHead: pooled, not yet truncated or normalized); else as ``encode`` returns it."""
-        head = self.sides[kind or getattr(batch, "kind", "passage")].head
+        kind = kind or getattr(batch, "kind", "passage")
+        head = self.sides[kind].head
         batch = {k: v.to(self.device) for k, v in batch.items()}
         out = head(backbone.hidden_states(self.model, batch), batch["attention_mask"])
+        if self.joint_lookup and kind == "query" and raw:
+            # [full | token-lookup] side by side: GradCache caches and splits them like one vector (models/lookup.py)
+            from retrctl.models import lookup
+
+            out = torch.cat([out, lookup.lookup_forward(self, batch)], dim=-1)
         return out if raw else head.finish(out)
 
     def encode(self, texts: list[str], kind: str = "passage", batch_size: int = 32, progress=None) -> np.ndarray:

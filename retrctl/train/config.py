@@ -13,6 +13,8 @@ from pathlib import Path
 from retrctl import records
 from retrctl.models.config import SETTING_FLAGS, with_encoder_flags
 
+QUERY_ENCODERS = ("full", "token-lookup")
+
 
 def _f(default, help: str):
     return dataclasses.field(default=default, metadata={"help": help})
@@ -39,6 +41,10 @@ class TrainConfig:
     mrl_dims: list[int] | None = _f(None, "Matryoshka: loss summed over these truncated dims, e.g. 64,128,384.")
     distill_weight: float = _f(0.0, "Weight of KL(teacher || student) on groups carrying positive/negative_scores.")
     teacher_temperature: float = _f(1.0, "Temperature applied to teacher scores before the softmax.")
+    query_encoder: str = _f("full", "full, or token-lookup: also train LightRetriever's token-lookup query encoder (each "
+                                    "query token encoded with the prompt alone, averaged) with a KL term to the full one, "
+                                    "and ship its token table in the model dir.")
+    lookup_kl_weight: float = _f(1.0, "Weight of KL(full || token-lookup) over the in-batch candidates (--query-encoder token-lookup).")
     lora_r: int = _f(0, "LoRA rank (0 = full fine-tuning); adapters are merged on save.")
     lora_alpha: int = _f(32, "LoRA alpha.")
     lora_dropout: float = _f(0.05, "LoRA dropout.")
@@ -116,6 +122,8 @@ class TrainConfig:
             raise ValueError("give --zero-stage or --deepspeed, not both")
         if self.zero_stage not in (None, 0, 1, 2, 3):
             raise ValueError("--zero-stage must be 0, 1, 2 or 3")
+        if self.query_encoder not in QUERY_ENCODERS:
+            raise ValueError(f"--query-encoder must be one of {', '.join(QUERY_ENCODERS)}, got {self.query_encoder!r}")
         if self.dtype not in (None, "fp32", "bf16"):
             raise ValueError("training runs in fp32 or bf16 mixed precision (--dtype bf16); fp16 needs loss scaling, not offered")
 

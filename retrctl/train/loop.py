@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from retrctl import memory, records
-from retrctl.models import Encoder
+from retrctl.models import Encoder, lookup
 from retrctl.train import losses
 from retrctl.train.checkpoint import (
     check_output,
@@ -170,6 +170,7 @@ class Trainer:
             self.template = copy.deepcopy(encoder).to("cpu")  # before LoRA wraps it or ZeRO-3 partitions it
             torch.manual_seed(cfg.seed)  # LoRA init identical in every process
             self.enc = prepare(encoder.to(self.dist.device), cfg)
+        self.enc.joint_lookup = cfg.query_encoder == "token-lookup"  # both query encoders in one forward (models/lookup.py)
         legacy_keys(self.enc)  # resume checkpoints written before the Encoder was trained directly
         self.probe = self._probe_texts()
         self.before = self._embed(self.enc, self.probe) if rank == 0 else None
@@ -258,6 +259,9 @@ class Trainer:
             losses.group_loss, group_size=g, temperature=cfg.temperature, normalize=self.enc.config.normalize,
             mrl_dims=cfg.mrl_dims, mask=mask, teacher=teacher, teacher_valid=valid, distill_weight=cfg.distill_weight,
             teacher_temperature=cfg.teacher_temperature)
+        if cfg.query_encoder == "token-lookup":
+            loss_fn = functools.partial(losses.joint_lookup_loss, loss=loss_fn, kl_weight=cfg.lookup_kl_weight,
+                                        temperature=cfg.temperature, normalize=self.enc.config.normalize, mask=mask)
         # forward in length-sorted chunks cut to their longest row: padding costs nothing (except at step 1)
         trim = not (first and cfg.first_step_max_len)
         qc, qinv = losses.sorted_chunks(qb, self.plan.chunk_size, trim)
@@ -474,5 +478,7 @@ class Trainer:
         cos = float((self._embed(reloaded, self.probe) * after).sum(1).min()) if fresh.config.normalize else 1.0
         if cos < 0.9999:
             raise RuntimeError(f"the saved model does not reproduce the trained embeddings (min cos {cos:.5f})")
+        if self.cfg.query_encoder == "token-lookup":
+            lookup.save_table(reloaded, self.partial)
         drift = float((after * self.before).sum(1).mean()) if self.before is not None and fresh.config.normalize else float("nan")
         log.info("saved %s (probe cos to the untrained model %.4f; reload parity %.6f)", self.output, drift, cos)

@@ -144,6 +144,27 @@ def group_loss(
     return total, parts
 
 
+def joint_lookup_loss(q: torch.Tensor, p: torch.Tensor, *, loss, kl_weight: float, temperature: float,
+                      normalize: bool = True, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """LightRetriever's objective: ``q`` holds the full query encoder's vectors and the token-lookup ones side by
+    side ([B, 2H], models/lookup.py). Each gets the contrastive ``loss`` (group_loss with its settings), plus
+    ``kl_weight`` × KL(full || lookup) over the same candidates (in-batch + hard negatives, false negatives
+    masked), the full encoder as the teacher (no gradient through it: it is trained by its own term)."""
+    h = q.size(-1) // 2
+    full, light = q[:, :h], q[:, h:]
+    l_full, parts = loss(full, p)
+    l_light, light_parts = loss(light, p)
+    candidates = gather(p)
+    s_full = scores(full, candidates, normalize=normalize) / temperature
+    s_light = scores(light, candidates, normalize=normalize) / temperature
+    if mask is not None:
+        s_full = s_full.masked_fill(mask.to(q.device), float("-inf"))
+        s_light = s_light.masked_fill(mask.to(q.device), float("-inf"))
+    kl = distill_kl(s_light, s_full.detach(), torch.ones(q.size(0), dtype=torch.bool))
+    parts = {**parts, "ce_lookup": light_parts["ce"], "kl_lookup": kl.detach()}
+    return l_full + l_light + kl_weight * kl, parts
+
+
 # ---------------------------------------------------------------- GradCache
 
 

@@ -1,0 +1,132 @@
+"""LightRetriever's token-lookup query encoder (retrctl/models/lookup.py): the per-token mask, the table, serving
+without a transformer, the joint loss, and train → index → search on the CLI. Tiny random BERT and Llama."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from trainkit import FAST, write_jsonl
+from trainkit import corpus as _corpus
+from trainkit import groups as _groups
+
+from retrctl.models import Encoder, lookup
+from retrctl.train import losses
+
+
+def test_mask_lets_a_query_token_see_the_prefix_and_itself_only():
+    batch, real = lookup.masked_batch([1, 2], [[5, 6, 7], [8]], pad_id=0, full_prefix=False, dtype=torch.float32, device="cpu")
+    allowed = batch["attention_mask"][0, 0] == 0
+    expect = torch.tensor([[1, 0, 0, 0, 0],   # prefix: causal among itself
+                           [1, 1, 0, 0, 0],
+                           [1, 1, 1, 0, 0],   # each query token: prefix + itself
+                           [1, 1, 0, 1, 0],
+                           [1, 1, 0, 0, 1]], dtype=torch.bool)
+    assert torch.equal(allowed, expect)
+    assert batch["attention_mask"].shape == (2, 1, 5, 5)
+    assert batch["position_ids"][0].tolist() == [0, 1, 2, 2, 2]  # every query token right after the prefix
+    assert batch["input_ids"].tolist() == [[1, 2, 5, 6, 7], [1, 2, 8, 0, 0]]
+    assert real.tolist() == [[True, True, True], [True, False, False]]
+    full, _ = lookup.masked_batch([1, 2], [[5]], pad_id=0, full_prefix=True, dtype=torch.float32, device="cpu")
+    assert bool((full["attention_mask"][0, 0, :2, :2] == 0).all())
+
+
+@pytest.fixture(params=["bert", "llama", "llama-bidirectional"])
+def enc(request, tiny_bert, tiny_llama):
+    path = tiny_bert if request.param == "bert" else tiny_llama
+    e = Encoder.load(path, device="cpu", pooling="last" if "llama" in request.param else "mean",
+                     bidirectional=request.param == "llama-bidirectional", query_prompt="find: ")
+    e.eval()
+    return e
+
+
+def test_a_token_vector_is_the_token_encoded_alone_with_the_prefix(enc):
+    prefix = lookup.query_prefix(enc)
+    assert prefix  # [CLS] + "find :"
+    full = lookup.prefix_sees_itself(enc.model, enc.config.bidirectional)
+    tokens = [2003, 1037, 3231, 7592]
+    with torch.inference_mode():
+        b, _ = lookup.masked_batch(prefix, [tokens], enc.tokenizer.pad_token_id, full, torch.float32, "cpu")
+        together = lookup.token_vectors(enc.model, b, len(prefix))[0]
+        for i, t in enumerate(tokens):
+            b1, _ = lookup.masked_batch(prefix, [[t]], enc.tokenizer.pad_token_id, full, torch.float32, "cpu")
+            alone = lookup.token_vectors(enc.model, b1, len(prefix))[0, 0]
+            assert torch.allclose(together[i], alone, atol=1e-5)
+            if not full:  # a causal decoder: exactly the plain forward of [prefix, token], its last state
+                plain = enc.model(input_ids=torch.tensor([prefix + [t]])).last_hidden_state[0, -1]
+                assert torch.allclose(alone, plain, atol=1e-5)
+
+
+def test_table_serves_the_vectors_of_the_masked_forward(enc, tmp_path):
+    enc.save(tmp_path / "m")
+    lookup.save_table(enc, tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / lookup.TABLE_DIR / "config.json").read_text())
+    assert cfg["vocab"] == len(enc.tokenizer) and cfg["prefix_ids"] == lookup.query_prefix(enc)
+    texts = ["what is a protein", "cells", "", "the role of [SEP] tokens in BERT models"]
+    with torch.inference_mode():
+        raw = lookup.lookup_forward(enc, enc.tokenize(texts, "query"))
+        want = enc.head.finish(raw).numpy()
+    served = lookup.TokenLookupEncoder.load(tmp_path / "m")
+    got = served.encode(texts)
+    assert got.shape == (4, enc.dim)
+    assert np.abs(got - want).max() < 1e-5
+    assert np.allclose(got[2], 0)  # no tokens: a zero vector, not NaN
+    with pytest.raises(ValueError, match="queries only"):
+        served.encode(texts, kind="passage")
+
+
+def test_joint_loss_by_hand():
+    torch.manual_seed(0)
+    full, light, p = torch.randn(2, 4), torch.randn(2, 4), torch.randn(4, 4)  # 2 queries, groups of 2
+    q = torch.cat([full, light], -1)
+    base = lambda x, y: losses.group_loss(x, y, group_size=2, temperature=0.1)  # noqa: E731
+    total, parts = losses.joint_lookup_loss(q, p, loss=base, kl_weight=0.5, temperature=0.1)
+    norm = torch.nn.functional.normalize
+    s_full = norm(full, dim=-1) @ norm(p, dim=-1).T / 0.1
+    s_light = norm(light, dim=-1) @ norm(p, dim=-1).T / 0.1
+    labels = torch.tensor([0, 2])
+    ce = torch.nn.functional.cross_entropy
+    pt, log_pt, log_ps = s_full.softmax(-1), s_full.log_softmax(-1), s_light.log_softmax(-1)
+    kl = (pt * (log_pt - log_ps)).sum(-1).mean()
+    want = ce(s_full, labels) + ce(s_light, labels) + 0.5 * kl
+    assert torch.allclose(total, want, atol=1e-5)
+    assert torch.allclose(parts["kl_lookup"], kl, atol=1e-6) and torch.allclose(parts["ce_lookup"], ce(s_light, labels), atol=1e-6)
+    q.requires_grad_(True)
+    losses.joint_lookup_loss(q, p, loss=base, kl_weight=0.5, temperature=0.1)[0].backward()
+    assert q.grad[:, :4].abs().sum() > 0 and q.grad[:, 4:].abs().sum() > 0
+
+
+def test_cli_train_then_search_by_token_lookup(runner, tiny_bert, corpus_file, queries_file, tmp_path):
+    groups = write_jsonl(tmp_path / "g.jsonl", _groups(4, negatives=2))
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"docid": k, **v} for k, v in _corpus().items()])
+    fast = [f"--{k.replace('_', '-')}={v}" for k, v in FAST.items() if k != "train_group_size"]
+    model = tmp_path / "light"
+    r = runner("train", groups, "--corpus", corpus, "--model", tiny_bert, "-o", model, "--max-steps", 2,
+               "--train-group-size", 2, "--query-encoder", "token-lookup", *fast)
+    assert r.exit_code == 0, r.stderr
+    assert lookup.has_table(model)
+    metrics = [json.loads(line) for line in (model / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 2 and metrics[-1]["kl_lookup"] >= 0 and metrics[-1]["ce_lookup"] > 0
+    from sentence_transformers import SentenceTransformer
+
+    assert SentenceTransformer(str(model), device="cpu").encode(["a"]).shape[-1] == 32  # the full model, stock
+
+    assert runner("index", corpus_file, "--model", model, "-o", tmp_path / "idx").exit_code == 0
+    light = runner("search", tmp_path / "idx", queries_file, "--hits", 3, "-o", tmp_path / "light.trec")
+    assert light.exit_code == 0, light.stderr
+    full = runner("search", tmp_path / "idx", queries_file, "--hits", 3, "--query-encoder", "full", "-o", tmp_path / "full.trec")
+    assert full.exit_code == 0, full.stderr
+    m_light = json.loads((tmp_path / "light.trec.manifest.json").read_text())
+    m_full = json.loads((tmp_path / "full.trec.manifest.json").read_text())
+    assert m_light["settings"]["query_encoder"] == "token-lookup" and m_full["settings"]["query_encoder"] == "full"
+    assert (tmp_path / "light.trec").read_text() != (tmp_path / "full.trec").read_text()
+
+
+def test_token_lookup_search_without_a_table_exits_2(runner, tiny_bert, corpus_file, queries_file, tmp_path):
+    assert runner("index", corpus_file, "--model", tiny_bert, "-o", tmp_path / "idx").exit_code == 0
+    r = runner("search", tmp_path / "idx", queries_file, "--query-encoder", "token-lookup")
+    assert r.exit_code == 2 and "no token-lookup table" in r.stderr, r.stderr
+    r = runner("train", "-", "--model", tiny_bert, "-o", tmp_path / "m", "--query-encoder", "lookup")
+    assert r.exit_code == 2 and "--query-encoder" in r.stderr
