@@ -109,6 +109,24 @@ def test_index_and_search_with_the_onnx_model_match_torch(runner, bert_dist, cor
     np.testing.assert_allclose([float(r[4]) for r in runs["torch"]], [float(r[4]) for r in runs["onnx"]], atol=1e-4)
 
 
+def test_backend_flag_forces_the_runtime(runner, bert_dist, tiny_bert, corpus_file, queries_file, tmp_path):
+    def encoder_backend(idx):
+        return json.loads(next(idx.rglob("index.json")).read_text())["encoder"].get("backend", "torch")
+
+    r = runner("index", corpus_file, "--model", bert_dist, "--backend", "onnx", "-o", tmp_path / "a")
+    assert r.exit_code == 0, r.stderr
+    assert encoder_backend(tmp_path / "a") == "onnx"  # the dir holds torch weights too: torch unless forced
+    r = runner("index", corpus_file, "--model", bert_dist / "onnx", "--backend", "torch", "-o", tmp_path / "b")
+    assert r.exit_code == 0, r.stderr
+    assert encoder_backend(tmp_path / "b") == "torch"
+    onnx = runner("search", tmp_path / "a", queries_file, "--hits", 3)
+    torch_q = runner("search", tmp_path / "a", queries_file, "--hits", 3, "--backend", "torch")
+    assert onnx.exit_code == 0 and torch_q.exit_code == 0, onnx.stderr + torch_q.stderr
+    assert [ln.split()[:3] for ln in onnx.stdout.splitlines()] == [ln.split()[:3] for ln in torch_q.stdout.splitlines()]
+    r = runner("index", corpus_file, "--model", tiny_bert, "--backend", "onnx", "-o", tmp_path / "c")
+    assert r.exit_code == 2 and "holds no model.onnx" in r.stderr and not (tmp_path / "c").exists()
+
+
 def test_dim_refused_unless_trained_with_it_or_forced(runner, tiny_bert, tmp_path):
     dist = tmp_path / "d"
     r = runner("export", tiny_bert, "-o", dist, "--format", "st", "--dim", "16")

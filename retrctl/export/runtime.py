@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from retrctl.errors import UsageError
 from retrctl.models import loading
 from retrctl.models.config import EncoderConfig
 
@@ -53,8 +54,13 @@ def load_encoder(model, *, backend: str | None = None, device: str | None = None
         p = Path(str(model))
         path = p / "onnx" / "model.onnx" if (p / "onnx" / "model.onnx").is_file() else None
         if path is None:
-            raise ValueError(f"--backend onnx: {model} holds no model.onnx (make one with retrctl export)")
-    if path is None or backend == "torch":
+            raise UsageError(f"--backend onnx: {model} holds no model.onnx (make one with retrctl export)")
+    if backend == "torch" and path is not None:  # an export's graph named: its dir's torch weights, if it has them
+        root = path.parent.parent if path.parent.name == "onnx" else path.parent
+        if not any((root / w).exists() for w in TORCH_WEIGHTS):
+            raise UsageError(f"--backend torch: {model} is an ONNX graph with no torch weights beside it")
+        model, path = root, None
+    if path is None:
         from retrctl.models import Encoder
 
         return Encoder.load(model, device=device, dtype=dtype, inference=True, **settings)
