@@ -80,7 +80,7 @@ def _checked(source, name: str, figures: dict) -> str:
 
 
 def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | None = None, force: bool = False,
-           encoder_settings: dict | None = None) -> Path:
+           eval_results=(), encoder_settings: dict | None = None) -> Path:
     """Export ``source`` to ``output`` (see the module docstring). Returns the output dir."""
     from retrctl.export import SAMPLE_TEXTS, card, lora, require_runtime, st
     from retrctl.hashing import weights_fingerprint
@@ -96,6 +96,7 @@ def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | Non
     if (encoder_settings or {}).get("dtype") not in (None, "fp32"):
         raise click.BadParameter("export runs and checks in fp32 (casts after export are not supported yet)", param_hint="--dtype")
     root = resolve(source)
+    evals = card.eval_results(eval_results, root)  # bad input refused before any work
     texts = list(SAMPLE_TEXTS)
     merged = None
     if lora.is_adapter(root):  # merged in fp32 and checked against the adapter model
@@ -118,7 +119,8 @@ def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | Non
             _export_onnx(enc, tmp / "onnx", names, ref, texts, source, report)
         report["notes"] += notes(enc)
         (tmp / "export.json").write_text(json.dumps(report, indent=2, default=str))
-        (tmp / "README.md").write_text(card.render(root, str(source), report))
+        report["eval"] = evals
+        (tmp / "README.md").write_text(card.render(root, str(source), report, evals))
         tmp.chmod(0o755)  # a private temp dir until now; the export is for others to read
     log.info("wrote %s (%s)", out, ", ".join(names))
     return out
@@ -176,6 +178,8 @@ def notes(enc) -> list[str]:
               help="Comma-separated: st (sentence-transformers dir), onnx (fp32), onnx-int8 (dynamic int8).")
 @click.option("--dim", type=click.IntRange(min=1), help="Matryoshka: truncate to the first N dims, then renormalise.")
 @click.option("--force", is_flag=True, help="With --dim: allow a dim the model was not trained with.")
+@click.option("--eval-results", "eval_results", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="`retrctl eval --json` output (repeatable): its rows for runs searched with MODEL go in the card.")
 @options("encoder")
 def command(source, formats, **opts):
     """Export a model: stock sentence-transformers dir, ONNX fp32 and int8, model card; each parity-checked."""

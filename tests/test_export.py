@@ -127,6 +127,29 @@ def test_backend_flag_forces_the_runtime(runner, bert_dist, tiny_bert, corpus_fi
     assert r.exit_code == 2 and "holds no model.onnx" in r.stderr and not (tmp_path / "c").exists()
 
 
+def test_card_lists_the_eval_results_of_runs_searched_with_the_model(runner, tiny_bert, corpus_file, queries_file, tmp_path):
+    qrels = tmp_path / "qrels.tsv"
+    qrels.write_text("".join(f"{json.loads(q)['query_id']}\t{json.loads(d)['docid']}\t1\n"
+                             for q, d in zip(queries_file.read_text().splitlines(), corpus_file.read_text().splitlines(), strict=False)))
+    assert runner("index", corpus_file, "--model", tiny_bert, "-o", tmp_path / "idx").exit_code == 0
+    assert runner("search", tmp_path / "idx", queries_file, "--hits", 5, "-o", tmp_path / "run.trec").exit_code == 0
+    r = runner("eval", tmp_path / "run.trec", "--qrels", qrels, "--json", "-m", "nDCG@10", "-o", tmp_path / "ev.jsonl")
+    assert r.exit_code == 0, r.stderr
+    ndcg = json.loads((tmp_path / "ev.jsonl").read_text().splitlines()[0])["nDCG@10"]
+    r = runner("export", tiny_bert, "--format", "st", "--eval-results", tmp_path / "ev.jsonl", "-o", tmp_path / "dist")
+    assert r.exit_code == 0, r.stderr
+    card = (tmp_path / "dist" / "README.md").read_text()
+    assert f"{ndcg:.4f}" in card and "run.trec" in card and "nDCG@10" in card
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "ev.jsonl").write_text((tmp_path / "ev.jsonl").read_text().replace(str(tmp_path / "run.trec"), str(other / "x.trec")))
+    r = runner("export", tiny_bert, "--format", "st", "--eval-results", other / "ev.jsonl", "-o", tmp_path / "dist2")
+    assert r.exit_code == 0 and "No `retrctl eval` result names this model" in (tmp_path / "dist2" / "README.md").read_text()
+    (other / "bad.jsonl").write_text("{}\nnot json\n")
+    r = runner("export", tiny_bert, "--format", "st", "--eval-results", other / "bad.jsonl", "-o", tmp_path / "dist3")
+    assert r.exit_code == 2 and "bad.jsonl:1" in r.stderr and not (tmp_path / "dist3").exists()
+
+
 def test_dim_refused_unless_trained_with_it_or_forced(runner, tiny_bert, tmp_path):
     dist = tmp_path / "d"
     r = runner("export", tiny_bert, "-o", dist, "--format", "st", "--dim", "16")

@@ -2,7 +2,10 @@
 
 Read from the source dir: retrctl.json (encoder settings), train_config.json (base model, objective, MRL dims),
 metrics.jsonl (the last logged step), prune.json (what was removed); from the export: the formats, sizes and
-parity figures. A record that is absent is said to be absent; nothing is filled in.
+parity figures; from ``--eval-results`` files (``retrctl eval --json`` output): the rows whose run was searched
+with this model (run → its ``.manifest.json`` → the index's encoder model), the newest file first. retrctl
+keeps no eval history beside a model, so results are only what the user names. A record that is absent is said
+to be absent; nothing is filled in.
 """
 
 from __future__ import annotations
@@ -36,7 +39,43 @@ def last_metrics(path: Path) -> dict | None:
         return None
 
 
-def render(source_root: Path, source: str, report: dict) -> str:
+def eval_results(paths, model_root: Path) -> list[dict]:
+    """Rows of ``retrctl eval --json`` files whose run came from an index built with ``model_root`` (newest file
+    first); a line that is not JSON is a ``RecordError`` naming file and line."""
+    from retrctl.errors import RecordError
+
+    want = Path(model_root).resolve()
+    found = []
+    for path in sorted((Path(p) for p in paths), key=lambda p: -p.stat().st_mtime):
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                run = Path(row["run"])
+            except (ValueError, KeyError, TypeError):
+                raise RecordError(path, n, message="not a `retrctl eval --json` row (needs \"run\")") from None
+            manifest = _json(run.with_name(run.name + ".manifest.json")) or {}
+            model = ((manifest.get("index_manifest") or {}).get("encoder") or {}).get("model")
+            if model and Path(str(model)).resolve() == want:
+                found.append({"file": str(path), **row})
+    return found
+
+
+def _eval_rows(results: list[dict] | None) -> list[str]:
+    if not results:
+        return ["No `retrctl eval` result names this model (pass `--eval-results FILE` from `retrctl eval --json -o FILE`; "
+                "a row counts when its run's manifest says it was searched with this model)."]
+    skip = {"run", "file", "counts", "settings", "p_value", "significant", "per_query"}
+    measures = sorted({k for r in results for k in r if k not in skip})
+    rows = ["| run | qrels | " + " | ".join(measures) + " |", "|---|---|" + "---|" * len(measures)]
+    for r in results:
+        vals = " | ".join(f"{r[m]:.4f}" if isinstance(r.get(m), (int, float)) else "" for m in measures)
+        rows.append(f"| `{Path(r['run']).name}` | `{(r.get('settings') or {}).get('qrels')}` | {vals} |")
+    return rows + ["", f"From {', '.join(sorted({'`' + r['file'] + '`' for r in results}))}."]
+
+
+def render(source_root: Path, source: str, report: dict, evals: list[dict] | None = None) -> str:
     cfg = report["encoder"]
     rows = [f"# {Path(str(source)).name or source} (exported by retrctl {report['retrctl']})", "",
             f"Source: `{source}` (weights fingerprint `{report['source_fingerprint']}`).", "",
@@ -62,7 +101,7 @@ def render(source_root: Path, source: str, report: dict) -> str:
         rows += ["", "## Pruning", "", f"Method: {prune.get('method')}.", f"Removed: `{json.dumps(prune.get('removed'))}`; "
                  f"non-embedding params {prune.get('params', {}).get('before')} → {prune.get('params', {}).get('after')}; "
                  f"calibration hash `{(prune.get('calibration') or {}).get('hash')}`."]
-    rows += ["", "## Evaluation", "", "No `retrctl eval` result is recorded with this model.", "",
+    rows += ["", "## Evaluation", "", *_eval_rows(evals), "",
              "## Files and parity", "",
              f"Each artifact was checked against retrctl's PyTorch encoder on {report['sample_texts']} sample texts "
              "(as queries and as passages) before this directory was written.", "",

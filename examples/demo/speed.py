@@ -1,0 +1,60 @@
+"""The demo's last lines: the exported model loads with stock sentence-transformers, and what the fast paths buy.
+
+    python speed.py MODEL DIST CORPUS QUERIES
+
+MODEL: the fine-tuned retrctl model (trained with --query-encoder token-lookup); DIST: its `retrctl export`.
+Prints (stdout) how close `SentenceTransformer(DIST)` is to retrctl's vectors, the ONNX encode speed against
+PyTorch on the corpus passages, and the token-lookup query encoding speed against the full query encoder. Each
+pair runs in this process, interleaved, best of three (the machine is shared: only ratios are printed).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+def best(fn, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def main(model: str, dist: str, corpus: str, queries: str) -> None:
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from retrctl.export.runtime import OnnxEncoder
+    from retrctl.models import Encoder, lookup
+
+    docs = [json.loads(line) for line in open(corpus, encoding="utf-8")][:200]
+    texts = [(d.get("title", "") + " " + d["text"]).strip() for d in docs]
+    qs = [json.loads(line)["query_text"] for line in open(queries, encoding="utf-8")]
+
+    torch_enc = Encoder.load(model, device="cpu", inference=True)
+    stock = SentenceTransformer(dist, device="cpu")
+    diff = float(np.abs(stock.encode(texts[:32], batch_size=32) - torch_enc.encode(texts[:32])).max())
+    print(f"SentenceTransformer('{dist}') loads the fine-tuned model: max |diff| to retrctl's vectors {diff:.1e}")
+
+    onnx_enc = OnnxEncoder.load(f"{dist}/onnx/model.onnx")
+    t_torch = t_onnx = float("inf")
+    for _ in range(3):
+        t_torch = min(t_torch, best(lambda: torch_enc.encode(texts, batch_size=32), 1))
+        t_onnx = min(t_onnx, best(lambda: onnx_enc.encode(texts, batch_size=32), 1))
+    print(f"ONNX fp32 encodes {len(texts)} passages {t_torch / t_onnx:.2f}x as fast as PyTorch (this CPU, this run)")
+
+    light = lookup.TokenLookupEncoder.load(model)
+    t_full = t_light = float("inf")
+    for _ in range(3):
+        t_full = min(t_full, best(lambda: torch_enc.encode(qs, kind="query", batch_size=len(qs)), 1))
+        t_light = min(t_light, best(lambda: light.encode(qs), 1))
+    print(f"token-lookup query encoding: {t_full / t_light:.0f}x as fast as the full query encoder "
+          f"({len(qs)} queries, one batch, no transformer loaded)")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])
