@@ -130,3 +130,21 @@ def test_token_lookup_search_without_a_table_exits_2(runner, tiny_bert, corpus_f
     assert r.exit_code == 2 and "no token-lookup table" in r.stderr, r.stderr
     r = runner("train", "-", "--model", tiny_bert, "-o", tmp_path / "m", "--query-encoder", "lookup")
     assert r.exit_code == 2 and "--query-encoder" in r.stderr
+
+
+@pytest.mark.parametrize("extra", [["--grad-cache", "on", "--chunk-size", "2"], ["--lora-r", "4"]])
+def test_joint_training_under_grad_cache_and_lora(runner, tiny_llama, tmp_path, extra):
+    """GradCache caches the [full | lookup] query vectors like one vector: the same step-1 loss as plain steps."""
+    groups = write_jsonl(tmp_path / "g.jsonl", _groups(4, negatives=2))
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"docid": k, **v} for k, v in _corpus().items()])
+    fast = [f"--{k.replace('_', '-')}={v}" for k, v in FAST.items() if k != "train_group_size"]
+    losses_at_1 = []
+    for name, more in (("plain", ["--grad-cache", "off"]), ("other", extra)):
+        out = tmp_path / name
+        r = runner("train", groups, "--corpus", corpus, "--model", tiny_llama, "-o", out, "--max-steps", 2,
+                   "--train-group-size", 2, "--query-encoder", "token-lookup", "--pooling", "last", *fast, *more)
+        assert r.exit_code == 0, r.stderr[-2000:]
+        assert lookup.has_table(out)
+        losses_at_1.append(json.loads((out / "metrics.jsonl").read_text().splitlines()[0]))
+    for key in ("loss", "ce", "ce_lookup", "kl_lookup"):
+        assert losses_at_1[0][key] == pytest.approx(losses_at_1[1][key], abs=1e-5)
