@@ -150,6 +150,21 @@ def test_card_lists_the_eval_results_of_runs_searched_with_the_model(runner, tin
     assert r.exit_code == 2 and "bad.jsonl:1" in r.stderr and not (tmp_path / "dist3").exists()
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_cast_st_export_is_stored_in_its_dtype_and_checked_against_fp32(runner, tiny_bert, tmp_path, dtype):
+    from safetensors import safe_open
+
+    r = runner("export", tiny_bert, "--format", "st", "--dtype", dtype, "-o", tmp_path / "dist")
+    assert r.exit_code == 0, r.stderr
+    with safe_open(str(tmp_path / "dist" / "model.safetensors"), "pt") as f:
+        stored = {str(f.get_tensor(k).dtype) for k in f.keys()}
+    assert stored == {{"fp16": "torch.float16", "bf16": "torch.bfloat16"}[dtype]}
+    st = json.loads((tmp_path / "dist" / "export.json").read_text())["formats"]["st"]
+    assert st["dtype"] == dtype and st["min_cos"] >= (0.999 if dtype == "fp16" else 0.99) and st["max_abs_diff"] > 0
+    r = runner("export", tiny_bert, "--format", "st,onnx", "--dtype", dtype, "-o", tmp_path / "both")
+    assert r.exit_code == 2 and "--format st only" in r.stderr and not (tmp_path / "both").exists()
+
+
 def test_dim_refused_unless_trained_with_it_or_forced(runner, tiny_bert, tmp_path):
     dist = tmp_path / "d"
     r = runner("export", tiny_bert, "-o", dist, "--format", "st", "--dim", "16")

@@ -42,22 +42,25 @@ def write(enc, out: Path) -> None:
     (out / "modules.json").write_text(json.dumps(modules, indent=2))
 
 
-def stock_parity(enc, out: Path, texts: list[str]) -> dict:
+def stock_parity(enc, out: Path, texts: list[str], ref: dict | None = None) -> dict:
     """Stock ``SentenceTransformer(out)`` against ``enc.encode`` on ``texts`` (queries and passages, with the
-    saved prompts): the largest absolute difference and the smallest cosine."""
+    saved prompts), or against ``ref`` ({kind: vectors}, the fp32 model's, for a cast export): the largest
+    absolute difference, the smallest and the mean cosine."""
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(str(out), device="cpu", trust_remote_code=False)
-    worst, cos = 0.0, 1.0
+    worst, cos, coss = 0.0, 1.0, []
     for kind, prompt in (("query", "query"), ("passage", "document")):
-        ours = enc.encode(texts, kind)
+        ours = ref[kind] if ref is not None else enc.encode(texts, kind)
         theirs = st.encode(texts, prompt_name=prompt if st.prompts.get(prompt) else None, convert_to_numpy=True,
                            batch_size=len(texts))
         if theirs.shape != ours.shape:
             return {"max_abs_diff": float("inf"), "min_cos": -1.0, "shape": list(theirs.shape)}
         worst = max(worst, float(np.abs(theirs - ours).max()))
-        cos = min(cos, float(cosines(ours, theirs).min()))
-    return {"max_abs_diff": worst, "min_cos": cos}
+        theirs = theirs.astype(np.float32)
+        coss.append(cosines(ours, theirs))
+        cos = min(cos, float(coss[-1].min()))
+    return {"max_abs_diff": worst, "min_cos": cos, "mean_cos": float(np.concatenate(coss).mean())}
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
