@@ -75,6 +75,8 @@ def test_table_serves_the_vectors_of_the_masked_forward(enc, tmp_path):
     assert np.allclose(got[2], 0)  # no tokens: a zero vector, not NaN
     with pytest.raises(ValueError, match="queries only"):
         served.encode(texts, kind="passage")
+    with pytest.raises(ValueError, match="built with query prompt"):
+        lookup.TokenLookupEncoder.load(tmp_path / "m", query_prompt="search: ")
 
 
 def test_joint_loss_by_hand():

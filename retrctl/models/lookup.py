@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from retrctl.errors import UsageError
 from retrctl.models.config import EncoderConfig
 
 log = logging.getLogger("retrctl.models")
@@ -197,7 +198,13 @@ class TokenLookupEncoder:
         known = {f.name for f in dataclasses.fields(EncoderConfig)}
         config = EncoderConfig(**{k: v for k, v in settings.items() if k in known})
         table = np.load(root / TABLE_DIR / TABLE_FILE, mmap_mode="r")
-        return cls(root, AutoTokenizer.from_pretrained(str(weights)), config, table, source=str(model_dir))
+        enc = cls(root, AutoTokenizer.from_pretrained(str(weights)), config, table, source=str(model_dir))
+        built = json.loads((root / TABLE_DIR / "config.json").read_text())
+        prefix = prefix_and_tokens(enc._tok, config.query_prompt, config.query_max_len, config.pooling == "eos", [])[0]
+        if built.get("prefix_ids") != prefix:  # every token vector was computed under the prompt it was built with
+            raise UsageError(f"{model_dir}: its token table was built with query prompt {built.get('query_prompt')!r}, "
+                             f"not {config.query_prompt!r} (search with --query-encoder full to use another prompt)")
+        return enc
 
     @property
     def dim(self) -> int:
