@@ -64,13 +64,13 @@ def test_table_serves_the_vectors_of_the_masked_forward(enc, tmp_path):
     lookup.save_table(enc, tmp_path / "m")
     cfg = json.loads((tmp_path / "m" / lookup.TABLE_DIR / "config.json").read_text())
     assert cfg["vocab"] == len(enc.tokenizer) and cfg["prefix_ids"] == lookup.query_prefix(enc)
-    texts = ["what is a protein", "cells", "", "the role of [SEP] tokens in BERT models"]
+    texts = ["what is a protein", "cells", "", "the role of [SEP] tokens in BERT models", "word " * 300]
     with torch.inference_mode():
         raw = lookup.lookup_forward(enc, enc.tokenize(texts, "query"))
         want = enc.head.finish(raw).numpy()
     served = lookup.TokenLookupEncoder.load(tmp_path / "m")
     got = served.encode(texts)
-    assert got.shape == (4, enc.dim)
+    assert got.shape == (5, enc.dim)
     assert np.abs(got - want).max() < 1e-5
     assert np.allclose(got[2], 0)  # no tokens: a zero vector, not NaN
     with pytest.raises(ValueError, match="queries only"):

@@ -51,15 +51,21 @@ def suffix_len(tok, eos: bool) -> int:
 
 
 def prefix_and_tokens(tok, prompt: str, max_len: int, eos: bool, texts: list[str]) -> tuple[list[int], list[list[int]]]:
-    """(prefix ids, each text's query token ids) from the full encoder's tokenization of ``prompt + text``
-    (``tok``: a ``backbone.Tokenizer``): its ids minus the prefix, the suffix and any special token."""
-    rows = tok(texts + [""], "query", prompt, max_len, eos)  # the empty text gives prefix + suffix
-    real = [r[m.bool()].tolist() for r, m in zip(rows["input_ids"], rows["attention_mask"], strict=True)]
-    n_suffix = suffix_len(tok, eos)
-    empty = real.pop()
-    prefix = empty[: len(empty) - n_suffix]
+    """(prefix ids, each text's query token ids) as the full encoder tokenizes ``prompt + text``
+    (``backbone.Tokenizer``: the same cut, counted in ``tok.truncated``) minus the prefix, the suffix and any
+    special token. No tensors: this is the whole of a token-lookup query's tokenization."""
+    n_own, n_suffix = len(tok.suffix), suffix_len(tok, eos)
+    ids = tok.tokenizer([prompt + t for t in [*texts, ""]], truncation=True, max_length=max_len + 1)["input_ids"]
+    bodies = []
+    for row in ids:
+        body = row[: len(row) - n_own] if n_own else row
+        if len(body) + n_suffix > max_len:
+            tok.truncated["query"] += 1
+            body = body[: max_len - n_suffix]
+        bodies.append(body)
+    prefix = bodies.pop()  # the empty text's
     special = set(tok.tokenizer.all_special_ids)
-    return prefix, [[t for t in r[len(prefix): len(r) - n_suffix] if t not in special] for r in real]
+    return prefix, [[t for t in b[len(prefix):] if t not in special] for b in bodies]
 
 
 def prefix_sees_itself(model, bidirectional: bool) -> bool:
@@ -215,12 +221,15 @@ class TokenLookupEncoder:
             raise ValueError("a token-lookup encoder encodes queries only (documents need the full model)")
         _, tokens = prefix_and_tokens(self._tok, self.config.query_prompt, self.config.query_max_len,
                                       self.config.pooling == "eos", list(texts))
-        out = np.zeros((len(tokens), self.table.shape[1]), dtype=np.float32)
         rows = self.table.shape[0]
-        for i, t in enumerate(tokens):
-            t = [x for x in t if x < rows]
-            if t:
-                out[i] = self.table[t].mean(0)
+        tokens = [[x for x in t if x < rows] for t in tokens]
+        counts = np.array([len(t) for t in tokens])
+        out = np.zeros((len(tokens), self.table.shape[1]), dtype=np.float32)
+        flat = np.fromiter((x for t in tokens for x in t), dtype=np.int64, count=int(counts.sum()))
+        if flat.size:  # one gather, one segmented sum: no per-query Python work beyond tokenizing
+            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            has = counts > 0
+            out[has] = np.add.reduceat(self.table[flat], starts[has], axis=0) / counts[has, None]
         if self.config.dims:
             out = out[:, : self.config.dims]
         if self.config.normalize:
