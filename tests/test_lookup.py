@@ -150,3 +150,20 @@ def test_joint_training_under_grad_cache_and_lora(runner, tiny_llama, tmp_path, 
         losses_at_1.append(json.loads((out / "metrics.jsonl").read_text().splitlines()[0]))
     for key in ("loss", "ce", "ce_lookup", "kl_lookup"):
         assert losses_at_1[0][key] == pytest.approx(losses_at_1[1][key], abs=1e-5)
+
+
+@pytest.mark.real
+def test_minilm_table_with_a_prompt_serves_the_masked_forward(tmp_path):
+    """The shipped all-MiniLM-L6-v2 with a query prompt: table → served vector == the masked forward (1e-5), and
+    each untrained token-lookup vector is nearer its own query's full vector than the other query's."""
+    enc = Encoder.load("minilm", device="cpu", query_prompt="query: ")
+    enc.eval()
+    enc.save(tmp_path / "m")
+    lookup.save_table(enc, tmp_path / "m")
+    texts = ["0-dimensional biomaterials lack inductive properties.", "What causes cancer cells to spread?"]
+    with torch.inference_mode():
+        want = enc.head.finish(lookup.lookup_forward(enc, enc.tokenize(texts, "query"))).numpy()
+    got = lookup.TokenLookupEncoder.load(tmp_path / "m").encode(texts)
+    assert np.abs(got - want).max() < 1e-5
+    sims = got @ enc.encode(texts, "query").T
+    assert sims[0, 0] > sims[0, 1] and sims[1, 1] > sims[1, 0]
