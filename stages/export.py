@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import click
@@ -87,7 +88,7 @@ def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | Non
     """Export ``source`` to ``output`` (see the module docstring). Returns the output dir."""
     from retrctl.export import SAMPLE_TEXTS, card, lora, require_runtime, st
     from retrctl.hashing import weights_fingerprint
-    from retrctl.models import Encoder, resolve
+    from retrctl.models import Encoder, lookup, resolve
 
     names = parse_formats(formats) if isinstance(formats, str) else list(formats)
     out = Path(output)
@@ -130,6 +131,10 @@ def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | Non
             st.write(enc, tmp)
             figures = st.stock_parity(enc, tmp, texts)
             report["formats"]["st"] = {"path": ".", "bytes": _size(tmp), "parity": _checked(source, "st", figures), **figures}
+        if "st" in names and lookup.has_table(root):  # LightRetriever's token table ships with the model it belongs to
+            shutil.copytree(root / lookup.TABLE_DIR, tmp / lookup.TABLE_DIR)
+            report["formats"]["token-lookup"] = {"path": lookup.TABLE_DIR, "bytes": _size(tmp / lookup.TABLE_DIR),
+                                                 "parity": "copied from the source model (built from its fp32 weights)"}
         if any(n.startswith("onnx") for n in names):
             _export_onnx(enc, tmp / "onnx", names, ref, texts, source, report)
         report["notes"] += notes(enc)

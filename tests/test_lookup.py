@@ -125,6 +125,12 @@ def test_cli_train_then_search_by_token_lookup(runner, tiny_bert, corpus_file, q
     assert m_light["settings"]["query_encoder"] == "token-lookup" and m_full["settings"]["query_encoder"] == "full"
     assert (tmp_path / "light.trec").read_text() != (tmp_path / "full.trec").read_text()
 
+    # the table ships with the export (one length cap for both sides: a stock sentence-transformers dir has one)
+    r = runner("export", model, "--format", "st", "--query-max-len", 24, "-o", tmp_path / "dist")
+    assert r.exit_code == 0, r.stderr
+    assert np.array_equal(lookup.TokenLookupEncoder.load(tmp_path / "dist").encode(["a protein"]),
+                          lookup.TokenLookupEncoder.load(model).encode(["a protein"]))
+
 
 def test_token_lookup_search_without_a_table_exits_2(runner, tiny_bert, corpus_file, queries_file, tmp_path):
     assert runner("index", corpus_file, "--model", tiny_bert, "-o", tmp_path / "idx").exit_code == 0
