@@ -10,7 +10,6 @@ pair runs in this process, interleaved, best of three (the machine is shared: on
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
@@ -28,12 +27,12 @@ def main(model: str, dist: str, corpus: str, queries: str) -> None:
     import numpy as np
     from sentence_transformers import SentenceTransformer
 
+    from retrctl import records
     from retrctl.export.runtime import OnnxEncoder
     from retrctl.models import Encoder, lookup
 
-    docs = [json.loads(line) for line in open(corpus, encoding="utf-8")][:200]
-    texts = [(d.get("title", "") + " " + d["text"]).strip() for d in docs]
-    qs = [json.loads(line)["query_text"] for line in open(queries, encoding="utf-8")]
+    texts = [records.passage_text(d) for d in records.read(corpus, "doc")][:200]
+    qs = [q["query_text"] for q in records.read(queries, "query")]
 
     torch_enc = Encoder.load(model, device="cpu", inference=True)
     stock = SentenceTransformer(dist, device="cpu")
