@@ -24,13 +24,15 @@ from pathlib import Path
 from _run import DATA, ROOT
 
 
-def best(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+def interleaved_best(a, b, rounds: int) -> tuple[float, float]:
+    """Best wall time of each of two callables over ``rounds`` alternating runs (load changes hit both)."""
+    best = [float("inf"), float("inf")]
+    for _ in range(rounds):
+        for i, fn in enumerate((a, b)):
+            t0 = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return best[0], best[1]
 
 
 def main() -> None:
@@ -75,10 +77,7 @@ def main() -> None:
             for s in range(0, len(texts), batch):
                 light.encode(texts[s : s + batch])
 
-        t_full = t_light = float("inf")
-        for _ in range(a.repeats):  # interleaved
-            t_full = min(t_full, best(run_full, 1))
-            t_light = min(t_light, best(run_light, 1))
+        t_full, t_light = interleaved_best(run_full, run_light, a.repeats)
         rows.append((batch, t_full, t_light))
 
     agree = float((full.encode(texts, kind="query") * light.encode(texts)).sum(1).mean())

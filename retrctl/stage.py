@@ -180,6 +180,8 @@ OPTIONS: dict[str, Callable] = {
             _opt("--max-retries", type=click.IntRange(min=0), help="Retries with exponential backoff on connection errors, 429, 5xx (default 5).")(f)
         )
     ),
+    "runtime": _opt("--backend", "runtime", type=click.Choice(["torch", "onnx"]),
+                    help="Dense: run the encoder on torch or onnxruntime [default: what the model path holds; torch when both]."),
     "encoder": lambda f: functools.reduce(lambda g, o: o(g), [_encoder_option(fl) for fl in flag_fields()], f),
 }
 
@@ -196,8 +198,12 @@ def options(*names: str):
 
 
 def encoder_overrides(opts: dict) -> dict:
-    """Pop the encoder flags from a command's options, keeping only those the user set."""
-    return {k: v for k in ENCODER_FLAGS if (v := opts.pop(k, None)) is not None}
+    """Pop the encoder flags from a command's options, keeping only those the user set (``--backend``, the
+    "runtime" option, as the loader's ``backend``)."""
+    out = {k: v for k in ENCODER_FLAGS if (v := opts.pop(k, None)) is not None}
+    if (runtime := opts.pop("runtime", None)) is not None:
+        out["backend"] = runtime
+    return out
 
 
 # ---------------------------------------------------------------- the stage wrapper

@@ -117,20 +117,19 @@ def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | Non
               "sample_texts": len(texts), "formats": {}, "notes": [], "lora": merged, "versions": records.versions()}
     ref = {kind: enc.encode(texts, kind) for kind in ("query", "passage")}
     with records.atomic_dir(out, resume=False) as tmp:
-        if "st" in names and cast != "fp32":  # after any LoRA merge (in fp32); checked against the fp32 vectors
-            import torch
+        if "st" in names:
+            bound, cast_info = "st", {}
+            if cast != "fp32":  # after any LoRA merge (in fp32); checked against the fp32 vectors
+                import torch
 
-            from retrctl.models.config import DTYPES
+                from retrctl.models.config import DTYPES
 
-            enc.model.to(getattr(torch, DTYPES[cast]))
+                enc.model.to(getattr(torch, DTYPES[cast]))
+                bound, cast_info = f"st-{cast}", {"dtype": cast}
             st.write(enc, tmp)
-            figures = st.stock_parity(enc, tmp, texts, ref=ref)
-            report["formats"]["st"] = {"path": ".", "bytes": _size(tmp), "dtype": cast,
-                                       "parity": _checked(source, f"st-{cast}", figures), **figures}
-        elif "st" in names:
-            st.write(enc, tmp)
-            figures = st.stock_parity(enc, tmp, texts)
-            report["formats"]["st"] = {"path": ".", "bytes": _size(tmp), "parity": _checked(source, "st", figures), **figures}
+            figures = st.stock_parity(enc, tmp, texts, ref=ref if cast_info else None)
+            report["formats"]["st"] = {"path": ".", "bytes": _size(tmp), **cast_info,
+                                       "parity": _checked(source, bound, figures), **figures}
         if "st" in names and lookup.has_table(root):  # LightRetriever's token table ships with the model it belongs to
             shutil.copytree(root / lookup.TABLE_DIR, tmp / lookup.TABLE_DIR)
             report["formats"]["token-lookup"] = {"path": lookup.TABLE_DIR, "bytes": _size(tmp / lookup.TABLE_DIR),

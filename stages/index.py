@@ -219,7 +219,7 @@ def merge(parts: list[str | os.PathLike], output: str | os.PathLike, keep: int =
 
 
 @stage(index, writes="dir", atomic=False)  # a versioned store: built and published by store.writer
-@options("model", "encoder", "batch_size", "shard", "input_format")
+@options("model", "encoder", "runtime", "batch_size", "shard", "input_format")
 @click.argument("inputs", nargs=-1)
 @click.option("--method", type=BackendChoice(), help=f"Index backend: {', '.join(f'{n} ({b.summary})' for n, b in BACKENDS.items())}. "
               f"[default: {DEFAULT_BACKEND}, or the existing index's]")
@@ -234,8 +234,6 @@ def merge(parts: list[str | os.PathLike], output: str | os.PathLike, keep: int =
               "(2: a searcher that opened the previous version is not pulled from under it).")
 @click.option("--checkpoint-every", type=click.IntRange(min=1), help="Dense: save encoded vectors every N docs "
               "under IDX.partial, so a killed run resumes from there.")
-@click.option("--backend", "runtime", type=click.Choice(["torch", "onnx"]),
-              help="Dense: run the encoder on torch or onnxruntime [default: what the model path holds; torch when both].")
 @click.option("--merge", "merge_", is_flag=True, help="INPUTS are index dirs (e.g. shards) to merge into -o.")
 def command(inputs, output, merge_, shard_id, shard_num, input_format, **opts):
     """Build (or update) a dense or BM25 index of a corpus (JSONL/Parquet/BEIR folder, '-' = stdin)."""
@@ -256,8 +254,6 @@ def command(inputs, output, merge_, shard_id, shard_num, input_format, **opts):
             meta["shard"] = {"id": shard_id, "num": shard_num}
         docs = progress(shard(records.read(path, "doc", input_format), shard_id, shard_num, "docid"), desc="index", unit="doc")
         settings = encoder_overrides(opts)
-        if (runtime := opts.pop("runtime")) is not None:
-            settings["backend"] = runtime
         index(docs, output, meta=meta, encoder_settings=settings, **opts)
     except SettingsError as e:
         raise click.UsageError(str(e)) from None

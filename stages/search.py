@@ -102,7 +102,7 @@ def provenance(idx, index_dir: str, queries: str, tag: str, rows: int, settings:
 
 
 @stage(search, writes="run")
-@options("input_format", "batch_size", "corpus", "encoder")
+@options("input_format", "batch_size", "corpus", "encoder", "runtime")
 @click.argument("index_dir")
 @click.argument("queries", default="-", required=False)
 @click.option("--hits", type=click.IntRange(min=1), help="Results per query.")
@@ -112,19 +112,15 @@ def provenance(idx, index_dir: str, queries: str, tag: str, rows: int, settings:
 @click.option("--with-text", is_flag=True, help="Add query_text, title and text to each row (JSONL/Parquet), for rerank in a pipe.")
 @click.option("--ef-search", type=click.IntRange(min=1), help="HNSW: candidates explored per query (default: the index's).")
 @click.option("--nprobe", type=click.IntRange(min=1), help="IVF: inverted lists probed per query (default: the index's).")
-@click.option("--backend", "runtime", type=click.Choice(["torch", "onnx"]),
-              help="Dense: run the encoder on torch or onnxruntime [default: what the model path holds; torch when both].")
 @click.option("--query-encoder", type=click.Choice(["auto", "full", "token-lookup"]), default="auto", show_default=True,
               help="Dense: auto = by token lookup when the model ships a table (LightRetriever; no transformer loaded), "
                    "else the full model; full or token-lookup to insist.")
 def command(index_dir, queries, output, input_format, batch_size, corpus, hits, remove_query, output_format, run_tag,
-            with_text, ef_search, nprobe, query_encoder, runtime, **opts):
+            with_text, ef_search, nprobe, query_encoder, **opts):
     """Search an index (from `retrctl index`) with queries (JSONL/Parquet/BEIR folder, '-' = stdin); write a run."""
     from retrctl.indexes import open_index
 
     overrides = encoder_overrides(opts)
-    if runtime is not None:
-        overrides["backend"] = runtime
     device = overrides.pop("device", None)
     # one version, resolved once: an update publishing meanwhile cannot mix versions into this search
     idx = open_index(index_dir, device=device, query_encoder=query_encoder, **overrides)

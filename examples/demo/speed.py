@@ -14,13 +14,15 @@ import sys
 import time
 
 
-def best(fn, repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+def interleaved_best(a, b, rounds: int) -> tuple[float, float]:
+    """Best wall time of each of two callables over ``rounds`` alternating runs (load changes hit both)."""
+    best = [float("inf"), float("inf")]
+    for _ in range(rounds):
+        for i, fn in enumerate((a, b)):
+            t0 = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return best[0], best[1]
 
 
 def main(model: str, dist: str, corpus: str, queries: str) -> None:
@@ -40,17 +42,13 @@ def main(model: str, dist: str, corpus: str, queries: str) -> None:
     print(f"SentenceTransformer('{dist}') loads the fine-tuned model: max |diff| to retrctl's vectors {diff:.1e}")
 
     onnx_enc = OnnxEncoder.load(f"{dist}/onnx/model.onnx")
-    t_torch = t_onnx = float("inf")
-    for _ in range(3):
-        t_torch = min(t_torch, best(lambda: torch_enc.encode(texts, batch_size=32), 1))
-        t_onnx = min(t_onnx, best(lambda: onnx_enc.encode(texts, batch_size=32), 1))
+    t_torch, t_onnx = interleaved_best(lambda: torch_enc.encode(texts, batch_size=32),
+                                       lambda: onnx_enc.encode(texts, batch_size=32), 3)
     print(f"ONNX fp32 encodes {len(texts)} passages {t_torch / t_onnx:.2f}x as fast as PyTorch (this CPU, this run)")
 
     light = lookup.TokenLookupEncoder.load(model)
-    t_full = t_light = float("inf")
-    for _ in range(3):
-        t_full = min(t_full, best(lambda: torch_enc.encode(qs, kind="query", batch_size=len(qs)), 1))
-        t_light = min(t_light, best(lambda: light.encode(qs), 1))
+    t_full, t_light = interleaved_best(lambda: torch_enc.encode(qs, kind="query", batch_size=len(qs)),
+                                       lambda: light.encode(qs), 3)
     print(f"token-lookup query encoding: {t_full / t_light:.0f}x as fast as the full query encoder "
           f"({len(qs)} queries, one batch, no transformer loaded)")
 

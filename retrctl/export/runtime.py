@@ -100,7 +100,7 @@ class OnnxEncoder:
         saved = loading.read_json(d / "retrctl.json")
         if not saved:
             raise ValueError(f"{d}: no retrctl.json beside {path.name} (not a retrctl export)")
-        config = EncoderConfig(**{k: v for k, v in saved.items() if k in {f.name for f in dataclasses.fields(EncoderConfig)}})
+        config = EncoderConfig.from_settings(saved)
         for k, v in overrides.items():
             if v is None or not hasattr(config, k):
                 continue

@@ -46,6 +46,12 @@ class EncoderConfig:
         if self.pooling not in POOLING:
             raise ValueError(f"pooling must be one of {POOLING}, got {self.pooling!r}")
 
+    @classmethod
+    def from_settings(cls, settings: dict) -> EncoderConfig:
+        """From a saved retrctl.json or manifest dict, keys this config does not know ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in settings.items() if k in known})
+
     def prompt(self, kind: str) -> str:
         return self.query_prompt if kind == "query" else self.passage_prompt
 

@@ -80,8 +80,7 @@ class Encoder(torch.nn.Module):
             cap = min(getattr(tokenizer, "model_max_length", 512) or 512, positions, 512)
             settings.setdefault("query_max_len", cap)
             settings.setdefault("passage_max_len", cap)
-        known = {f.name for f in dataclasses.fields(EncoderConfig)}
-        config = EncoderConfig(**{k: v for k, v in settings.items() if k in known})
+        config = EncoderConfig.from_settings(settings)
         enc = cls(model, tokenizer, config, source=str(name_or_path))
         enc.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         enc.eval()

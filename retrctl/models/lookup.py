@@ -64,8 +64,13 @@ def prefix_and_tokens(tok, prompt: str, max_len: int, eos: bool, texts: list[str
             body = body[: max_len - n_suffix]
         bodies.append(body)
     prefix = bodies.pop()  # the empty text's
+    return prefix, query_tokens(tok, prefix, bodies)
+
+
+def query_tokens(tok, prefix: list[int], bodies: list[list[int]]) -> list[list[int]]:
+    """Each row's ids after the prefix, special tokens left out (rows already cut of their suffix)."""
     special = set(tok.tokenizer.all_special_ids)
-    return prefix, [[t for t in b[len(prefix):] if t not in special] for b in bodies]
+    return [[t for t in b[len(prefix):] if t not in special] for b in bodies]
 
 
 def prefix_sees_itself(model, bidirectional: bool) -> bool:
@@ -77,7 +82,7 @@ def prefix_sees_itself(model, bidirectional: bool) -> bool:
 
 def masked_batch(prefix: list[int], tokens: list[list[int]], pad_id: int, full_prefix: bool, dtype, device):
     """Inputs for the per-token forward: ids [B, P+N], a 4-D additive mask [B, 1, L, L] (prefix → prefix, causal
-    unless ``bidirectional``; query token → prefix + itself; padding → itself), positions (query tokens all at P),
+    unless ``full_prefix``; query token → prefix + itself; padding → itself), positions (query tokens all at P),
     and the [B, N] mask of real query tokens."""
     import torch
 
@@ -115,8 +120,7 @@ def lookup_forward(enc, batch: dict):
     rows = [ids[m.bool()].tolist() for ids, m in zip(batch["input_ids"], batch["attention_mask"], strict=True)]
     prefix = query_prefix(enc)
     n_suffix = suffix_len(enc._tok, enc.config.pooling == "eos")
-    special = set(enc.tokenizer.all_special_ids)
-    tokens = [[t for t in r[len(prefix): len(r) - n_suffix] if t not in special] for r in rows]
+    tokens = query_tokens(enc._tok, prefix, [r[: len(r) - n_suffix] for r in rows])
     inputs, real = masked_batch(prefix, tokens, enc.tokenizer.pad_token_id, prefix_sees_itself(enc.model, enc.config.bidirectional),
                                 _float(enc), enc.device)
     return mean_of_tokens(token_vectors(enc.model, inputs, len(prefix)), real)
@@ -201,8 +205,7 @@ class TokenLookupEncoder:
                              "--query-encoder token-lookup, or search with --query-encoder full")
         weights, settings = loading.saved_settings(root)
         settings.update({k: v for k, v in overrides.items() if v is not None})
-        known = {f.name for f in dataclasses.fields(EncoderConfig)}
-        config = EncoderConfig(**{k: v for k, v in settings.items() if k in known})
+        config = EncoderConfig.from_settings(settings)
         table = np.load(root / TABLE_DIR / TABLE_FILE, mmap_mode="r")
         enc = cls(root, AutoTokenizer.from_pretrained(str(weights)), config, table, source=str(model_dir))
         built = json.loads((root / TABLE_DIR / "config.json").read_text())
