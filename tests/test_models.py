@@ -92,3 +92,16 @@ def test_minilm_matches_sentence_transformers():
     st = SentenceTransformer(str(locate_shipped("minilm")), device="cpu")
     texts = ["Cats purr.", "A study of protein folding in yeast cells under heat stress."]
     assert np.allclose(enc.encode(texts), st.encode(texts), atol=1e-5)
+
+
+@pytest.mark.parametrize("fixture", ["tiny_bert", "tiny_llama"])
+def test_backbone_loads_without_transformers_warnings(fixture, request, caplog):
+    """A single-process load has nothing to report: no load table, no "layers were not sharded" (transformers 5.24
+    checks a tensor-parallel plan whenever its load report is silenced), so a CLI error stays one line."""
+    import logging
+
+    from retrctl.models.loading import load_backbone
+
+    with caplog.at_level(logging.WARNING):
+        load_backbone(request.getfixturevalue(fixture), None)
+    assert not [r for r in caplog.records if r.name.startswith("transformers")], caplog.text

@@ -42,13 +42,17 @@ def load_backbone(weights: Path, dtype):
     debug level, not as an eight-line table on stderr. Missing weights (initialised at random) stay a warning."""
     from transformers import AutoModel
 
-    quiet = logging.getLogger("transformers.modeling_utils")
-    before = quiet.level
-    quiet.setLevel(logging.ERROR)
+    # transformers >= 5.24 checks a tensor-parallel plan whenever modeling_utils logs at WARNING or above, and
+    # warns that no layer was sharded (a single process shards nothing): silenced with the load report.
+    quiet = [logging.getLogger(n) for n in ("transformers.modeling_utils", "transformers.distributed.tensor_parallel")]
+    before = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.ERROR)
     try:
         model, info = AutoModel.from_pretrained(str(weights), dtype=dtype, output_loading_info=True)
     finally:
-        quiet.setLevel(before)
+        for q, level in zip(quiet, before, strict=True):
+            q.setLevel(level)
     unexpected = sorted(k for k in info.get("unexpected_keys", ()) if not k.startswith("lm_head."))
     if info.get("missing_keys"):
         missing = sorted(info["missing_keys"])
