@@ -48,6 +48,8 @@ def main() -> None:
     p.add_argument("--eval-docs", type=int, default=None)
     p.add_argument("--eval-queries", type=int, default=None)
     p.add_argument("--eval-batch", type=int, default=64)
+    p.add_argument("--heads", default="dense,sparse", help="dense, or dense,sparse: also train the SPLADE head and "
+                   "add its rows (token-count queries, and fused with each dense query side).")
     p.add_argument("--reuse", action="store_true", help="Reuse the trained model and index in --work if present.")
     a = p.parse_args()
     work = Path(a.work)
@@ -57,8 +59,8 @@ def main() -> None:
     t_train = t_index = float("nan")
     if not (a.reuse and (model / "token_lookup").is_dir()):
         groups = train_groups(a, work)
-        t_train = train(a, groups, a.model, model, ["--query-encoder", "token-lookup"], a.steps, a.lr, a.batch_size,
-                        a.group_size, a.passage_max_len)
+        t_train = train(a, groups, a.model, model, ["--query-encoder", "token-lookup", "--heads", a.heads], a.steps, a.lr,
+                        a.batch_size, a.group_size, a.passage_max_len)
     table = json.loads((model / "token_lookup" / "config.json").read_text())
     caps = ["--passage-max-len", a.eval_max_len, "--query-max-len", a.eval_max_len]
     if not (a.reuse and idx.is_dir()):
@@ -72,15 +74,26 @@ def main() -> None:
     runs["bm25"] = work / "run-bm25.trec"
     retrctl("search", work / "idx-bm25", scifact, "--hits", 100, "-o", runs["bm25"], "--quiet")
     rows.append(("BM25", ndcg(runs["bm25"], scifact), ""))
-    for enc in ("full", "token-lookup"):
-        for fusion in (["--fusion", "rrf"], ["--fusion", "linear", "--norm", "minmax"]):
-            out = work / f"run-{enc}+bm25-{fusion[1]}.trec"
-            retrctl("fuse", runs[enc], runs["bm25"], *fusion, "--hits", 100, "-o", out, "--quiet")
-            rows.append((f"{enc} + BM25, {' '.join(fusion[1:])}", ndcg(out, scifact), ""))
+    lexical = ["bm25"]
+    if "sparse" in a.heads:  # the learned sparse head: docs by SPLADE, queries by token counts (no encoder)
+        t_sparse = float("nan")
+        if not (a.reuse and (work / "idx-sparse").is_dir()):
+            t_sparse, *_ = retrctl("index", scifact, "--method", "sparse", "--model", model, *caps, "--batch-size",
+                                   a.eval_batch, "-o", work / "idx-sparse", "--quiet", "--rebuild")
+        runs["sparse"] = work / "run-sparse.trec"
+        t, *_ = retrctl("search", work / "idx-sparse", scifact, "--hits", 100, "-o", runs["sparse"], "--quiet")
+        rows.append((f"sparse (token-count queries; index {t_sparse / 60:.1f} min)", ndcg(runs["sparse"], scifact), f"{t:.1f}"))
+        lexical.append("sparse")
+    for lex in lexical:
+        for enc in ("full", "token-lookup"):
+            for fusion in (["--fusion", "rrf"], ["--fusion", "linear", "--norm", "minmax"]):
+                out = work / f"run-{enc}+{lex}-{fusion[1]}.trec"
+                retrctl("fuse", runs[enc], runs[lex], *fusion, "--hits", 100, "-o", out, "--quiet")
+                rows.append((f"{enc} + {lex}, {' '.join(fusion[1:])}", ndcg(out, scifact), ""))
     full = rows[0][1]
     lines = [f"## LightRetriever token lookup, {a.model} on SciFact test ({time.strftime('%Y-%m-%d')})", "",
              f"`python bench/light.py {' '.join(sys.argv[1:])}`: train {t_train / 60:.1f} min "
-             f"(--query-encoder token-lookup), table {table['vocab']}×{table['hidden']} built in {table['seconds']} s, "
+             f"(--query-encoder token-lookup --heads {a.heads}), table {table['vocab']}×{table['hidden']} built in {table['seconds']} s, "
              f"index {t_index / 60:.1f} min (nan: reused).", "",
              "| query encoder | nDCG@10 | of full | search s (incl. load) |", "|---|---|---|---|",
              *[f"| {e} | {s:.4f} | {100 * s / full:.1f} % | {t} |" for e, s, t in rows]]

@@ -92,7 +92,8 @@ class BackendChoice(click.Choice):
 def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None = None, method: str | None = None,
           index_type: str = "Flat", batch_size: int = 32, k1: float = 0.9, b: float = 0.4, stopwords: str | None = "en",
           bm25_method: str = "lucene", delete: bool = True, rebuild: bool = False, keep: int = KEEP,
-          checkpoint_every: int = 4096, meta: dict | None = None, encoder_settings: dict | None = None) -> dict:
+          checkpoint_every: int = 4096, sparse_top_k: int | None = None, meta: dict | None = None,
+          encoder_settings: dict | None = None) -> dict:
     """Build the index at ``output`` from doc records, or bring an existing one in line with them.
 
     Holds ``output``'s writer lock throughout (records.BusyError when another writer has it) and publishes
@@ -106,7 +107,7 @@ def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None 
     if keep < 1 or checkpoint_every < 1:
         raise SettingsError("--keep and --checkpoint-every must be at least 1")
     options = {"index_type": index_type, "batch_size": batch_size, "k1": k1, "b": b, "stopwords": stopwords,
-               "bm25_method": bm25_method, "checkpoint_every": checkpoint_every}
+               "bm25_method": bm25_method, "checkpoint_every": checkpoint_every, "sparse_top_k": sparse_top_k}
     with store.writer(output):
         return _index(docs, output, model=model, method=method, delete=delete, rebuild=rebuild, keep=keep, meta=meta,
                       encoder_settings=encoder_settings, options=options)
@@ -234,9 +235,11 @@ def merge(parts: list[str | os.PathLike], output: str | os.PathLike, keep: int =
               "(2: a searcher that opened the previous version is not pulled from under it).")
 @click.option("--checkpoint-every", type=click.IntRange(min=1), help="Dense: save encoded vectors every N docs "
               "under IDX.partial, so a killed run resumes from there.")
+@click.option("--sparse-top-k", type=click.IntRange(min=1), help="Sparse: terms kept per doc [default: the model's "
+              "sparse head's].")
 @click.option("--merge", "merge_", is_flag=True, help="INPUTS are index dirs (e.g. shards) to merge into -o.")
 def command(inputs, output, merge_, shard_id, shard_num, input_format, **opts):
-    """Build (or update) a dense or BM25 index of a corpus (JSONL/Parquet/BEIR folder, '-' = stdin)."""
+    """Build (or update) a dense, learned-sparse or BM25 index of a corpus (JSONL/Parquet/BEIR folder, '-' = stdin)."""
     try:
         if merge_:
             if len(inputs) < 2:

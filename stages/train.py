@@ -19,6 +19,8 @@ LoRA (Hu et al. 2021, arXiv:2106.09685); ZeRO (Rajbhandari et al. 2020, arXiv:19
 | LoRA r / alpha / dropout | ``--lora-r --lora-alpha --lora-dropout`` |
 | ZeRO stage | ``--zero-stage`` or ``--deepspeed ds.json`` |
 | distillation from reranker scores | ``--distill-weight --teacher-temperature`` |
+| LightRetriever's token-lookup query encoder | ``--query-encoder token-lookup --lookup-kl-weight`` |
+| SPLADE sparse head (FLOPS λ, quadratic warm-up) | ``--heads dense,sparse --flops-weight --flops-warmup --sparse-query --sparse-top-k`` |
 | pooling, bidirectional attention, prompts, lengths | the shared encoder flags |
 
 Defaults (τ 0.05, group size 2 = one hard negative, 3 epochs, batch 32) are the recipe that reached SciFact test
@@ -85,7 +87,7 @@ import click
 from retrctl import records
 from retrctl.stage import ENCODER_FLAGS, SHARED_TYPES, Size, options, stage
 from retrctl.train.checkpoint import check_output
-from retrctl.train.config import QUERY_ENCODERS, TrainConfig
+from retrctl.train.config import HEADS, QUERY_ENCODERS, SPARSE_QUERIES, TrainConfig
 from retrctl.train.loop import Trainer
 
 
@@ -108,6 +110,7 @@ def train(groups, *, output, corpus=None, config: TrainConfig | None = None, on_
 # where train defines them: a step of query groups per process, and a seed that also seeds LoRA init.
 SHARED = {"model", *ENCODER_FLAGS}
 INTERNAL = {"plan"}  # written by train into train_config.json, not set by users
+CHOICES = {"query_encoder": QUERY_ENCODERS, "heads": HEADS, "sparse_query": SPARSE_QUERIES}
 
 
 def config_options(f):
@@ -121,8 +124,8 @@ def config_options(f):
         if field.name == "grad_cache":  # a bare --grad-cache (as before auto existed) means on
             f = click.option(flag, field.name, type=click.Choice(["auto", "on", "off"]), is_flag=False, flag_value="on",
                              default=None, help=help)(f)
-        elif field.name == "query_encoder":
-            f = click.option(flag, field.name, type=click.Choice(QUERY_ENCODERS), default=None, help=help)(f)
+        elif field.name in CHOICES:
+            f = click.option(flag, field.name, type=click.Choice(CHOICES[field.name]), default=None, help=help)(f)
         elif field.name == "max_memory":
             f = click.option(flag, field.name, type=Size(), default=None, help=help)(f)
         elif kind in (bool, bool | None):

@@ -18,9 +18,10 @@ from retrctl.indexes import store
 from retrctl.indexes.base import Index, read_manifest
 from retrctl.indexes.bm25 import BM25Index
 from retrctl.indexes.dense import DenseIndex
+from retrctl.indexes.sparse import SparseIndex
 from retrctl.indexes.store import Version, resolve
 
-BACKENDS: dict[str, type[Index]] = {"dense": DenseIndex, "bm25": BM25Index}
+BACKENDS: dict[str, type[Index]] = {"dense": DenseIndex, "sparse": SparseIndex, "bm25": BM25Index}
 DEFAULT_BACKEND = "dense"  # `index --method` when not given and -o holds no index yet
 
 
@@ -39,4 +40,4 @@ def open_index(directory: str | Path | Version, **kw) -> Index:
     return store.open_consistent(directory, load)
 
 
-__all__ = ["BACKENDS", "DEFAULT_BACKEND", "BM25Index", "DenseIndex", "Index", "Version", "open_index", "read_manifest", "resolve"]
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "BM25Index", "DenseIndex", "Index", "SparseIndex", "Version", "open_index", "read_manifest", "resolve"]

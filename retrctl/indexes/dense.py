@@ -200,12 +200,11 @@ class DenseIndex(base.Index):
             saved = json.loads(ckpt.with_suffix(".json").read_text())
             if saved == {"docids": ids, "hashes": hashes}:
                 return np.load(ckpt.with_suffix(".npy"))
-        texts = [records.passage_text(d) for d, _, _ in chunk]
-        vecs = self.encoder.encode(texts, kind="passage", batch_size=self.batch_size)
+        vecs = self._doc_vectors([records.passage_text(d) for d, _, _ in chunk])
         bad = ~np.isfinite(vecs).all(axis=1)
         if bad.any():  # a broken forward gives NaN embeddings that search would rank silently (tevatron#103)
             raise ValueError(f"the encoder returned NaN/inf vectors for {int(bad.sum())} docs, e.g. {ids[int(np.argmax(bad))]!r}")
-        self.encoded += len(texts)
+        self.encoded += len(chunk)
         if ckpt is not None:
             self.workdir.mkdir(parents=True, exist_ok=True)
             np.save(ckpt.with_suffix(".npy"), vecs)
@@ -214,6 +213,10 @@ class DenseIndex(base.Index):
             tmp.write_text(json.dumps({"docids": ids, "hashes": hashes}))
             tmp.replace(ckpt.with_suffix(".json"))
         return vecs
+
+    def _doc_vectors(self, texts: list[str]) -> np.ndarray:
+        """The rows stored for ``texts`` (a subclass stores another representation through the same plumbing)."""
+        return self.encoder.encode(texts, kind="passage", batch_size=self.batch_size)
 
     # ------------------------------------------------------------ updates
 

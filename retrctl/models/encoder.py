@@ -55,6 +55,8 @@ class Encoder(torch.nn.Module):
         self.head = head or DenseHead(config)
         self.sides = {"query": Side(self, "query", self.head), "passage": Side(self, "passage", self.head)}
         self.joint_lookup = False  # training LightRetriever's token-lookup query encoder beside the full one
+        self.sparse = None  # a SparseHead (models/sparse.py) beside the dense one, when the model has or trains one
+        self.train_sparse = False  # training: raw outputs carry the sparse weights after the dense vector
         self.set_bidirectional(config.bidirectional)
 
     # -- construction
@@ -82,9 +84,26 @@ class Encoder(torch.nn.Module):
             settings.setdefault("passage_max_len", cap)
         config = EncoderConfig.from_settings(settings)
         enc = cls(model, tokenizer, config, source=str(name_or_path))
+        from retrctl.models.sparse import SparseHead
+
+        sparse = SparseHead.read_saved(root) if Path(root).is_dir() else None
+        if sparse is not None:
+            enc.add_sparse_head(**sparse)
         enc.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         enc.eval()
         return enc
+
+    def add_sparse_head(self, top_k: int = 256, query: str = "tokens"):
+        """Attach SPLADE's head (models/sparse.py), projecting through the input embeddings (tied LM/MLM head)."""
+        from retrctl.models.sparse import SparseHead
+
+        if getattr(self.model.config, "tie_word_embeddings", True) is False:
+            raise ValueError(f"{self.source}: its LM head is not tied to the input embeddings; the sparse head "
+                             "projects through the input embeddings only")
+        tok = self.tokenizer
+        special = [*tok.all_special_ids, tok.bos_token_id, tok.eos_token_id, tok.pad_token_id]
+        self.sparse = SparseHead(self.config, self.model.get_input_embeddings(), special, top_k=top_k, query=query)
+        return self.sparse
 
     def set_bidirectional(self, on: bool) -> None:
         """Bidirectional attention for decoders (DRAMA, LLM2Vec): transformers reads config.is_causal."""
@@ -116,13 +135,39 @@ class Encoder(torch.nn.Module):
         kind = kind or getattr(batch, "kind", "passage")
         head = self.sides[kind].head
         batch = {k: v.to(self.device) for k, v in batch.items()}
-        out = head(backbone.hidden_states(self.model, batch), batch["attention_mask"])
+        hidden = backbone.hidden_states(self.model, batch)
+        out = head(hidden, batch["attention_mask"])
         if self.joint_lookup and kind == "query" and raw:
             # [full | token-lookup] side by side: GradCache caches and splits them like one vector (models/lookup.py)
             from retrctl.models import lookup
 
             out = torch.cat([out, lookup.lookup_forward(self, batch)], dim=-1)
+        if self.train_sparse and raw and (kind == "passage" or self.sparse.query == "encoder"):
+            # [dense | sparse term weights]: one vector to GradCache, split again by the loss (losses.sparse_loss)
+            out = torch.cat([out, self.sparse(hidden, batch["attention_mask"], batch["input_ids"])], dim=-1)
         return out if raw else head.finish(out)
+
+    def encode_sparse(self, texts: list[str], kind: str = "passage", batch_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
+        """Sparse rows (term ids [N, k] int32, weights [N, k] float32, zero-padded) from the sparse head; queries
+        in its ``tokens`` mode are token counts and run no model."""
+        from retrctl.models import sparse
+
+        if self.sparse is None:
+            raise ValueError(f"{self.source} has no sparse head (train one with --heads dense,sparse)")
+        if kind == "query" and self.sparse.query == "tokens":
+            return sparse.token_counts(self.tokenizer, texts, self.config.query_max_len, self.sparse.special_ids)
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        k = self.sparse.top_k or self.sparse.vocab
+        terms, weights = np.zeros((len(texts), k), np.int32), np.zeros((len(texts), k), np.float32)
+        batch_size = self.fit_batch(kind, batch_size)
+        with torch.inference_mode():
+            for start in range(0, len(order), batch_size):
+                idx = order[start : start + batch_size]
+                batch = {key: v.to(self.device) for key, v in self.tokenize([texts[i] for i in idx], kind).items()}
+                hidden = backbone.hidden_states(self.model, batch)
+                t, w = self.sparse.keep_top(self.sparse(hidden, batch["attention_mask"], batch["input_ids"]))
+                terms[idx], weights[idx] = t, w
+        return terms, weights
 
     def encode(self, texts: list[str], kind: str = "passage", batch_size: int = 32, progress=None) -> np.ndarray:
         """Vectors (float32, one row per text, input order). Batches are length-sorted, longest first, so an
@@ -183,7 +228,12 @@ class Encoder(torch.nn.Module):
         self.tokenizer.save_pretrained(out)
         modules, st = self.head.save(out, self.model.config.hidden_size)
         loading.write_st_dir(out, self.config, modules, st)
+        if self.sparse is not None:
+            self.sparse.save_settings(out)
 
     def describe(self) -> dict:
         """Settings recorded in index manifests and run headers."""
-        return {"model": self.source, **dataclasses.asdict(self.config), "dim": self.dim}
+        desc = {"model": self.source, **dataclasses.asdict(self.config), "dim": self.dim}
+        if self.sparse is not None:
+            desc["sparse"] = self.sparse.settings()
+        return desc

@@ -14,6 +14,8 @@ from retrctl import records
 from retrctl.models.config import SETTING_FLAGS, with_encoder_flags
 
 QUERY_ENCODERS = ("full", "token-lookup")
+HEADS = ("dense", "dense,sparse")
+SPARSE_QUERIES = ("tokens", "encoder")
 
 
 def _f(default, help: str):
@@ -45,6 +47,13 @@ class TrainConfig:
                                     "query token encoded with the prompt alone, averaged) with a KL term to the full one, "
                                     "and ship its token table in the model dir.")
     lookup_kl_weight: float = _f(1.0, "Weight of KL(full || token-lookup) over the in-batch candidates (--query-encoder token-lookup).")
+    heads: str = _f("dense", "dense, or dense,sparse: also train SPLADE's sparse head (term weights through the tied "
+                             "input embeddings) with its own contrastive loss and the FLOPS regulariser.")
+    sparse_query: str = _f("tokens", "Sparse query side: tokens (LightRetriever: token counts, no encoder) or encoder "
+                                     "(symmetric SPLADE).")
+    sparse_top_k: int = _f(256, "Terms kept per encoded doc by the sparse head (0 = all).")
+    flops_weight: float = _f(1e-3, "FLOPS regulariser weight on the sparse doc (and encoder-query) weights.")
+    flops_warmup: int = _f(4000, "Steps over which the FLOPS weight grows quadratically to --flops-weight (SPLADE).")
     lora_r: int = _f(0, "LoRA rank (0 = full fine-tuning); adapters are merged on save.")
     lora_alpha: int = _f(32, "LoRA alpha.")
     lora_dropout: float = _f(0.05, "LoRA dropout.")
@@ -124,6 +133,12 @@ class TrainConfig:
             raise ValueError("--zero-stage must be 0, 1, 2 or 3")
         if self.query_encoder not in QUERY_ENCODERS:
             raise ValueError(f"--query-encoder must be one of {', '.join(QUERY_ENCODERS)}, got {self.query_encoder!r}")
+        if self.heads not in HEADS:
+            raise ValueError(f"--heads must be one of {', '.join(HEADS)}, got {self.heads!r}")
+        if self.sparse_query not in SPARSE_QUERIES:
+            raise ValueError(f"--sparse-query must be one of {', '.join(SPARSE_QUERIES)}, got {self.sparse_query!r}")
+        if self.sparse_top_k < 0 or self.flops_weight < 0 or self.flops_warmup < 0:
+            raise ValueError("--sparse-top-k, --flops-weight and --flops-warmup must not be negative")
         if self.dtype not in (None, "fp32", "bf16"):
             raise ValueError("training runs in fp32 or bf16 mixed precision (--dtype bf16); fp16 needs loss scaling, not offered")
 

@@ -88,6 +88,11 @@ def prepare(enc: Encoder, cfg: TrainConfig, *, for_training: bool = True) -> Enc
                           target_modules="all-linear", exclude_modules=r".*pooler.*", task_type="FEATURE_EXTRACTION")
         enc.model = get_peft_model(enc.model, lora)
     enc.config.temperature = cfg.temperature
+    if cfg.heads == "dense,sparse":
+        if enc.sparse is None:
+            enc.add_sparse_head(top_k=cfg.sparse_top_k, query=cfg.sparse_query)
+        enc.sparse.top_k, enc.sparse.query = cfg.sparse_top_k, cfg.sparse_query
+        enc.train_sparse = for_training
     enc.train(for_training)
     return enc
 
@@ -181,6 +186,7 @@ class Trainer:
         else:
             self.engine = PlainEngine(self.enc, cfg, self.total, self.warmup)
         torch.manual_seed(cfg.seed + 1 + rank)  # dropout differs per process
+        self.steps_done = 0
         self.padded = self.drawn = 0  # negatives resampled / drawn from the corpus, over the batches trained
         self.partial = self.output.with_name(self.output.name + ".partial")
         self.ckpt_root = self.partial / "checkpoints"
@@ -232,7 +238,7 @@ class Trainer:
         b, g = cfg.batch_size, cfg.train_group_size
         cost = memory.StepCost(state=memory.optimizer_state(trainable, zero_stage=zero, world=self.dist.world),
                                per_query=per["query"], per_passage=per["passage"], queries=b, passages=b * g,
-                               embeddings=3 * 4 * b * (1 + g) * self.dist.world * enc.model.config.hidden_size)
+                               embeddings=3 * 4 * b * (1 + g) * self.dist.world * (enc.model.config.hidden_size + (enc.sparse.vocab if enc.train_sparse else 0)))
         budget = memory.agree(memory.available(dev, cfg.max_memory), dev)
         plan = memory.plan_step(cost, mode=cfg.grad_cache, chunk_size=cfg.chunk_size, budget=budget, batch_size=b, group_size=g)
         if self.dist.rank == 0:
@@ -262,6 +268,18 @@ class Trainer:
         if cfg.query_encoder == "token-lookup":
             loss_fn = functools.partial(losses.joint_lookup_loss, loss=loss_fn, kl_weight=cfg.lookup_kl_weight,
                                         temperature=cfg.temperature, normalize=self.enc.config.normalize, mask=mask)
+        if self.enc.train_sparse:
+            terms = None
+            if cfg.sparse_query == "tokens":  # LightRetriever: the query side is its token counts, no encoder
+                from retrctl.models.sparse import to_csr, token_counts
+
+                sp = self.enc.sparse
+                counts = to_csr(*token_counts(self.enc.tokenizer, [e.query for e in local], self.enc.config.query_max_len,
+                                              sp.special_ids), sp.vocab)
+                terms = torch.from_numpy(counts.toarray())
+            loss_fn = functools.partial(losses.sparse_loss, loss=loss_fn, vocab=self.enc.sparse.vocab, group_size=g,
+                                        query_terms=terms, mask=mask,
+                                        flops_weight=losses.flops_weight_at(self.steps_done, cfg.flops_weight, cfg.flops_warmup))
         # forward in length-sorted chunks cut to their longest row: padding costs nothing (except at step 1)
         trim = not (first and cfg.first_step_max_len)
         qc, qinv = losses.sorted_chunks(qb, self.plan.chunk_size, trim)
@@ -402,6 +420,7 @@ class Trainer:
                     if i < pos.batch_in_epoch:
                         continue  # resume: skip what was trained (sampling is a pure function of seed and position)
                     start = time.perf_counter()
+                    self.steps_done = pos.step  # the FLOPS weight's warm-up reads it
                     m = self.step(batch, first and pos.step == 0)  # a fresh run's step 1 runs at max length
                     self.padded += sum(e.padded for e in batch)
                     self.drawn += sum(e.drawn for e in batch)

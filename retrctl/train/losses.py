@@ -165,6 +165,32 @@ def joint_lookup_loss(q: torch.Tensor, p: torch.Tensor, *, loss, kl_weight: floa
     return l_full + l_light + kl_weight * kl, parts
 
 
+def sparse_loss(q: torch.Tensor, p: torch.Tensor, *, loss, vocab: int, group_size: int, flops_weight: float,
+                query_terms: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """SPLADE's sparse head trained beside the dense one (models/sparse.py): ``p`` (and ``q`` unless
+    ``query_terms`` gives LightRetriever's token-count queries) carry ``vocab`` term weights after the dense vector.
+    The dense part gets ``loss`` as usual; the sparse part the same InfoNCE over dot products of term weights at
+    temperature 1 (SPLADE), plus ``flops_weight`` × the FLOPS regulariser of the doc weights (and of encoded query
+    weights), summed over this process's rows."""
+    from retrctl.models.sparse import flops
+
+    p_dense, p_sparse = p[:, :-vocab], p[:, -vocab:]
+    if query_terms is None:
+        q, q_sparse = q[:, :-vocab], q[:, -vocab:]
+    else:
+        q_sparse = query_terms.to(p.device, p.dtype)
+    total, parts = loss(q, p_dense)
+    ce, _ = group_loss(q_sparse, p_sparse, group_size=group_size, temperature=1.0, normalize=False, mask=mask)
+    reg = flops(p_sparse) + (flops(q_sparse) if query_terms is None else 0.0)
+    parts = {**parts, "ce_sparse": ce.detach(), "flops": reg.detach()}
+    return total + ce + flops_weight * reg, parts
+
+
+def flops_weight_at(step: int, weight: float, warmup: int) -> float:
+    """SPLADE's schedule: the FLOPS weight grows quadratically to ``weight`` over ``warmup`` steps."""
+    return weight if not warmup or step >= warmup else weight * (step / warmup) ** 2
+
+
 # ---------------------------------------------------------------- GradCache
 
 

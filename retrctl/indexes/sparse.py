@@ -1,0 +1,209 @@
+"""Sparse index: a model's SPLADE head (models/sparse.py) over the corpus, searched exactly as a scipy CSR matrix.
+
+Each doc keeps the ``top_k`` largest of its term weights. Rows are stored fixed-width (ELLPACK: ``terms.npy``
+int32 [N, k] and ``weights.npy`` float32 [N, k], zero-padded), which is what lets this backend reuse the dense
+index's plumbing unchanged — content-hash updates, encoding in checkpointed chunks that a killed run resumes,
+atomic versions, shard merges — with the pair packed side by side as one float32 row [terms | weights] in memory
+(term ids < 2^24 are exact in float32). Search builds the CSR matrix once per opened index and scores every doc:
+``Q @ Dᵀ``, ties by docid, the same order as every other backend.
+
+Queries: the head's ``query`` mode — LightRetriever's token counts (no model runs for a query) or the head itself
+(symmetric SPLADE). ``--sparse-top-k`` at index time keeps fewer terms per doc than the head's default.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from retrctl.errors import UsageError
+from retrctl.indexes import base, store
+from retrctl.indexes.dense import DenseIndex, _describe, _same_encoder, encoder_from_manifest
+
+log = logging.getLogger("retrctl.index")
+QUERY_CHUNK = 64  # queries scored at once: [chunk, N] dense scores
+
+
+def pack(terms: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    return np.concatenate([terms.astype(np.float32), weights.astype(np.float32)], axis=1)
+
+
+def unpack(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    k = rows.shape[1] // 2
+    return rows[:, :k].astype(np.int32), rows[:, k:]
+
+
+class SparseIndex(DenseIndex):
+    name = "sparse"
+    summary = "learned sparse: the model's SPLADE head, exact scipy CSR"
+    needs_encoder = True
+    flags = ("batch_size", "checkpoint_every", "sparse_top_k")
+    search_knobs = ("batch_size",)
+
+    def __init__(self, encoder, batch_size: int = 32, *, chunk_size: int = 4096, top_k: int | None = None):
+        if encoder is not None and getattr(encoder, "sparse", None) is None:
+            raise UsageError(f"{getattr(encoder, 'source', 'the model')} has no sparse head: train one with "
+                             "`retrctl train --heads dense,sparse` (an ONNX export carries the dense head only)")
+        self.top_k = top_k or (encoder.sparse.top_k if encoder is not None else None)
+        if encoder is not None:
+            if not self.top_k:
+                raise UsageError("a sparse index keeps each doc's top-k terms: give --sparse-top-k N")
+            encoder.sparse.top_k = self.top_k
+        super().__init__(encoder, "Flat", batch_size, chunk_size=chunk_size)
+        self.vocab = encoder.sparse.vocab if encoder is not None else None
+
+    def config(self) -> dict:
+        return {"batch_size": self.batch_size, "chunk_size": self.chunk_size, "top_k": self.top_k}
+
+    @classmethod
+    def create(cls, encoder=None, *, batch_size: int = 32, checkpoint_every: int = 4096, sparse_top_k: int | None = None):
+        return cls(encoder, batch_size=batch_size, chunk_size=checkpoint_every, top_k=sparse_top_k)
+
+    @classmethod
+    def content_settings(cls, manifest: dict) -> dict:
+        return {"top_k": manifest.get("settings", {}).get("top_k"),
+                **{f"encoder.{k}": v for k, v in (manifest.get("encoder") or {}).items()}}
+
+    @classmethod
+    def run_tag(cls, manifest: dict) -> str:
+        return str(manifest.get("encoder", {}).get("model", "sparse")).rstrip("/").rsplit("/", 1)[-1] + "-sparse"
+
+    def describe(self) -> str:
+        mode = self.encoder.sparse.query if self.encoder is not None else "?"
+        return f"{len(self)} docs, sparse top-{self.top_k} terms, queries by {mode}, encoder {(self.encoder_desc or {}).get('model')}"
+
+    # ------------------------------------------------------------ storage: packed rows instead of faiss
+
+    def _clear(self) -> None:
+        base.Index._clear(self)
+        self._invalidate()
+        self.index, self._vectors, self._pending, self._csr = None, [], [], None
+
+    def _lossless(self) -> bool:
+        return True
+
+    def vectors(self) -> np.ndarray:
+        if not self._vectors:
+            return np.zeros((0, 2 * (self.top_k or 0)), np.float32)
+        stored = np.concatenate(self._vectors) if len(self._vectors) != 1 else self._vectors[0]
+        self._vectors = [stored]
+        return stored.copy()
+
+    def get_vectors(self, docids: Iterable[str]) -> np.ndarray:
+        return self.vectors()[[self._pos[d] for d in docids]]
+
+    def _append_vectors(self, vecs: np.ndarray) -> None:
+        self._vectors.append(vecs)
+        self._csr = None
+
+    def _train_pending(self) -> None:
+        pass
+
+    def _rebuild(self, vecs: np.ndarray) -> None:
+        self._invalidate()
+        self._vectors, self._csr = [vecs], None
+
+    def _doc_vectors(self, texts: list[str]) -> np.ndarray:
+        return pack(*self.encoder.encode_sparse(texts, "passage", self.batch_size))
+
+    def matrix(self):
+        """The docs as a scipy CSR matrix [N, vocab] (built once per change)."""
+        from retrctl.models.sparse import to_csr
+
+        if self._csr is None:
+            self._csr = to_csr(*unpack(self.vectors()), self.vocab)
+        return self._csr
+
+    # ------------------------------------------------------------ search
+
+    def _encode_queries(self, queries: list[dict]) -> np.ndarray:
+        if self.encoder is None:
+            raise ValueError("this SparseIndex has no encoder to encode queries")
+        return pack(*self.encoder.encode_sparse([q["query_text"] for q in queries], "query", self.batch_size))
+
+    def search_vectors(self, qvecs: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
+        from retrctl.models.sparse import to_csr
+
+        n, k = len(self), min(k, len(self))
+        if k <= 0 or len(qvecs) == 0:
+            return np.zeros((len(qvecs), max(k, 0)), np.float32), [[] for _ in range(len(qvecs))]
+        docs_t, key = self.matrix().T.tocsr(), self._order_key()
+        out_s = np.empty((len(qvecs), k), np.float32)
+        rows = np.empty((len(qvecs), k), np.int64)
+        for start in range(0, len(qvecs), QUERY_CHUNK):
+            q = to_csr(*unpack(qvecs[start : start + QUERY_CHUNK]), self.vocab)
+            scores = (q @ docs_t).toarray() if n else np.zeros((q.shape[0], 0), np.float32)
+            for i, row in enumerate(scores):
+                top = base.top_k(row, key, k)
+                out_s[start + i], rows[start + i] = row[top], top
+        return out_s, [[self.docids[i] for i in r] for r in rows]
+
+    def score(self, query: dict, docids: Iterable[str]) -> dict[str, float]:
+        from retrctl.models.sparse import to_csr
+
+        docids = [d for d in docids if d in self._pos]
+        if not docids:
+            return {}
+        qvec = self._last_queries.get(query["query_text"])
+        if qvec is None:
+            qvec = self._encode_queries([query])[0]
+        q = to_csr(*unpack(qvec[None]), self.vocab)
+        got = (self.matrix()[[self._pos[d] for d in docids]] @ q.T).toarray()[:, 0]
+        return dict(zip(docids, got.tolist(), strict=True))
+
+    # ------------------------------------------------------------ files
+
+    def manifest(self) -> dict:
+        return {"backend": self.name, "settings": self.config(), "encoder": self.encoder_desc, "vocab": self.vocab,
+                "metric": "dot", "doc_count": len(self), "nonzeros": int(self.matrix().nnz) if len(self) else 0,
+                "files": {"terms": "terms.npy", "weights": "weights.npy", "docids": base.DOCIDS}, **self.meta}
+
+    def save(self, directory: str | Path, keep: int = base.KEEP) -> None:
+        with store.new_version(directory, keep) as tmp:
+            self.write_files(tmp)
+
+    def write_files(self, directory: Path) -> None:
+        terms, weights = unpack(self.vectors())
+        np.save(directory / "terms.npy", terms)
+        np.save(directory / "weights.npy", weights)
+        base.write_docids(directory, self.docids, self._hash)
+        base.write_manifest(directory, self.manifest())
+
+    @classmethod
+    def load(cls, directory, encoder=None, device: str | None = None, query_encoder: str = "full", **overrides) -> SparseIndex:
+        version = store.resolved(directory)
+        directory, manifest = version.path, version.manifest
+        if encoder is None:
+            encoder = encoder_from_manifest(manifest, device=device, warn=directory, **overrides)
+        settings = manifest["settings"]
+        idx = cls(encoder, settings.get("batch_size", 32), chunk_size=settings.get("chunk_size", 4096), top_k=settings["top_k"])
+        idx.encoder_desc, idx.vocab = manifest["encoder"], manifest["vocab"]
+        idx.meta = {k: manifest[k] for k in ("source", "shard") if k in manifest}
+        arrays = []
+        for name in ("terms", "weights"):
+            path = directory / manifest["files"][name]
+            with base.reading(path):
+                arrays.append(np.load(path))
+        docids, hashes = base.read_docids(directory)
+        for name, a in zip(("terms", "weights"), arrays, strict=True):
+            if a.shape != (len(docids), settings["top_k"]):
+                raise store.damaged(directory / manifest["files"][name], f"shape {a.shape} for {len(docids)} ids")
+        idx._set_ids(docids, hashes)
+        idx._vectors = [pack(*arrays)]
+        idx.version = version
+        return idx
+
+    @classmethod
+    def merge(cls, parts: list[SparseIndex]) -> SparseIndex:
+        first = parts[0]
+        for p in parts[1:]:
+            if p.top_k != first.top_k or _same_encoder(p.encoder_desc) != _same_encoder(first.encoder_desc):
+                raise ValueError("cannot merge sparse indexes built with different encoders or top-k")
+        out = cls(first.encoder, **{k: v for k, v in first.config().items() if k != "top_k"}, top_k=first.top_k)
+        out.encoder_desc = first.encoder_desc or (_describe(first.encoder) if first.encoder is not None else None)
+        out._set_ids([d for p in parts for d in p.docids], [h for p in parts for h in p._hash])
+        out._rebuild(np.concatenate([p.vectors() for p in parts]))
+        return out

@@ -1,0 +1,150 @@
+"""The sparse head: SPLADE term weights over the model's vocabulary (Formal et al. 2021, "SPLADE v2",
+arXiv:2109.10086), as LightRetriever (arXiv:2505.12260) uses it for the document side.
+
+A text's weight for vocabulary term j is ``max_i log(1 + ReLU(h_i · E_j))`` over its real, non-special tokens i,
+where ``E`` is the model's input embedding matrix: for a decoder with tied embeddings (SmolLM2) that *is* its LM
+head; an encoder without an MLM head (all-MiniLM-L6-v2 ships none) gets the MLM head tied to its input embeddings,
+so the head starts from the model's own token geometry, never from random weights. Special tokens (CLS/SEP, BOS
+— an attention sink that otherwise dominates every doc) are left out of the max and get weight 0.
+
+Because ``log1p∘ReLU`` is monotone, the max is taken over the logits first and the projection is computed one
+vocabulary slice at a time: memory holds [batch, tokens, slice], not [batch, tokens, vocab] (``chunk`` columns).
+
+Queries: ``query="tokens"`` (LightRetriever's asymmetric mode) — a query's vector is the count of each of its
+tokens, no encoder at all; ``query="encoder"`` (symmetric SPLADE) — queries go through the head like documents.
+Encoded doc vectors keep their ``top_k`` largest terms (0 = all).
+
+The head has no weights of its own (the projection is the backbone's embedding matrix, saved with it); its
+settings are ``sparse/config.json`` in the model dir, which stock sentence-transformers loading ignores.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from retrctl.models.config import EncoderConfig
+from retrctl.models.heads import Head
+
+SPARSE_DIR = "sparse"
+QUERY_MODES = ("tokens", "encoder")
+
+
+class SparseHead(Head):
+    name = "sparse"
+
+    def __init__(self, config: EncoderConfig, embeddings: torch.nn.Embedding, special_ids, *, top_k: int = 256,
+                 query: str = "tokens", chunk: int = 8192):
+        super().__init__(config)
+        if query not in QUERY_MODES:
+            raise ValueError(f"sparse query mode must be one of {', '.join(QUERY_MODES)}, got {query!r}")
+        if top_k < 0:
+            raise ValueError(f"sparse top-k must be 0 (all terms) or positive, got {top_k}")
+        self._embeddings = [embeddings]  # a list: the backbone owns (and saves) these weights, not the head
+        self.special_ids = sorted({int(i) for i in special_ids if i is not None})
+        self.top_k, self.query, self.chunk = int(top_k), query, int(chunk)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self._embeddings[0].weight
+
+    @property
+    def vocab(self) -> int:
+        return self.weight.size(0)
+
+    def dim(self, hidden_size: int) -> int:
+        return self.vocab
+
+    def settings(self) -> dict:
+        return {"top_k": self.top_k, "query": self.query, "projection": "input-embeddings"}
+
+    def term_mask(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Positions that may give a term weight: real tokens that are not special tokens."""
+        keep = attention_mask.bool()
+        if self.special_ids:
+            keep &= ~torch.isin(input_ids, torch.tensor(self.special_ids, device=input_ids.device))
+        return keep
+
+    def forward(self, hidden_states, attention_mask, input_ids=None):
+        """[B, vocab] float32 term weights, with gradients; the projection one vocabulary slice at a time."""
+        keep = self.term_mask(input_ids, attention_mask) if input_ids is not None else attention_mask.bool()
+        h = hidden_states.to(self.weight.dtype)
+        empty = ~keep.any(1)
+        out = []
+        for start in range(0, self.vocab, self.chunk):
+            logits = h @ self.weight[start : start + self.chunk].T  # [B, T, chunk]
+            logits = logits.masked_fill(~keep[:, :, None], float("-inf"))
+            out.append(logits.amax(dim=1))
+        top = torch.cat(out, dim=1).float()
+        top = top.masked_fill(empty[:, None], 0.0)  # a text of special tokens only: no terms
+        weights = torch.log1p(torch.relu(top))
+        if self.special_ids:
+            weights = weights.index_fill(1, torch.tensor(self.special_ids, device=weights.device), 0.0)
+        return weights
+
+    def naive(self, hidden_states, attention_mask, input_ids):
+        """The textbook formula, [B, T, vocab] at once: what ``forward`` must equal (tests)."""
+        keep = self.term_mask(input_ids, attention_mask)
+        w = torch.log1p(torch.relu(hidden_states.float() @ self.weight.float().T)) * keep[:, :, None]
+        w = w.amax(dim=1)
+        return w.index_fill(1, torch.tensor(self.special_ids), 0.0) if self.special_ids else w
+
+    def similarity(self, q, p):
+        return q @ p.T  # dot product of term weights
+
+    # -- sparse rows as (term ids, weights), top-k per row
+
+    def keep_top(self, weights: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """[B, vocab] weights → (terms [B, k] int32, weights [B, k] float32), largest first, zero-padded."""
+        k = self.vocab if not self.top_k else min(self.top_k, self.vocab)
+        w, t = torch.topk(weights.float(), k, dim=1)
+        return t.to(torch.int32).cpu().numpy(), w.cpu().numpy()
+
+    # -- saving
+
+    def save_settings(self, out: Path) -> None:
+        (out / SPARSE_DIR).mkdir(parents=True, exist_ok=True)
+        (out / SPARSE_DIR / "config.json").write_text(json.dumps(self.settings(), indent=2) + "\n")
+
+    @staticmethod
+    def read_saved(root: Path) -> dict | None:
+        path = Path(root) / SPARSE_DIR / "config.json"
+        if not path.exists():
+            return None
+        saved = json.loads(path.read_text())
+        return {k: saved[k] for k in ("top_k", "query") if k in saved}
+
+
+def token_counts(tokenizer, texts: list[str], max_len: int, special_ids) -> tuple[np.ndarray, np.ndarray]:
+    """LightRetriever's sparse query: each text's token ids (no prompt, no special tokens, at most ``max_len``)
+    counted; as (terms [N, k], counts [N, k]) rows, zero-padded. No model runs."""
+    special = set(special_ids)
+    rows = []
+    for ids in tokenizer(texts, add_special_tokens=False, truncation=True, max_length=max_len)["input_ids"]:
+        terms, counts = np.unique([i for i in ids if i not in special], return_counts=True)
+        rows.append((terms, counts))
+    k = max((len(t) for t, _ in rows), default=0) or 1
+    terms = np.zeros((len(rows), k), np.int32)
+    weights = np.zeros((len(rows), k), np.float32)
+    for r, (t, c) in enumerate(rows):
+        terms[r, : len(t)], weights[r, : len(t)] = t, c
+    return terms, weights
+
+
+def to_csr(terms: np.ndarray, weights: np.ndarray, vocab: int):
+    """(terms, weights) rows → a scipy CSR matrix [N, vocab] (zero weights dropped)."""
+    from scipy import sparse
+
+    n = len(terms)
+    m = sparse.csr_matrix((weights.ravel(), (np.repeat(np.arange(n), terms.shape[1]), terms.ravel())), shape=(n, vocab),
+                          dtype=np.float32)
+    m.eliminate_zeros()
+    return m
+
+
+def flops(weights: torch.Tensor) -> torch.Tensor:
+    """SPLADE's FLOPS regulariser (Paria et al. 2020, arXiv:2004.05665): Σ_j (mean over the batch of w_j)²."""
+    return weights.abs().mean(dim=0).pow(2).sum()

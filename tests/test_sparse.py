@@ -1,0 +1,195 @@
+"""SPLADE's sparse head (retrctl/models/sparse.py), its training terms and the sparse index backend
+(retrctl/indexes/sparse.py). Tiny random BERT and Llama; the real-model numbers are bench/light.py's."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from trainkit import FAST, write_jsonl
+from trainkit import corpus as _corpus
+from trainkit import groups as _groups
+
+from retrctl.indexes import open_index
+from retrctl.models import Encoder
+from retrctl.models import sparse as sp
+from retrctl.train import losses
+from stages.index import index
+
+
+@pytest.fixture(params=["bert", "llama"])
+def enc(request, tiny_bert, tiny_llama):
+    e = Encoder.load(tiny_bert if request.param == "bert" else tiny_llama, device="cpu")
+    if request.param == "llama":  # tiny_llama's LM head is untied (refused, below); SmolLM2's is tied
+        with pytest.raises(ValueError, match="not tied"):
+            e.add_sparse_head()
+        e.model.config.tie_word_embeddings = True
+    e.add_sparse_head(top_k=8)
+    return e.eval()
+
+
+def test_flops_is_the_squared_batch_mean_summed():
+    w = torch.tensor([[1.0, 0.0, 2.0], [3.0, 0.0, 0.0]])
+    assert sp.flops(w).item() == pytest.approx(((1 + 3) / 2) ** 2 + 0 + (2 / 2) ** 2)
+
+
+def test_flops_weight_grows_quadratically():
+    assert losses.flops_weight_at(0, 1e-3, 100) == 0
+    assert losses.flops_weight_at(50, 1e-3, 100) == pytest.approx(0.25e-3)
+    assert losses.flops_weight_at(100, 1e-3, 100) == losses.flops_weight_at(5000, 1e-3, 100) == 1e-3
+    assert losses.flops_weight_at(3, 1e-3, 0) == 1e-3
+
+
+def test_chunked_projection_equals_the_naive_one_with_its_gradient(enc):
+    batch = enc.tokenize(["a cat sat on the mat", "x", "retrieval " * 9], "passage")
+    hidden = enc.model(**batch).last_hidden_state.detach().requires_grad_()
+    enc.sparse.chunk = 1000  # 31 slices of the 30,522-term vocabulary
+    chunked = enc.sparse(hidden, batch["attention_mask"], batch["input_ids"])
+    naive = enc.sparse.naive(hidden, batch["attention_mask"], batch["input_ids"])
+    assert chunked.shape == (3, enc.tokenizer.vocab_size)
+    assert torch.allclose(chunked, naive, atol=1e-6)
+    g1 = torch.autograd.grad(chunked.square().sum(), hidden)[0]
+    g2 = torch.autograd.grad(enc.sparse.naive(hidden, batch["attention_mask"], batch["input_ids"]).square().sum(), hidden)[0]
+    assert torch.allclose(g1, g2, atol=1e-5)
+
+
+def test_special_tokens_give_no_terms(enc):
+    batch = enc.tokenize(["tea", ""], "passage")
+    with torch.no_grad():
+        w = enc.sparse(enc.model(**batch).last_hidden_state, batch["attention_mask"], batch["input_ids"])
+    specials = enc.sparse.special_ids
+    assert specials and float(w[:, specials].abs().max()) == 0.0
+    assert int((w[0] > 0).sum()) > 0
+    assert float(w[1].abs().max()) == 0.0  # only [CLS]/[SEP] (or BOS): nothing to weigh
+
+
+def test_token_count_queries_run_no_model_and_skip_the_prompt(enc):
+    enc.config.query_prompt = "query: "
+    terms, counts = enc.encode_sparse(["dog dog cat", "cat"], "query")
+    ids = enc.tokenizer(["dog", "cat"], add_special_tokens=False)["input_ids"]
+    dog, cat = ids[0][0], ids[1][0]
+    row = dict(zip(terms[0].tolist(), counts[0].tolist(), strict=True))
+    assert row == {dog: 2.0, cat: 1.0}
+    assert dict(zip(terms[1].tolist(), counts[1].tolist(), strict=True)) == {cat: 1.0, 0: 0.0}  # zero-padded
+
+
+def test_encoded_docs_keep_their_top_k_terms(enc):
+    texts = ["a cat sat on the mat", "coffee beans"]
+    terms, weights = enc.encode_sparse(texts, "passage")
+    assert terms.shape == weights.shape == (2, 8)
+    batch = enc.tokenize(texts, "passage")
+    with torch.no_grad():
+        full = enc.sparse(enc.model(**batch).last_hidden_state, batch["attention_mask"], batch["input_ids"])
+    for r in range(2):
+        assert np.allclose(np.sort(weights[r])[::-1], torch.topk(full[r], 8).values.numpy(), atol=1e-6)
+        assert np.allclose(full[r, terms[r]].numpy(), weights[r], atol=1e-6)
+
+
+def test_sparse_loss_adds_the_sparse_ce_and_flops_to_the_dense_loss():
+    torch.manual_seed(0)
+    vocab, h, g = 7, 4, 2
+    q_dense = torch.randn(2, h)
+    p = torch.cat([torch.randn(4, h), torch.rand(4, vocab)], dim=1)
+    terms = torch.zeros(2, vocab)
+    terms[0, 1] = terms[1, 3] = 1.0
+    dense = lambda q, p: losses.group_loss(q, p, group_size=g)  # noqa: E731
+    total, parts = losses.sparse_loss(q_dense, p, loss=dense, vocab=vocab, group_size=g, flops_weight=0.5, query_terms=terms)
+    base, _ = dense(q_dense, p[:, :h])
+    ce, _ = losses.group_loss(terms, p[:, h:], group_size=g, temperature=1.0, normalize=False)
+    assert total.item() == pytest.approx((base + ce + 0.5 * sp.flops(p[:, h:])).item(), rel=1e-6)
+    assert parts["ce_sparse"].item() == pytest.approx(ce.item())
+    # symmetric: the query's encoded weights ride after its dense vector and get their FLOPS term too
+    q = torch.cat([q_dense, torch.rand(2, vocab)], dim=1)
+    total2, _ = losses.sparse_loss(q, p, loss=dense, vocab=vocab, group_size=g, flops_weight=0.5)
+    ce2, _ = losses.group_loss(q[:, h:], p[:, h:], group_size=g, temperature=1.0, normalize=False)
+    assert total2.item() == pytest.approx((base + ce2 + 0.5 * (sp.flops(p[:, h:]) + sp.flops(q[:, h:]))).item(), rel=1e-6)
+
+
+@pytest.fixture(scope="module")
+def sparse_model(tiny_bert, tmp_path_factory):
+    """A tiny BERT trained 2 steps with --heads dense,sparse through the CLI."""
+    from click.testing import CliRunner
+    from conftest import _retrctl
+
+    tmp = tmp_path_factory.mktemp("sparse_model")
+    groups = write_jsonl(tmp / "g.jsonl", _groups(4, negatives=2))
+    corpus = write_jsonl(tmp / "c.jsonl", [{"docid": k, **v} for k, v in _corpus().items()])
+    fast = [f"--{k.replace('_', '-')}={v}" for k, v in FAST.items() if k != "train_group_size"]
+    r = CliRunner().invoke(_retrctl, [str(a) for a in ("train", groups, "--corpus", corpus, "--model", tiny_bert,
+                           "-o", tmp / "m", "--max-steps", 2, "--train-group-size", 2, "--heads", "dense,sparse",
+                           "--sparse-top-k", 16, "--flops-warmup", 0, *fast)])
+    assert r.exit_code == 0, r.stderr
+    return tmp / "m", corpus
+
+
+def test_trained_sparse_head_saves_loads_and_keeps_the_dense_layout(sparse_model):
+    model, _ = sparse_model
+    metrics = [json.loads(line) for line in (model / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 2 and metrics[-1]["ce_sparse"] > 0 and metrics[-1]["flops"] > 0
+    assert json.loads((model / "sparse" / "config.json").read_text())["top_k"] == 16
+    enc = Encoder.load(model, device="cpu")
+    assert enc.sparse is not None and enc.sparse.query == "tokens"
+    again = Encoder.load(model, device="cpu")
+    a, b = enc.encode_sparse(["rust memory safety"], "passage"), again.encode_sparse(["rust memory safety"], "passage")
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    from sentence_transformers import SentenceTransformer
+
+    assert SentenceTransformer(str(model), device="cpu").encode(["a"]).shape[-1] == 32  # the dense head, stock
+
+
+def _brute(enc, docs, queries):
+    from retrctl.records import passage_text
+
+    d = sp.to_csr(*enc.encode_sparse([passage_text(x) for x in docs], "passage"), enc.sparse.vocab)
+    q = sp.to_csr(*enc.encode_sparse([x["query_text"] for x in queries], "query"), enc.sparse.vocab)
+    return (q @ d.T).toarray()
+
+
+def test_sparse_index_search_is_the_exact_dot_product_and_updates_like_a_fresh_build(sparse_model, tmp_path):
+    model, _ = sparse_model
+    docs = [{"docid": k, **v} for k, v in _corpus().items()]
+    queries = [{"query_id": f"q{i}", "query_text": t} for i, t in enumerate(["cat dog", "rust python memory", "leaf"])]
+    index(docs, tmp_path / "idx", model=str(model), method="sparse")
+    idx = open_index(tmp_path / "idx")
+    run = idx.search(queries, k=5)
+    want = _brute(idx.encoder, docs, queries)
+    for i, q in enumerate(queries):
+        got = run[q["query_id"]]
+        assert len(got) == 5
+        for docid, score in got:
+            assert score == pytest.approx(want[i, int(docid[1:])], abs=1e-5)
+        assert got[0][1] == pytest.approx(want[i].max(), abs=1e-5)
+    assert idx.score(queries[0], ["d3", "nope"]) == {"d3": pytest.approx(want[0, 3], abs=1e-5)}
+
+    changed = [d for d in docs if d["docid"] != "d1"] + [{"docid": "new", "title": "", "text": "rust rust memory"}]
+    changed[0] = {**changed[0], "text": "python memory safety"}
+    stats = index(changed, tmp_path / "idx")
+    assert (stats["added"], stats["updated"], stats["removed"], stats["encoded"]) == (1, 1, 1, 2)
+    index(changed, tmp_path / "fresh", model=str(model), method="sparse")
+    a, b = open_index(tmp_path / "idx"), open_index(tmp_path / "fresh")
+    assert sorted(a.docids) == sorted(b.docids)
+    ra, rb = a.search(queries, k=10), b.search(queries, k=10)
+    for q in queries:
+        assert [d for d, _ in ra[q["query_id"]]] == [d for d, _ in rb[q["query_id"]]]
+        assert np.allclose([s for _, s in ra[q["query_id"]]], [s for _, s in rb[q["query_id"]]], atol=1e-5)
+
+
+def test_sparse_shards_merge_to_the_whole(sparse_model, tmp_path, runner):
+    model, corpus = sparse_model
+    for s in (0, 1):
+        r = runner("index", corpus, "--method", "sparse", "--model", model, "--shard-id", s, "--shard-num", 2, "-o", tmp_path / f"s{s}")
+        assert r.exit_code == 0, r.stderr
+    assert runner("index", "--merge", tmp_path / "s0", tmp_path / "s1", "-o", tmp_path / "merged").exit_code == 0
+    assert runner("index", corpus, "--method", "sparse", "--model", model, "-o", tmp_path / "whole").exit_code == 0
+    q = [{"query_id": "1", "query_text": "cat water hot"}]
+    assert open_index(tmp_path / "merged").search(q, 7) == open_index(tmp_path / "whole").search(q, 7)
+
+
+def test_a_model_without_a_sparse_head_or_a_bad_head_name_exits_2(tiny_bert, corpus_file, runner, tmp_path):
+    r = runner("index", corpus_file, "--method", "sparse", "--model", tiny_bert, "-o", tmp_path / "idx")
+    assert r.exit_code == 2 and "no sparse head" in r.stderr and "--heads dense,sparse" in r.stderr, r.stderr
+    assert not (tmp_path / "idx" / "index.json").exists()
+    r = runner("train", "-", "--model", tiny_bert, "-o", tmp_path / "m", "--heads", "colbert")
+    assert r.exit_code == 2 and "--heads" in r.stderr
