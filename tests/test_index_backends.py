@@ -112,12 +112,12 @@ def write_jsonl(path, recs):
 
 def test_a_registered_backend_is_a_method_choice(toy, runner):
     r = runner("index", "--help")
-    assert r.exit_code == 0 and "[dense|bm25|toy]" in r.stdout
+    assert r.exit_code == 0 and "[dense|sparse|bm25|toy]" in r.stdout
 
 
 def test_method_choices_are_the_registered_backends(runner):
     r = runner("index", "--help")
-    assert r.exit_code == 0 and "[dense|bm25]" in r.stdout
+    assert r.exit_code == 0 and "[dense|sparse|bm25]" in r.stdout
 
 
 def test_an_unregistered_backend_is_refused_by_the_flag(runner, corpus_file, tmp_path):
