@@ -10,7 +10,9 @@ check leaves no DIST):
 | ``onnx`` | ``DIST/onnx/model.onnx``: token ids → pooled, truncated, normalised vector | min cosine ≥ 0.9999 |
 | ``onnx-int8`` | ``DIST/onnx/model_int8.onnx``: dynamic int8, MatMul weights per channel | mean cosine ≥ 0.99 |
 
-plus ``export.json`` (the figures) and a model card (README.md). ``DIST/onnx`` holds its tokenizer and
+plus ``export.json`` (the figures) and a model card (README.md). A model's sparse head (``sparse/config.json``)
+ships with the ``st`` dir. ``retrctl export IDX -o DIST --format json-vectors`` writes a *sparse index*'s docs as
+Anserini's JsonVectorCollection instead (``export_json_vectors``: the Pyserini command is in its docstring). ``DIST/onnx`` holds its tokenizer and
 retrctl.json, so ``retrctl index --model DIST/onnx`` (or the int8 file) encodes with onnxruntime.
 
 ``--dim N``: Matryoshka, truncate to the first N then L2-renormalise, in every format. Refused above the model's
@@ -47,10 +49,38 @@ BOUNDS = {"st": ("max_abs_diff", 1e-5), "onnx": ("min_cos", 0.9999), "onnx-int8"
 
 def parse_formats(value: str) -> list[str]:
     got = [f.strip() for f in value.split(",") if f.strip()]
+    if got == ["json-vectors"]:
+        return got
     bad = [f for f in got if f not in FORMATS]
     if bad or not got:
-        raise click.BadParameter(f"{value!r}: choose from {', '.join(FORMATS)} (comma-separated)", param_hint="--format")
+        raise click.BadParameter(f"{value!r}: choose from {', '.join(FORMATS)} (comma-separated), or json-vectors "
+                                 "alone (of a sparse index)", param_hint="--format")
     return [f for f in FORMATS if f in got]
+
+
+def export_json_vectors(source, output) -> Path:
+    """A sparse index's docs as Anserini's JsonVectorCollection (``DIST/docs.jsonl.gz``), for Lucene to serve:
+
+        python -m pyserini.index.lucene --collection JsonVectorCollection --input DIST --index LUCENE \\
+            --generator DefaultLuceneDocumentGenerator --impact --pretokenized --threads 2
+
+    Queries for ``pyserini.search.lucene --impact --pretokenized``: the model tokenizer's tokens joined by spaces
+    (token counts, as the index's own queries)."""
+    from retrctl.indexes import SparseIndex, open_index
+
+    out = Path(output)
+    records.check_outputs([output], [source], dir_output=True)
+    records.check_own_dir(out, "export.json", "a retrctl export")
+    idx = open_index(source)
+    if not isinstance(idx, SparseIndex):
+        raise click.BadParameter(f"{source}: a {idx.name} index; json-vectors exports a sparse one", param_hint="--format")
+    with records.atomic_dir(out, resume=False) as tmp:
+        n = idx.write_json_vectors(tmp / "docs.jsonl.gz")
+        (tmp / "export.json").write_text(json.dumps({"source": str(source), "format": "json-vectors", "docs": n,
+                                                     "impact_scale": 100, "versions": records.versions()}, indent=2))
+        tmp.chmod(0o755)
+    log.info("wrote %s: %d docs as a JsonVectorCollection", out, n)
+    return out
 
 
 def check_dim(enc, root: Path, dim: int, force: bool) -> None:
@@ -91,6 +121,8 @@ def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | Non
     from retrctl.models import Encoder, lookup, resolve
 
     names = parse_formats(formats) if isinstance(formats, str) else list(formats)
+    if names == ["json-vectors"]:
+        return export_json_vectors(source, output)
     out = Path(output)
     records.check_outputs([output], [source], dir_output=True)
     records.check_own_dir(out, "export.json", "a retrctl export")
@@ -188,13 +220,17 @@ def notes(enc) -> list[str]:
             out.append("EOS pooling: retrctl appends the EOS token when tokenizing; stock sentence-transformers does so only "
                        "if the tokenizer itself appends it (the st parity check above ran on this tokenizer).")
     out.append("ONNX graphs run onnxruntime on CPU; the int8 graph quantises MatMul weights per channel (dynamic).")
+    if getattr(enc, "sparse", None) is not None:
+        out.append("the sparse head ships as sparse/config.json (its projection is the input embeddings, saved with the "
+                   "model): `retrctl index --method sparse --model DIST`; the ONNX graphs carry the dense head only.")
     return out
 
 
 @stage(export, writes="dir", atomic=False)  # export checks -o first, then builds its own atomic dir
 @click.argument("source", metavar="MODEL")
 @click.option("--format", "formats", default="st,onnx,onnx-int8", show_default=True,
-              help="Comma-separated: st (sentence-transformers dir), onnx (fp32), onnx-int8 (dynamic int8).")
+              help="Comma-separated: st (sentence-transformers dir), onnx (fp32), onnx-int8 (dynamic int8); or, "
+              "with a sparse index as MODEL, json-vectors (Anserini's JsonVectorCollection).")
 @click.option("--dim", type=click.IntRange(min=1), help="Matryoshka: truncate to the first N dims, then renormalise.")
 @click.option("--force", is_flag=True, help="With --dim: allow a dim the model was not trained with.")
 @click.option("--eval-results", "eval_results", multiple=True, type=click.Path(exists=True, dir_okay=False),

@@ -92,7 +92,7 @@ class BackendChoice(click.Choice):
 def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None = None, method: str | None = None,
           index_type: str = "Flat", batch_size: int = 32, k1: float = 0.9, b: float = 0.4, stopwords: str | None = "en",
           bm25_method: str = "lucene", delete: bool = True, rebuild: bool = False, keep: int = KEEP,
-          checkpoint_every: int = 4096, sparse_top_k: int | None = None, meta: dict | None = None,
+          checkpoint_every: int = 4096, heads: str | None = None, sparse_top_k: int | None = None, meta: dict | None = None,
           encoder_settings: dict | None = None) -> dict:
     """Build the index at ``output`` from doc records, or bring an existing one in line with them.
 
@@ -107,7 +107,8 @@ def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None 
     if keep < 1 or checkpoint_every < 1:
         raise SettingsError("--keep and --checkpoint-every must be at least 1")
     options = {"index_type": index_type, "batch_size": batch_size, "k1": k1, "b": b, "stopwords": stopwords,
-               "bm25_method": bm25_method, "checkpoint_every": checkpoint_every, "sparse_top_k": sparse_top_k}
+               "bm25_method": bm25_method, "checkpoint_every": checkpoint_every, "heads": heads,
+               "sparse_top_k": sparse_top_k}
     with store.writer(output):
         return _index(docs, output, model=model, method=method, delete=delete, rebuild=rebuild, keep=keep, meta=meta,
                       encoder_settings=encoder_settings, options=options)
@@ -235,6 +236,8 @@ def merge(parts: list[str | os.PathLike], output: str | os.PathLike, keep: int =
               "(2: a searcher that opened the previous version is not pulled from under it).")
 @click.option("--checkpoint-every", type=click.IntRange(min=1), help="Dense: save encoded vectors every N docs "
               "under IDX.partial, so a killed run resumes from there.")
+@click.option("--heads", help="Dense: the model's heads to index, each a sub-index built in the same pass (dense or "
+              "dense,sparse). [default: every head the model has]")
 @click.option("--sparse-top-k", type=click.IntRange(min=1), help="Sparse: terms kept per doc [default: the model's "
               "sparse head's].")
 @click.option("--merge", "merge_", is_flag=True, help="INPUTS are index dirs (e.g. shards) to merge into -o.")

@@ -13,6 +13,7 @@ recorded in the manifest). The flag vocabulary is Pyserini's (`--hits`, `--batch
 | query encoder settings (override the manifest)   | `--query-prompt`, `--query-max-len`, `--pooling`, … | the manifest's |
 | HNSW search breadth / IVF lists probed           | `--ef-search`, `--nprobe`  | the manifest's (128 / 32) |
 | query encoder: LightRetriever token lookup or the full model | `--query-encoder auto|full|token-lookup` | auto: lookup when the model has a table |
+| heads searched, and how their lists are fused (an index of a dense + sparse model) | `--heads dense,sparse`, `--fusion linear|rrf`, `--norm`, `--weights`, `--rrf-k`, `--depth` | every head the index holds; linear, min-max, 1 each, 60, each head's top 100 |
 | query batch                                      | `--batch-size`             | the manifest's |
 | output                                           | `--output-format trec|jsonl|parquet`, `--run-tag` | by `-o` extension, else TREC |
 | doc text in the output (for `rerank` in a pipe)  | `--with-text` (+ `--corpus`) | off   |
@@ -39,7 +40,7 @@ from pathlib import Path
 
 import click
 
-from retrctl import records
+from retrctl import fusion, records
 from retrctl.stage import Output, encoder_overrides, options, progress, stage
 
 log = logging.getLogger("retrctl.search")
@@ -101,6 +102,13 @@ def provenance(idx, index_dir: str, queries: str, tag: str, rows: int, settings:
                                                            "versions") if k in manifest}}
 
 
+def _parse_weights(value: str) -> list[float]:
+    try:
+        return fusion.parse_weights(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--weights") from None
+
+
 @stage(search, writes="run")
 @options("input_format", "batch_size", "corpus", "encoder", "runtime")
 @click.argument("index_dir")
@@ -115,8 +123,16 @@ def provenance(idx, index_dir: str, queries: str, tag: str, rows: int, settings:
 @click.option("--query-encoder", type=click.Choice(["auto", "full", "token-lookup"]), default="auto", show_default=True,
               help="Dense: auto = by token lookup when the model ships a table (LightRetriever; no transformer loaded), "
                    "else the full model; full or token-lookup to insist.")
+@click.option("--heads", help="An index of a dense + sparse model: the heads to search, fused (dense, sparse or dense,sparse). "
+              "[default: every head the index holds]")
+@click.option("--fusion", type=click.Choice(list(fusion.METHODS)), help="How the heads' lists are fused. [default: linear]")
+@click.option("--norm", type=click.Choice(list(fusion.NORMS)), help="Per-query normalisation before weighting (linear). [default: minmax]")
+@click.option("--weights", callback=lambda ctx, p, v: None if v is None else _parse_weights(v),
+              help="One weight per head searched, in dense,sparse order. [default: 1 each]")
+@click.option("--rrf-k", type=click.FloatRange(min=0), help="RRF constant k. [default: 60]")
+@click.option("--depth", type=click.IntRange(min=1), help="Each head's top N fused. [default: 100, or --hits if larger]")
 def command(index_dir, queries, output, input_format, batch_size, corpus, hits, remove_query, output_format, run_tag,
-            with_text, ef_search, nprobe, query_encoder, **opts):
+            with_text, ef_search, nprobe, query_encoder, heads, fusion, norm, weights, rrf_k, depth, **opts):
     """Search an index (from `retrctl index`) with queries (JSONL/Parquet/BEIR folder, '-' = stdin); write a run."""
     from retrctl.indexes import open_index
 
@@ -129,9 +145,14 @@ def command(index_dir, queries, output, input_format, batch_size, corpus, hits, 
     if not idx.needs_encoder and (overrides or device):
         log.warning("encoder flags are ignored by a %s index", idx.name)
     log.info("%s index %s: %s", idx.name, index_dir, idx.describe())
-    for name, value in (("batch_size", batch_size), ("ef_search", ef_search), ("nprobe", nprobe)):
+    knobs = {"batch_size": batch_size, "ef_search": ef_search, "nprobe": nprobe, "heads": heads, "fusion": fusion,
+             "norm": norm, "weights": weights, "rrf_k": rrf_k, "depth": depth}
+    for name, value in knobs.items():
         if value is not None and name in idx.search_knobs:
             setattr(idx, name, value)
+        elif value is not None and name in ("heads", "fusion", "norm", "weights", "rrf_k", "depth"):
+            raise click.UsageError(f"--{name.replace('_', '-')}: this {idx.name} index has one head (index it with a "
+                                   "model trained with --heads dense,sparse)")
     fmt = output_format
     if with_text:
         if fmt == "trec":

@@ -193,3 +193,115 @@ def test_a_model_without_a_sparse_head_or_a_bad_head_name_exits_2(tiny_bert, cor
     assert not (tmp_path / "idx" / "index.json").exists()
     r = runner("train", "-", "--model", tiny_bert, "-o", tmp_path / "m", "--heads", "colbert")
     assert r.exit_code == 2 and "--heads" in r.stderr
+
+
+def test_sparse_model_exports_and_its_index_exports_as_json_vectors(sparse_model, tmp_path, runner):
+    import gzip
+
+    model, corpus = sparse_model
+    r = runner("export", model, "--format", "st", "--query-max-len", 24, "-o", tmp_path / "dist")  # one ST length cap
+    assert r.exit_code == 0, r.stderr
+    assert (tmp_path / "dist" / "sparse" / "config.json").exists()
+    assert runner("index", corpus, "--method", "sparse", "--model", tmp_path / "dist", "-o", tmp_path / "idx").exit_code == 0
+    r = runner("export", tmp_path / "idx", "--format", "json-vectors", "-o", tmp_path / "lucene")
+    assert r.exit_code == 0, r.stderr
+    lines = [json.loads(x) for x in gzip.open(tmp_path / "lucene" / "docs.jsonl.gz", "rt")]
+    idx = open_index(tmp_path / "idx")
+    assert [x["id"] for x in lines] == idx.docids
+    terms, weights = idx.encoder.encode_sparse([json.loads(x)["title"] + " " + json.loads(x)["text"]
+                                                for x in open(corpus)][:1], "passage")
+    tokens = idx.encoder.tokenizer.convert_ids_to_tokens(terms[0].tolist())
+    want = {t: round(float(w) * 100) for t, w in zip(tokens, weights[0], strict=True) if round(float(w) * 100) > 0}
+    assert lines[0]["vector"] == want and lines[0]["contents"] == ""
+    r = runner("export", tmp_path / "idx", "--format", "json-vectors,st", "-o", tmp_path / "bad")
+    assert r.exit_code == 2
+
+
+# ---------------------------------------------------------------- one index, both heads (indexes/heads.py)
+
+
+def _ids(run):
+    return {q: [d for d, _ in hits] for q, hits in run.items()}
+
+
+def test_a_sparse_model_indexes_both_heads_in_one_pass_and_fuses_them(sparse_model, tmp_path):
+    from retrctl import fusion
+    from retrctl.indexes.heads import HeadsIndex
+
+    model, _ = sparse_model
+    docs = [{"docid": k, **v} for k, v in _corpus().items()]
+    queries = [{"query_id": f"q{i}", "query_text": t} for i, t in enumerate(["cat dog", "rust python memory", "leaf"])]
+    stats = index(docs, tmp_path / "idx", model=str(model))  # default: every head the model has
+    assert stats["encoded"] == len(docs)
+    idx = open_index(tmp_path / "idx")
+    assert isinstance(idx, HeadsIndex) and idx.version.manifest["settings"]["heads"] == ["dense", "sparse"]
+    fused = idx.search(queries, k=10)
+    idx.heads = "dense"
+    dense = idx.search(queries, k=100)
+    idx.heads = "sparse"
+    sparse = idx.search(queries, k=100)
+    assert fused == fusion.fuse([dense, sparse], method="linear", norm="minmax", hits=10)
+    # each head is what its single-head index gives
+    index(docs, tmp_path / "only-sparse", model=str(model), method="sparse")
+    assert _ids(sparse) == _ids(open_index(tmp_path / "only-sparse").search(queries, k=100))
+    index(docs, tmp_path / "only-dense", model=str(model), heads="dense")
+    assert _ids(dense) == _ids(open_index(tmp_path / "only-dense").search(queries, k=100))
+
+    changed = [d for d in docs if d["docid"] != "d5"] + [{"docid": "new", "title": "", "text": "leaf water leaf"}]
+    changed[2] = {**changed[2], "text": "cat cat dog"}
+    stats = index(changed, tmp_path / "idx")
+    assert (stats["added"], stats["updated"], stats["removed"], stats["encoded"]) == (1, 1, 1, 2)
+    index(changed, tmp_path / "fresh", model=str(model))
+    a, b = open_index(tmp_path / "idx"), open_index(tmp_path / "fresh")
+    for heads in ("dense", "sparse", "dense,sparse"):
+        a.heads = b.heads = heads
+        ra, rb = a.search(queries, k=10), b.search(queries, k=10)
+        assert _ids(ra) == _ids(rb), heads
+        assert all(np.allclose([s for _, s in ra[q]], [s for _, s in rb[q]], atol=1e-5) for q in ra)
+
+
+def test_two_head_shards_merge_and_search_flags(sparse_model, tmp_path, runner, queries_file):
+    model, corpus = sparse_model
+    for s in (0, 1):
+        r = runner("index", corpus, "--model", model, "--shard-id", s, "--shard-num", 2, "-o", tmp_path / f"s{s}")
+        assert r.exit_code == 0, r.stderr
+    assert runner("index", "--merge", tmp_path / "s0", tmp_path / "s1", "-o", tmp_path / "merged").exit_code == 0
+    assert runner("index", corpus, "--model", model, "-o", tmp_path / "whole").exit_code == 0
+    runs = {}
+    for name in ("merged", "whole"):
+        r = runner("search", tmp_path / name, queries_file, "--hits", 5, "--fusion", "rrf", "-o", tmp_path / f"{name}.trec")
+        assert r.exit_code == 0, r.stderr
+        runs[name] = (tmp_path / f"{name}.trec").read_text()
+    assert runs["merged"] == runs["whole"]
+    m = json.loads((tmp_path / "whole.trec.manifest.json").read_text())
+    assert m["settings"]["heads"] == ["dense", "sparse"] and m["settings"]["fusion"] == "rrf"
+    r = runner("search", tmp_path / "whole", queries_file, "--heads", "colbert")
+    assert r.exit_code == 2 and "colbert" in r.stderr
+    r = runner("search", tmp_path / "whole", queries_file, "--weights", "1,2,3")
+    assert r.exit_code == 2 and "weights" in r.stderr
+
+
+def test_heads_flags_on_a_one_head_model_or_index_exit_2(tiny_bert, corpus_file, queries_file, runner, tmp_path):
+    r = runner("index", corpus_file, "--model", tiny_bert, "--heads", "dense,sparse", "-o", tmp_path / "idx")
+    assert r.exit_code == 2 and "no sparse head" in r.stderr, r.stderr
+    assert runner("index", corpus_file, "--model", tiny_bert, "-o", tmp_path / "idx").exit_code == 0
+    r = runner("search", tmp_path / "idx", queries_file, "--heads", "sparse")
+    assert r.exit_code == 2 and "one head" in r.stderr, r.stderr
+
+
+def test_token_lookup_and_token_count_heads_search_without_a_transformer(tiny_bert, runner, tmp_path, queries_file):
+    from retrctl.models import lookup
+
+    groups = write_jsonl(tmp_path / "g.jsonl", _groups(4, negatives=2))
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"docid": k, **v} for k, v in _corpus().items()])
+    fast = [f"--{k.replace('_', '-')}={v}" for k, v in FAST.items() if k != "train_group_size"]
+    r = runner("train", groups, "--corpus", corpus, "--model", tiny_bert, "-o", tmp_path / "m", "--max-steps", 2,
+               "--train-group-size", 2, "--query-encoder", "token-lookup", "--heads", "dense,sparse", *fast)
+    assert r.exit_code == 0, r.stderr
+    metrics = json.loads((tmp_path / "m" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert metrics["ce_lookup"] > 0 and metrics["ce_sparse"] > 0
+    assert runner("index", corpus, "--model", tmp_path / "m", "-o", tmp_path / "idx").exit_code == 0
+    idx = open_index(tmp_path / "idx", query_encoder="auto")
+    assert isinstance(idx.encoder, lookup.TokenLookupEncoder)  # the LightRetriever hybrid: no transformer for queries
+    run = idx.search([{"query_id": "1", "query_text": "cat water"}], k=5)
+    assert len(run["1"]) == 5

@@ -18,6 +18,7 @@ from retrctl.indexes import store
 from retrctl.indexes.base import Index, read_manifest
 from retrctl.indexes.bm25 import BM25Index
 from retrctl.indexes.dense import DenseIndex
+from retrctl.indexes.heads import HeadsIndex  # registers itself as DenseIndex.multi_head
 from retrctl.indexes.sparse import SparseIndex
 from retrctl.indexes.store import Version, resolve
 
@@ -40,4 +41,4 @@ def open_index(directory: str | Path | Version, **kw) -> Index:
     return store.open_consistent(directory, load)
 
 
-__all__ = ["BACKENDS", "DEFAULT_BACKEND", "BM25Index", "DenseIndex", "Index", "SparseIndex", "Version", "open_index", "read_manifest", "resolve"]
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "BM25Index", "DenseIndex", "HeadsIndex", "Index", "SparseIndex", "Version", "open_index", "read_manifest", "resolve"]

@@ -43,8 +43,9 @@ class DenseIndex(base.Index):
     name = "dense"
     summary = "faiss"
     needs_encoder = True
-    flags = ("index_type", "batch_size", "checkpoint_every")
+    flags = ("index_type", "batch_size", "checkpoint_every", "heads", "sparse_top_k")
     search_knobs = ("batch_size", "ef_search", "nprobe")
+    multi_head: type | None = None  # indexes/heads.py's HeadsIndex registers itself: the vectors + the sparse head
 
     def __init__(self, encoder, index_type: str = "Flat", batch_size: int = 32, *, chunk_size: int = 4096,
                  ef_search: int = 128, nprobe: int = 32, train_size: int = 262144, seed: int = 0):
@@ -70,8 +71,13 @@ class DenseIndex(base.Index):
     # ------------------------------------------------------------ what the stages ask
 
     @classmethod
-    def create(cls, encoder=None, *, index_type: str = "Flat", batch_size: int = 32, checkpoint_every: int = 4096) -> DenseIndex:
-        return cls(encoder, index_type=index_type, batch_size=batch_size, chunk_size=checkpoint_every)
+    def create(cls, encoder=None, *, index_type: str = "Flat", batch_size: int = 32, checkpoint_every: int = 4096,
+               heads: str | None = None, sparse_top_k: int | None = None) -> DenseIndex:
+        """``heads``: None = every head the model has; with the sparse head, the ``multi_head`` class builds it."""
+        if heads is None and getattr(encoder, "sparse", None) is None or heads == "dense":
+            return cls(encoder, index_type=index_type, batch_size=batch_size, chunk_size=checkpoint_every)
+        return cls.multi_head.for_heads(encoder, heads, index_type=index_type, batch_size=batch_size,
+                                    chunk_size=checkpoint_every, top_k=sparse_top_k)
 
     @classmethod
     def encoder_for(cls, model: str | None, manifest: dict | None, **settings):
@@ -85,8 +91,9 @@ class DenseIndex(base.Index):
     @classmethod
     def content_settings(cls, manifest: dict) -> dict:
         """The faiss structure and every encoder setting (the model included): what the vectors depend on."""
-        return {"index_type": manifest.get("settings", {}).get("index_type"),
-                **{f"encoder.{k}": v for k, v in (manifest.get("encoder") or {}).items()}}
+        settings = manifest.get("settings", {})
+        return {"index_type": settings.get("index_type"), "heads": settings.get("heads") or ["dense"],
+                "sparse_top_k": settings.get("top_k"), **{f"encoder.{k}": v for k, v in (manifest.get("encoder") or {}).items()}}
 
     @classmethod
     def run_tag(cls, manifest: dict) -> str:
@@ -370,6 +377,8 @@ class DenseIndex(base.Index):
         import faiss
 
         version = store.resolved(directory)
+        if cls is DenseIndex and "sparse" in (version.manifest.get("settings", {}).get("heads") or ()):
+            return cls.multi_head.load(version, encoder=encoder, device=device, query_encoder=query_encoder, **overrides)
         directory, manifest = version.path, version.manifest
         desc = manifest["encoder"]
         if encoder is None:

@@ -13,12 +13,14 @@ Queries: the head's ``query`` mode — LightRetriever's token counts (no model r
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
+from retrctl import records
 from retrctl.errors import UsageError
 from retrctl.indexes import base, store
 from retrctl.indexes.dense import DenseIndex, _describe, _same_encoder, encoder_from_manifest
@@ -34,6 +36,26 @@ def pack(terms: np.ndarray, weights: np.ndarray) -> np.ndarray:
 def unpack(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     k = rows.shape[1] // 2
     return rows[:, :k].astype(np.int32), rows[:, k:]
+
+
+def exact_search(docs, qrows: np.ndarray, k: int, key: np.ndarray, docids: list[str]) -> tuple[np.ndarray, list[list[str]]]:
+    """Top min(k, N) docs of CSR ``docs`` [N, vocab] for packed query rows: (scores [nq, k], docids), best first,
+    ties by docid (``key``)."""
+    from retrctl.models.sparse import to_csr
+
+    n, k = docs.shape[0], min(k, docs.shape[0])
+    if k <= 0 or len(qrows) == 0:
+        return np.zeros((len(qrows), max(k, 0)), np.float32), [[] for _ in range(len(qrows))]
+    docs_t = docs.T.tocsr()
+    out_s = np.empty((len(qrows), k), np.float32)
+    rows = np.empty((len(qrows), k), np.int64)
+    for start in range(0, len(qrows), QUERY_CHUNK):
+        q = to_csr(*unpack(qrows[start : start + QUERY_CHUNK]), docs.shape[1])
+        scores = (q @ docs_t).toarray() if n else np.zeros((q.shape[0], 0), np.float32)
+        for i, row in enumerate(scores):
+            top = base.top_k(row, key, k)
+            out_s[start + i], rows[start + i] = row[top], top
+    return out_s, [[docids[i] for i in r] for r in rows]
 
 
 class SparseIndex(DenseIndex):
@@ -125,21 +147,7 @@ class SparseIndex(DenseIndex):
         return pack(*self.encoder.encode_sparse([q["query_text"] for q in queries], "query", self.batch_size))
 
     def search_vectors(self, qvecs: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
-        from retrctl.models.sparse import to_csr
-
-        n, k = len(self), min(k, len(self))
-        if k <= 0 or len(qvecs) == 0:
-            return np.zeros((len(qvecs), max(k, 0)), np.float32), [[] for _ in range(len(qvecs))]
-        docs_t, key = self.matrix().T.tocsr(), self._order_key()
-        out_s = np.empty((len(qvecs), k), np.float32)
-        rows = np.empty((len(qvecs), k), np.int64)
-        for start in range(0, len(qvecs), QUERY_CHUNK):
-            q = to_csr(*unpack(qvecs[start : start + QUERY_CHUNK]), self.vocab)
-            scores = (q @ docs_t).toarray() if n else np.zeros((q.shape[0], 0), np.float32)
-            for i, row in enumerate(scores):
-                top = base.top_k(row, key, k)
-                out_s[start + i], rows[start + i] = row[top], top
-        return out_s, [[self.docids[i] for i in r] for r in rows]
+        return exact_search(self.matrix(), qvecs, k, self._order_key(), self.docids)
 
     def score(self, query: dict, docids: Iterable[str]) -> dict[str, float]:
         from retrctl.models.sparse import to_csr
@@ -195,6 +203,20 @@ class SparseIndex(DenseIndex):
         idx._vectors = [pack(*arrays)]
         idx.version = version
         return idx
+
+    def write_json_vectors(self, path: Path, scale: float = 100.0) -> int:
+        """The docs as Anserini's JsonVectorCollection (``{"id", "contents", "vector": {token: impact}}`` per line,
+        weights × ``scale`` rounded to integer impacts, as Pyserini's SPLADE indexes), so Lucene can serve them;
+        returns the lines written. Queries go to Lucene pretokenized: the tokenizer's tokens joined by spaces
+        (``--impact --pretokenized``), which scores token counts against the impacts, as this index does."""
+        tokens = self.encoder.tokenizer.convert_ids_to_tokens(list(range(self.vocab)))
+        terms, weights = unpack(self.vectors())
+        with records.open_output(path) as f:
+            for docid, t, w in zip(self.docids, terms, weights, strict=True):
+                impacts = {tokens[i]: int(round(float(x) * scale)) for i, x in zip(t, w, strict=True) if x > 0}
+                f.write(json.dumps({"id": docid, "contents": "", "vector": {k: v for k, v in impacts.items() if v > 0}},
+                                   ensure_ascii=False) + "\n")
+        return len(self.docids)
 
     @classmethod
     def merge(cls, parts: list[SparseIndex]) -> SparseIndex:

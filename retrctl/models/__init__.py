@@ -4,6 +4,7 @@
 - ``loading``: shipped names, GGUF conversion, sentence-transformers dirs (read and write), ``resolve``, the cache dir.
 - ``backbone``: tokenizing (cuts counted, EOS for eos pooling), attention mode, the pad-token fix and padding helper.
 - ``heads``: the ``Head`` interface and ``DenseHead`` (pooling, Matryoshka truncation, normalization).
+- ``sparse``: ``SparseHead`` (SPLADE term weights through the input embeddings) and token-count queries.
 - ``encoder``: ``Encoder`` (a query side and a passage side over one backbone) and its ``forward``/``encode``/``save``.
 
 Every name that was importable from the former ``retrctl/models.py`` still is, from here; names are loaded on
@@ -19,7 +20,7 @@ from retrctl.models.loading import SHIPPED, cache_dir, gguf_to_hf, locate_shippe
 
 _LAZY = {  # name -> submodule (these import torch)
     "Encoder": "encoder", "Side": "encoder",
-    "Head": "heads", "DenseHead": "heads", "HEADS": "heads", "pool": "heads",
+    "Head": "heads", "DenseHead": "heads", "HEADS": "heads", "pool": "heads", "SparseHead": "sparse",
     "ensure_pad_token": "backbone", "pad_ids": "backbone", "is_decoder": "backbone", "Tokens": "backbone",
 }
 

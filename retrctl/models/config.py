@@ -67,6 +67,20 @@ class LoadOptions:
     device: str | None = _setting(None, side=None, flag="--device", help="Device (default: cuda when present, else cpu).")
 
 
+INDEX_HEADS = ("dense", "sparse")  # the heads an index can hold (`retrctl index/search --heads`)
+
+
+def parse_heads(value, has_sparse: bool = False) -> list[str]:
+    """``--heads`` as a list in INDEX_HEADS order; None = every head the model has. ValueError for a bad name."""
+    if value is None:
+        return ["dense", "sparse"] if has_sparse else ["dense"]
+    got = [h.strip() for h in (value.split(",") if isinstance(value, str) else value) if h.strip()]
+    bad = [h for h in got if h not in INDEX_HEADS]
+    if bad or not got:
+        raise ValueError(f"--heads {','.join(got)}: choose from {', '.join(INDEX_HEADS)} (comma-separated)")
+    return [h for h in INDEX_HEADS if h in got]
+
+
 SETTINGS = tuple(f.name for f in dataclasses.fields(EncoderConfig))  # every key of retrctl.json / a manifest's encoder
 PASSAGE_KEYS = tuple(f.name for f in dataclasses.fields(EncoderConfig) if f.metadata["side"] in ("both", "passage"))
 SETTING_FLAGS = tuple(f.name for f in dataclasses.fields(EncoderConfig) if f.metadata["flag"])  # what a model records

@@ -156,18 +156,29 @@ class Encoder(torch.nn.Module):
             raise ValueError(f"{self.source} has no sparse head (train one with --heads dense,sparse)")
         if kind == "query" and self.sparse.query == "tokens":
             return sparse.token_counts(self.tokenizer, texts, self.config.query_max_len, self.sparse.special_ids)
+        _, terms, weights = self.encode_heads(texts, kind, batch_size, dense=False)
+        return terms, weights
+
+    def encode_heads(self, texts: list[str], kind: str = "passage", batch_size: int = 32, dense: bool = True):
+        """Dense vectors and sparse rows from one backbone pass per batch (a multi-head index encodes its corpus
+        once): (vectors [N, dim] or None, terms [N, k], weights [N, k])."""
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         k = self.sparse.top_k or self.sparse.vocab
+        vecs = np.empty((len(texts), self.dim), np.float32) if dense else None
         terms, weights = np.zeros((len(texts), k), np.int32), np.zeros((len(texts), k), np.float32)
         batch_size = self.fit_batch(kind, batch_size)
         with torch.inference_mode():
             for start in range(0, len(order), batch_size):
                 idx = order[start : start + batch_size]
-                batch = {key: v.to(self.device) for key, v in self.tokenize([texts[i] for i in idx], kind).items()}
+                batch = self.tokenize([texts[i] for i in idx], kind)
+                batch = {key: v.to(self.device) for key, v in batch.items()}
                 hidden = backbone.hidden_states(self.model, batch)
+                if dense:
+                    head = self.sides[kind].head
+                    vecs[idx] = head.finish(head(hidden, batch["attention_mask"])).cpu().numpy()
                 t, w = self.sparse.keep_top(self.sparse(hidden, batch["attention_mask"], batch["input_ids"]))
                 terms[idx], weights[idx] = t, w
-        return terms, weights
+        return vecs, terms, weights
 
     def encode(self, texts: list[str], kind: str = "passage", batch_size: int = 32, progress=None) -> np.ndarray:
         """Vectors (float32, one row per text, input order). Batches are length-sorted, longest first, so an

@@ -103,6 +103,10 @@ class SparseHead(Head):
         w, t = torch.topk(weights.float(), k, dim=1)
         return t.to(torch.int32).cpu().numpy(), w.cpu().numpy()
 
+    def counts(self, tokenizer, texts: list[str], max_len: int) -> torch.Tensor:
+        """[N, vocab] token counts of ``texts`` (the ``tokens`` query side, as a training target)."""
+        return torch.from_numpy(to_csr(*token_counts(tokenizer, texts, max_len, self.special_ids), self.vocab).toarray())
+
     # -- saving
 
     def save_settings(self, out: Path) -> None:

@@ -268,15 +268,9 @@ class Trainer:
         if cfg.query_encoder == "token-lookup":
             loss_fn = functools.partial(losses.joint_lookup_loss, loss=loss_fn, kl_weight=cfg.lookup_kl_weight,
                                         temperature=cfg.temperature, normalize=self.enc.config.normalize, mask=mask)
-        if self.enc.train_sparse:
-            terms = None
-            if cfg.sparse_query == "tokens":  # LightRetriever: the query side is its token counts, no encoder
-                from retrctl.models.sparse import to_csr, token_counts
-
-                sp = self.enc.sparse
-                counts = to_csr(*token_counts(self.enc.tokenizer, [e.query for e in local], self.enc.config.query_max_len,
-                                              sp.special_ids), sp.vocab)
-                terms = torch.from_numpy(counts.toarray())
+        if self.enc.train_sparse:  # --sparse-query tokens (LightRetriever): the query side is token counts, no encoder
+            terms = self.enc.sparse.counts(self.enc.tokenizer, [e.query for e in local], self.enc.config.query_max_len) \
+                if cfg.sparse_query == "tokens" else None
             loss_fn = functools.partial(losses.sparse_loss, loss=loss_fn, vocab=self.enc.sparse.vocab, group_size=g,
                                         query_terms=terms, mask=mask,
                                         flops_weight=losses.flops_weight_at(self.steps_done, cfg.flops_weight, cfg.flops_warmup))
