@@ -14,6 +14,7 @@ recorded in the manifest). The flag vocabulary is Pyserini's (`--hits`, `--batch
 | HNSW search breadth / IVF lists probed           | `--ef-search`, `--nprobe`  | the manifest's (128 / 32) |
 | query encoder: LightRetriever token lookup or the full model | `--query-encoder auto|full|token-lookup` | auto: lookup when the model has a table |
 | heads searched, and how their lists are fused (an index of a dense + sparse model) | `--heads dense,sparse`, `--fusion linear|rrf`, `--norm`, `--weights`, `--rrf-k`, `--depth` | every head the index holds; linear, min-max, 1 each, 60, each head's top 100 |
+| sparse search: exact (scipy CSR) or Seismic (approximate; candidates rescored exactly) | `--sparse-search auto|exact|seismic`, `--query-cut`, `--heap-factor` | auto: Seismic from 100,000 docs; 20; 0.9 |
 | query batch                                      | `--batch-size`             | the manifest's |
 | output                                           | `--output-format trec|jsonl|parquet`, `--run-tag` | by `-o` extension, else TREC |
 | doc text in the output (for `rerank` in a pipe)  | `--with-text` (+ `--corpus`) | off   |
@@ -41,6 +42,7 @@ from pathlib import Path
 import click
 
 from retrctl import fusion, records
+from retrctl.indexes.sparse import SEARCHES
 from retrctl.stage import Output, encoder_overrides, options, progress, stage
 
 log = logging.getLogger("retrctl.search")
@@ -131,8 +133,14 @@ def _parse_weights(value: str) -> list[float]:
               help="One weight per head searched, in dense,sparse order. [default: 1 each]")
 @click.option("--rrf-k", type=click.FloatRange(min=0), help="RRF constant k. [default: 60]")
 @click.option("--depth", type=click.IntRange(min=1), help="Each head's top N fused. [default: 100, or --hits if larger]")
+@click.option("--sparse-search", type=click.Choice(list(SEARCHES)),
+              help="Sparse head: exact (scipy CSR) or seismic (approximate inverted index, candidates rescored exactly). "
+                   "[default: auto = seismic from 100,000 docs]")
+@click.option("--query-cut", type=click.IntRange(min=1), help="Seismic: the query's largest terms searched. [default: 20]")
+@click.option("--heap-factor", type=click.FloatRange(min=0, max=1, min_open=True), help="Seismic: block-skipping threshold; lower is faster, less exact. [default: 0.9]")
 def command(index_dir, queries, output, input_format, batch_size, corpus, hits, remove_query, output_format, run_tag,
-            with_text, ef_search, nprobe, query_encoder, heads, fusion, norm, weights, rrf_k, depth, **opts):
+            with_text, ef_search, nprobe, query_encoder, heads, fusion, norm, weights, rrf_k, depth, sparse_search,
+            query_cut, heap_factor, **opts):
     """Search an index (from `retrctl index`) with queries (JSONL/Parquet/BEIR folder, '-' = stdin); write a run."""
     from retrctl.indexes import open_index
 
@@ -146,13 +154,16 @@ def command(index_dir, queries, output, input_format, batch_size, corpus, hits, 
         log.warning("encoder flags are ignored by a %s index", idx.name)
     log.info("%s index %s: %s", idx.name, index_dir, idx.describe())
     knobs = {"batch_size": batch_size, "ef_search": ef_search, "nprobe": nprobe, "heads": heads, "fusion": fusion,
-             "norm": norm, "weights": weights, "rrf_k": rrf_k, "depth": depth}
+             "norm": norm, "weights": weights, "rrf_k": rrf_k, "depth": depth, "sparse_search": sparse_search,
+             "query_cut": query_cut, "heap_factor": heap_factor}
     for name, value in knobs.items():
         if value is not None and name in idx.search_knobs:
             setattr(idx, name, value)
         elif value is not None and name in ("heads", "fusion", "norm", "weights", "rrf_k", "depth"):
             raise click.UsageError(f"--{name.replace('_', '-')}: this {idx.name} index has one head (index it with a "
                                    "model trained with --heads dense,sparse)")
+        elif value is not None and name in ("sparse_search", "query_cut", "heap_factor"):
+            raise click.UsageError(f"--{name.replace('_', '-')}: this {idx.name} index holds no sparse head")
     fmt = output_format
     if with_text:
         if fmt == "trec":

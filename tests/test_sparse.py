@@ -305,3 +305,46 @@ def test_token_lookup_and_token_count_heads_search_without_a_transformer(tiny_be
     assert isinstance(idx.encoder, lookup.TokenLookupEncoder)  # the LightRetriever hybrid: no transformer for queries
     run = idx.search([{"query_id": "1", "query_text": "cat water"}], k=5)
     assert len(run["1"]) == 5
+
+
+def test_seismic_search_rescores_exactly_and_matches_exact_search_on_a_small_corpus(capfd):
+    import scipy.sparse as sps
+
+    from retrctl.indexes import sparse as sidx
+
+    rng = np.random.default_rng(0)
+    n, vocab, k = 300, 500, 10
+    dense = np.where(rng.random((n, vocab)) < 0.05, rng.random((n, vocab)), 0).astype(np.float32)
+    docs = sps.csr_matrix(dense)
+    terms = np.stack([rng.choice(vocab, 6, replace=False) for _ in range(20)])
+    weights = np.ones_like(terms, dtype=np.float32)
+    weights[3] = 0  # a query with no term: no hit, no error
+    qrows = sidx.pack(terms, weights)
+    key, docids = np.arange(n), [f"d{i:03d}" for i in range(n)]
+    want_s, want_ids = sidx.exact_search(docs, qrows, k, key, docids)
+    built = sidx.seismic_index(docs)
+    assert capfd.readouterr().out == ""  # Seismic's build log goes to stderr, never into records on stdout
+    got_s, got_ids = sidx.seismic_search(built, docs, qrows, k, key, docids, query_cut=6, heap_factor=1.0)
+    assert got_ids[3] == [] and not got_s[3].any()
+    recall = np.mean([len(set(a) & set(b)) / k for i, (a, b) in enumerate(zip(want_ids, got_ids, strict=True)) if i != 3])
+    assert recall >= 0.95  # per query: Seismic's threads return queries in any order
+    for i, (s, ids) in enumerate(zip(got_s, got_ids, strict=True)):  # candidates rescored exactly, best first
+        exact = [float(dense[int(d[1:])] @ (np.isin(np.arange(vocab), terms[i]) * (i != 3))) for d in ids]
+        assert np.allclose(s[: len(ids)], exact, atol=1e-5) and list(s) == sorted(s, reverse=True)
+
+
+def test_search_sparse_search_flags(sparse_model, tmp_path, runner, queries_file):
+    model, corpus = sparse_model
+    assert runner("index", corpus, "--model", model, "-o", tmp_path / "idx").exit_code == 0
+    runs = {}
+    for mode in ("exact", "seismic"):
+        r = runner("search", tmp_path / "idx", queries_file, "--heads", "sparse", "--hits", 3, "--sparse-search", mode,
+                   "--heap-factor", "1.0", "-o", tmp_path / f"{mode}.trec")
+        assert r.exit_code == 0, r.stderr
+        runs[mode] = [line for line in (tmp_path / f"{mode}.trec").read_text().splitlines() if float(line.split()[4]) > 0]
+    assert runs["seismic"] == runs["exact"]  # a handful of docs: Seismic finds every doc that shares a term
+    m = json.loads((tmp_path / "seismic.trec.manifest.json").read_text())
+    assert m["settings"]["sparse_search"] == "seismic" and m["settings"]["heap_factor"] == 1.0
+    assert runner("index", corpus, "--method", "bm25", "-o", tmp_path / "bm25").exit_code == 0
+    r = runner("search", tmp_path / "bm25", queries_file, "--sparse-search", "seismic")
+    assert r.exit_code == 2 and "no sparse head" in r.stderr

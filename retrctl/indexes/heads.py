@@ -25,7 +25,7 @@ from retrctl import fusion
 from retrctl.errors import UsageError
 from retrctl.indexes import base, store
 from retrctl.indexes.dense import DenseIndex
-from retrctl.indexes.sparse import exact_search, pack, unpack
+from retrctl.indexes.sparse import SparseSearch, pack, unpack
 from retrctl.models import config
 
 
@@ -36,8 +36,9 @@ def parse_heads(value, encoder=None) -> list[str]:
         raise UsageError(str(e)) from None
 
 
-class HeadsIndex(DenseIndex):
-    search_knobs = (*DenseIndex.search_knobs, "heads", "fusion", "norm", "weights", "rrf_k", "depth")
+class HeadsIndex(SparseSearch, DenseIndex):
+    search_knobs = (*DenseIndex.search_knobs, "heads", "fusion", "norm", "weights", "rrf_k", "depth", "sparse_search",
+                    "query_cut", "heap_factor")
 
     def __init__(self, encoder, index_type: str = "Flat", batch_size: int = 32, *, heads=config.INDEX_HEADS, top_k: int | None = None,
                  **settings):
@@ -133,7 +134,7 @@ class HeadsIndex(DenseIndex):
         if "dense" in heads:
             runs.append(super().search(queries, depth))
         if "sparse" in heads:
-            scores, docids = exact_search(self.matrix(), self._sparse_queries(queries), depth, self._order_key(), self.docids)
+            scores, docids = self.search_rows(self.matrix(), self._sparse_queries(queries), depth, self._order_key(), self.docids)
             runs.append({q["query_id"]: [(d, float(s)) for d, s in zip(ids, row, strict=False)]
                          for q, ids, row in zip(queries, docids, scores, strict=True)})
         if len(runs) == 1:

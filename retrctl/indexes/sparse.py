@@ -9,12 +9,23 @@ atomic versions, shard merges — with the pair packed side by side as one float
 
 Queries: the head's ``query`` mode — LightRetriever's token counts (no model runs for a query) or the head itself
 (symmetric SPLADE). ``--sparse-top-k`` at index time keeps fewer terms per doc than the head's default.
+
+Large corpora: ``search --sparse-search seismic`` (the default ``auto`` picks it from 100,000 docs) searches with
+Seismic (Bruch et al., SIGIR 2024; pyseismic-lsr, the ``sparse`` extra): clustered, summarised inverted lists,
+approximate, built in memory from the stored rows when the index is first searched. Its candidates are rescored
+exactly from the CSR rows, so scores and tie order are the exact path's and only recall can differ
+(bench/sparse_index.py reports it against exact). ``--query-cut`` (query terms kept, largest first) and
+``--heap-factor`` trade recall for speed as in Seismic's guidelines.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -27,6 +38,8 @@ from retrctl.indexes.dense import DenseIndex, _describe, _same_encoder, encoder_
 
 log = logging.getLogger("retrctl.index")
 QUERY_CHUNK = 64  # queries scored at once: [chunk, N] dense scores
+SEISMIC_FROM = 100_000  # --sparse-search auto: exact below this many docs (a [64, N] score block is cheap), Seismic above
+SEARCHES = ("auto", "exact", "seismic")
 
 
 def pack(terms: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -58,12 +71,96 @@ def exact_search(docs, qrows: np.ndarray, k: int, key: np.ndarray, docids: list[
     return out_s, [[docids[i] for i in r] for r in rows]
 
 
-class SparseIndex(DenseIndex):
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Seismic's Rust core prints its build log on file descriptor 1, which carries records: redirected at the
+    descriptor (models.stdout_to_stderr swaps ``sys.stdout`` only, which Rust's println never sees)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def seismic_index(docs):
+    """A Seismic index over CSR ``docs`` [N, vocab]; documents are named by row position."""
+    try:
+        import seismic
+    except ImportError:
+        raise UsageError("--sparse-search seismic needs pyseismic-lsr: pip install 'retrctl[sparse]'") from None
+    docs = docs.tocsr()
+    docs.sort_indices()
+    dataset = seismic.SeismicDataset()
+    dataset.add_documents_by_id([str(i) for i in range(docs.shape[0])], docs.indices.astype(np.int64),
+                                docs.data.astype(np.float32), docs.indptr.astype(np.int64))
+    t = time.perf_counter()
+    with _stdout_to_stderr():
+        built = seismic.SeismicIndex.build_from_dataset(dataset)
+    log.info("seismic: indexed %d docs in %.1f s", docs.shape[0], time.perf_counter() - t)
+    return built
+
+
+def seismic_search(built, docs, qrows: np.ndarray, k: int, key: np.ndarray, docids: list[str], *, query_cut: int,
+                   heap_factor: float) -> tuple[np.ndarray, list[list[str]]]:
+    """``exact_search``'s answer from Seismic's candidates (top min(k, N)), each rescored exactly from ``docs``."""
+    import seismic
+
+    from retrctl.models.sparse import to_csr
+
+    k = min(k, docs.shape[0])
+    out_s = np.zeros((len(qrows), k), np.float32)
+    out_ids: list[list[str]] = []
+    if k <= 0 or len(qrows) == 0:
+        return out_s, [[] for _ in range(len(qrows))]
+    string = seismic.get_seismic_string()
+    terms, weights = unpack(qrows)
+    comps = [np.array([str(t) for t, w in zip(ts, ws, strict=True) if w > 0], dtype=string) for ts, ws in zip(terms, weights, strict=True)]
+    vals = [ws[ws > 0].astype(np.float32) for ws in weights]
+    found: dict[int, set[int]] = {i: set() for i in range(len(qrows))}
+    asked = [i for i in range(len(qrows)) if len(comps[i])]  # a query with no term matches nothing
+    if asked:  # results come back in the order the threads finish: each hit names its query
+        for hits in built.batch_search(np.array([str(i) for i in asked], dtype=string), [comps[i] for i in asked],
+                                       [vals[i] for i in asked], k, query_cut, heap_factor):
+            for qid, _, d in hits:
+                found[int(qid)].add(int(d))
+    q = to_csr(terms, weights, docs.shape[1])
+    for i in range(len(qrows)):
+        cand = np.array(sorted(found[i]), dtype=np.int64)
+        scores = (docs[cand] @ q[i].T).toarray()[:, 0] if len(cand) else np.zeros(0, np.float32)
+        top = base.top_k(scores, key[cand], k) if len(cand) else cand
+        out_s[i, : len(top)] = scores[top]
+        out_ids.append([docids[j] for j in cand[top]])
+    return out_s, out_ids
+
+
+class SparseSearch:
+    """The sparse side's search knobs and its exact-or-Seismic choice, shared by the sparse and multi-head indexes."""
+
+    sparse_search, query_cut, heap_factor = "auto", 20, 0.9  # a token-count query has ~20 terms, all weight 1
+    _seismic = None  # (the CSR matrix it was built from, the Seismic index)
+
+    def search_rows(self, docs, qrows: np.ndarray, k: int, key: np.ndarray, docids: list[str]):
+        if self.sparse_search not in SEARCHES:
+            raise UsageError(f"--sparse-search {self.sparse_search}: choose one of {', '.join(SEARCHES)}")
+        use = self.sparse_search if self.sparse_search != "auto" else ("seismic" if docs.shape[0] >= SEISMIC_FROM else "exact")
+        if use == "exact" or docs.shape[0] == 0:
+            return exact_search(docs, qrows, k, key, docids)
+        if self._seismic is None or self._seismic[0] is not docs:
+            self._seismic = (docs, seismic_index(docs))
+        return seismic_search(self._seismic[1], docs, qrows, k, key, docids, query_cut=self.query_cut,
+                              heap_factor=self.heap_factor)
+
+
+class SparseIndex(SparseSearch, DenseIndex):
     name = "sparse"
     summary = "learned sparse: the model's SPLADE head, exact scipy CSR"
     needs_encoder = True
     flags = ("batch_size", "checkpoint_every", "sparse_top_k")
-    search_knobs = ("batch_size",)
+    search_knobs = ("batch_size", "sparse_search", "query_cut", "heap_factor")
 
     def __init__(self, encoder, batch_size: int = 32, *, chunk_size: int = 4096, top_k: int | None = None):
         if encoder is not None and getattr(encoder, "sparse", None) is None:
@@ -147,7 +244,7 @@ class SparseIndex(DenseIndex):
         return pack(*self.encoder.encode_sparse([q["query_text"] for q in queries], "query", self.batch_size))
 
     def search_vectors(self, qvecs: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
-        return exact_search(self.matrix(), qvecs, k, self._order_key(), self.docids)
+        return self.search_rows(self.matrix(), qvecs, k, self._order_key(), self.docids)
 
     def score(self, query: dict, docids: Iterable[str]) -> dict[str, float]:
         from retrctl.models.sparse import to_csr
