@@ -7,6 +7,10 @@ than attention in a retriever. Whole blocks are dropped by Block Influence, the 
 (ShortGPT, Men et al. 2024, arXiv:2403.03853). The model is not trained here: train it afterwards
 (``retrctl prune … -o small/ && retrctl mine … | retrctl train --model small/ …``), as EffiR and DRAMA do.
 
+EffiR's fine step, self-slimming of the MLP width (``--slim-mlp F``, retrctl/prune/slimming.py): a gate per MLP
+neuron trained on retrieval groups with InfoNCE + λ·L0, the top F of all gates kept across layers, the mask frozen
+and the model trained on with InfoNCE (``--heal-steps``); the training is ``retrctl train``'s ``Trainer``.
+
 | knob | flag | default |
 |---|---|---|
 | calibration passages (a corpus: JSONL/Parquet/BEIR folder) | ``--calibration FILE`` | required unless ``--scores`` |
@@ -16,6 +20,9 @@ than attention in a retriever. Whole blocks are dropped by Block Influence, the 
 | whole blocks to drop (ShortGPT) | ``--drop-layers N`` | 0 |
 | keep this fraction of non-embedding params: MLPs first (at most half), then blocks | ``--target-params F`` | off |
 | reuse the scores of an earlier run (its prune.json) | ``--scores FILE`` | compute them |
+| self-slimming: MLP neurons kept, ranked globally | ``--slim-mlp F`` with ``--groups FILE --corpus FILE`` | off |
+| gate training / healing steps, L0 weight, gate learning rate | ``--slim-steps``, ``--heal-steps``, ``--slim-lambda``, ``--gate-lr`` | 20, 20, 1.0, 0.05 |
+| the training batch (self-slimming) | ``--train-batch-size``, ``--train-group-size``, ``--lr`` | 32, 2, 2e-5 |
 
 The calibration passes run the model as the encoder runs it (``--bidirectional``, prompts), so the scores
 measure the retriever, not the LM. Output (``-o DIR``, atomic: nothing is left on failure): an encoder dir that
@@ -25,13 +32,15 @@ it is moved into place. Why single removed sub-layers are stored as zeros (and s
 retrctl/prune/surgery.py.
 
 Refusals (exit 2, one line, no output dir): nothing to drop, more layers than exist, ``--target-params`` with
-``--drop-*`` or outside (0, 1), an encoder-only model (BERT/MiniLM), ``--scores`` computed on another model.
+``--drop-*`` or outside (0, 1), ``--slim-mlp`` outside (0, 1) or without ``--groups``, an encoder-only model
+(BERT/MiniLM), ``--scores`` computed on another model.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from pathlib import Path
 
 import click
@@ -43,6 +52,7 @@ from retrctl.stage import encoder_overrides, options, progress, stage
 log = logging.getLogger("retrctl.prune")
 
 METHOD = "EffiR coarse step: sub-layer importance 1 - cos(x_in, x_out), attention and MLP ranked apart; blocks by ShortGPT Block Influence"
+SLIM_METHOD = "EffiR fine step (self-slimming): MLP neuron gates trained with InfoNCE + L0, kept globally, mask frozen, healed"
 # the reload check always sees these too (a --scores run may have no calibration texts)
 CHECK_TEXTS = ["retrctl prune: the reload check.", "A second, longer text, so that the batch is padded and the mask is used."]
 
@@ -71,49 +81,81 @@ def read_scores(path, fingerprint: str, n_blocks: int) -> dict:
 
 def prune(model, *, output, calibration=None, calibration_size: int = 256, max_length: int = 256, drop_mlp: int = 0,
           drop_attn: int = 0, drop_layers: int = 0, target_params: float | None = None, scores=None,
-          batch_size: int = 16, seed: int = 0, encoder_settings: dict | None = None) -> Path:
+          slim_mlp: float | None = None, groups=None, corpus=None, slim_steps: int = 20, heal_steps: int = 20,
+          slim_lambda: float = 1.0, gate_lr: float = 0.05, batch_size: int = 16, seed: int = 0,
+          encoder_settings: dict | None = None, train_settings: dict | None = None) -> Path:
     """Prune ``model`` and save it to ``output`` (see the module docstring). Returns the output dir."""
     from retrctl.models import Encoder, resolve
-    from retrctl.prune import importance, save, surgery
+    from retrctl.prune import importance, save, slimming, surgery
 
-    records.check_outputs([output], [model, calibration, scores], dir_output=True)
+    records.check_outputs([output], [model, calibration, scores, groups, corpus], dir_output=True)
     records.check_own_dir(output, "prune.json", "a retrctl prune output")  # an earlier prune output is replaced
-    if not (drop_mlp or drop_attn or drop_layers or target_params is not None):
-        raise surgery.PruneError("nothing to do: give --drop-mlp, --drop-attn, --drop-layers or --target-params")
-    if calibration is None and scores is None:
+    coarse = bool(drop_mlp or drop_attn or drop_layers or target_params is not None)
+    if not (coarse or slim_mlp is not None):
+        raise surgery.PruneError("nothing to do: give --drop-mlp, --drop-attn, --drop-layers, --target-params or --slim-mlp")
+    if coarse and calibration is None and scores is None:
         raise surgery.PruneError("--calibration FILE (a corpus to sample passages from) is needed, or --scores from an earlier run")
+    if slim_mlp is not None:
+        if not 0 < slim_mlp < 1:
+            raise surgery.PruneError(f"--slim-mlp must be a fraction in (0, 1) of the MLP neurons to keep, got {slim_mlp}")
+        if groups is None:
+            raise surgery.PruneError("--slim-mlp trains gates on retrieval groups: give --groups FILE (from retrctl mine) and --corpus")
     enc = Encoder.load(model, **(encoder_settings or {}))
     surgery.check_decoder(enc.model)
+    if slim_mlp is not None:
+        slimming.check_gated_mlp(enc.model)
     n = len(enc.model.layers)
     fingerprint = weights_fingerprint(resolve(model))
     texts = calibration_texts(calibration, calibration_size, seed) if calibration is not None else []
+    found = calib = None
     if scores is not None:
         saved = read_scores(scores, fingerprint, n)
         found, calib = saved["scores"], saved["calibration"]
         log.info("importance from %s (not recomputed)", scores)
-    else:
+    elif coarse:
         found = importance.importance(enc.model, enc.tokenizer, texts, max_length=max_length, batch_size=batch_size,
                                       progress=lambda it, total: progress(it, desc="importance", total=total, unit="batch"))
         calib = {"file": str(calibration), "texts": len(texts), "tokens": found.pop("tokens"), "max_length": max_length,
                  "seed": seed, "hash": stable_hex(max_length, *texts)}
     already = getattr(enc.model.config, "retrctl_pruned", None)
     p = surgery.plan(found, surgery.sublayer_params(enc.model), drop_layers=drop_layers, drop_mlp=drop_mlp,
-                     drop_attn=drop_attn, target_params=target_params, already=already)
+                     drop_attn=drop_attn, target_params=target_params, already=already) if coarse else surgery.Plan()
     before = surgery.non_embedding_params(enc.model)
     surgery.apply(enc.model, p)
-    after = surgery.non_embedding_params(enc.model)
-    log.info("removed blocks %s, MLPs %s, attention %s: non-embedding params %d -> %d (%.1f%%)",
-             p.blocks, p.mlp, p.attention, before, after, 100 * after / before)
     report = {
-        "source": str(model), "source_fingerprint": fingerprint, "method": METHOD,
-        "settings": {"drop_mlp": drop_mlp, "drop_attn": drop_attn, "drop_layers": drop_layers, "target_params": target_params},
+        "source": str(model), "source_fingerprint": fingerprint, "method": METHOD if coarse else SLIM_METHOD,
+        "settings": {"drop_mlp": drop_mlp, "drop_attn": drop_attn, "drop_layers": drop_layers, "target_params": target_params,
+                     "slim_mlp": slim_mlp},
         "scores": found, "masks": p.masks(n), "removed": {"blocks": p.blocks, "mlp": p.mlp, "attention": p.attention},
-        "params": {"before": before, "after": after, "embedding": sum(x.numel() for x in enc.model.get_input_embeddings().parameters())},
-        "calibration": calib, "versions": records.versions(),
+        "calibration": calib,
     }
+    gates = None
     with records.atomic_dir(output, resume=False) as tmp:  # a failure leaves nothing half-written
+        if slim_mlp is not None:
+            if coarse:
+                report["method"] = f"{METHOD}; then {SLIM_METHOD}"
+            kept = [i for i in range(n) if i not in p.blocks]  # source numbers of the blocks left
+            removed = (getattr(enc.model.config, "retrctl_pruned", None) or {}).get("mlp", [])
+            full = enc.model.layers[0].mlp.down_proj.in_features
+            with tempfile.TemporaryDirectory(dir=Path(tmp).parent, prefix=".slim-") as scratch:
+                enc, gates, masks, metrics = slimming.self_slim(
+                    enc, slim_mlp, groups, records.read_corpus(corpus) if corpus is not None else None, scratch,
+                    slim_steps=slim_steps, heal_steps=heal_steps, slim_lambda=slim_lambda, gate_lr=gate_lr,
+                    removed=removed, seed=seed, **(train_settings or {}))
+            report["slimming"] = {
+                "keep": slim_mlp, "groups": str(groups), "slim_steps": slim_steps, "heal_steps": heal_steps,
+                "lambda": slim_lambda, "gate_lr": gate_lr, "train": train_settings or {}, "full_width": full,
+                "blocks": [kept[i] for i in sorted(masks)], "widths": [int(masks[i].sum()) for i in sorted(masks)],
+                "metrics": metrics}
+            gates = {kept[i]: v for i, v in gates.items()}
+        after = surgery.non_embedding_params(enc.model)
+        log.info("removed blocks %s, MLPs %s, attention %s%s: non-embedding params %d -> %d (%.1f%%)", p.blocks, p.mlp,
+                 p.attention, f", MLP neurons to {slim_mlp:.0%}" if slim_mlp else "", before, after, 100 * after / before)
+        report["params"] = {"before": before, "after": after,
+                            "embedding": sum(x.numel() for x in enc.model.get_input_embeddings().parameters())}
+        report["versions"] = records.versions()
         enc.save(tmp)
-        save.write_report(tmp, report)
+        save.write_report(tmp, report, gates)
         diff = save.verify(enc.model, enc.tokenizer, tmp, CHECK_TEXTS + texts[:4], max_length)
     log.info("wrote %s (stock reload matches: max |diff| %.1e)", output, diff)
     return Path(output)
@@ -129,13 +171,23 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
 @click.option("--drop-layers", type=click.IntRange(min=0), help="Whole blocks to remove (ShortGPT Block Influence).")
 @click.option("--target-params", type=float, help="Keep this fraction of the non-embedding parameters (MLPs first, then blocks).")
 @click.option("--scores", help="prune.json of an earlier run: reuse its importance scores instead of recomputing.")
-@options("batch_size", "seed", "encoder")
-def command(source, **opts):
-    """Drop the least important attention / MLP sub-layers or whole blocks of a decoder (EffiR, ShortGPT)."""
+@click.option("--slim-mlp", type=float, help="Self-slimming: keep this fraction of all MLP neurons, ranked globally by trained gates.")
+@click.option("--groups", help="Training groups for --slim-mlp (retrctl mine's output; the records train reads).")
+@click.option("--slim-steps", type=click.IntRange(min=1), default=20, show_default=True, help="Steps training the gates (InfoNCE + L0).")
+@click.option("--heal-steps", type=click.IntRange(min=0), default=20, show_default=True, help="Steps of InfoNCE after the mask is frozen.")
+@click.option("--slim-lambda", type=click.FloatRange(min=0), default=1.0, show_default=True, help="Weight of the gates' relaxed L0 norm.")
+@click.option("--gate-lr", type=click.FloatRange(min=0, min_open=True), default=0.05, show_default=True, help="Learning rate of the gates.")
+@click.option("--train-batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Query groups per step (--slim-mlp).")
+@click.option("--train-group-size", type=click.IntRange(min=2), default=2, show_default=True, help="Passages per query (--slim-mlp).")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=2e-5, show_default=True, help="Learning rate of the model's weights (--slim-mlp).")
+@options("batch_size", "seed", "encoder", "corpus")
+def command(source, train_batch_size, train_group_size, lr, **opts):
+    """Drop the least important sub-layers, blocks (EffiR, ShortGPT) or MLP neurons (EffiR's self-slimming) of a decoder."""
     from retrctl.prune.surgery import PruneError
 
     settings = encoder_overrides(opts)
+    train = {"batch_size": train_batch_size, "train_group_size": train_group_size, "lr": lr}
     try:
-        prune(source, encoder_settings=settings, **opts)
+        prune(source, encoder_settings=settings, train_settings=train, **opts)
     except PruneError as e:
         raise click.UsageError(str(e)) from None

@@ -3,6 +3,7 @@ prune → index → search → train on the CLI. Tiny random Llama and Qwen2 dec
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from conftest import DOCS, _minilm_dir
@@ -318,3 +319,138 @@ def test_cli_prune_then_index_search_and_train(runner, llama4, corpus_file, quer
     healed = AutoModel.from_pretrained(str(tmp_path / "healed"))
     removed = json.loads((small / "config.json").read_text())["retrctl_pruned"]["mlp"]
     assert removed and all(torch.count_nonzero(p) == 0 for i in removed for p in healed.layers[i].mlp.parameters())
+
+
+# ---------------------------------------------------------------- self-slimming (EffiR's fine step)
+
+
+def test_gates_at_one_change_nothing_and_fold_into_stock_weights(decoder):
+    from retrctl.prune import slimming
+
+    model = _base(decoder)
+    want = _hidden(model, decoder)
+    slimming.add_gates(model.model if hasattr(model, "model") else model, lr=0.1)
+    assert torch.allclose(_hidden(model, decoder), want, atol=1e-6)  # z = 1: the model unchanged
+    gates = [m.parametrizations.weight[0].z for m in model.modules() if hasattr(m, "parametrizations")]
+    assert gates and all(g.lr == 0.1 for g in gates)
+    with torch.no_grad():
+        for g in gates:
+            g.uniform_(-0.5, 1.5)
+    gated = _hidden(model, decoder)
+    mlp = model.layers[0].mlp
+    x = torch.randn(3, mlp.gate_proj.in_features)
+    z = torch.relu(mlp.down_proj.parametrizations.weight[0].z)
+    by_hand = (mlp.act_fn(x @ mlp.gate_proj.weight.T) * (x @ mlp.up_proj.weight.T) * z) @ mlp.down_proj.parametrizations.weight.original.T
+    assert torch.allclose(mlp(x), by_hand, atol=1e-5)  # MLP(x) = W_down(ReLU(z) ⊙ Act(W_gate x) ⊙ W_up x)
+    slimming.fold(model)
+    assert not any(hasattr(m, "parametrizations") for m in model.modules())
+    assert torch.allclose(_hidden(model, decoder), gated, atol=1e-5)
+
+
+def test_relaxed_l0_and_the_global_choice():
+    from retrctl.prune import slimming
+
+    values = {0: torch.tensor([0.9, 0.1, 0.5, 0.0]), 1: torch.tensor([0.8, 0.7, 0.2, 0.3]), 2: torch.tensor([0.0, 0.0, 0.05, 0.01])}
+    masks = slimming.choose(values, 0.5)  # 6 of 12 kept, ranked across blocks: 0.9 0.8 0.7 0.5 0.3 0.2
+    assert masks[0].tolist() == [True, False, True, False] and masks[1].tolist() == [True, True, True, True]
+    assert masks[2].tolist() == [False, False, True, False]  # a block whose gates all lost keeps its best neuron
+    with pytest.raises(surgery.PruneError, match="--slim-mlp"):
+        slimming.choose(values, 1.0)
+    model = _base_llama_with_gates()
+    with torch.no_grad():
+        for m in model.modules():
+            if hasattr(m, "parametrizations"):
+                m.parametrizations.weight[0].z.copy_(torch.linspace(-1, 2, m.in_features))
+    zs = torch.cat([m.parametrizations.weight[0].z for m in model.modules() if hasattr(m, "parametrizations")])
+    want = (2 * torch.sigmoid(torch.relu(zs) / slimming.RELAX) - 1).mean()
+    assert torch.allclose(slimming.l0(model), want) and float(slimming.l0(model).detach()) > 0
+
+
+def _base_llama_with_gates():
+    from transformers import LlamaConfig, LlamaModel
+
+    from retrctl.prune import slimming
+
+    torch.manual_seed(0)
+    model = LlamaModel(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=8, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1))
+    slimming.add_gates(model)
+    return model
+
+
+def test_zeroed_neurons_are_sliced_exactly_and_stay_zero_under_training(decoder):
+    from retrctl.models import skipping
+    from retrctl.prune import slimming
+
+    model = _base(decoder)
+    masks = {i: torch.rand(layer.mlp.down_proj.in_features) < 0.5 for i, layer in enumerate(model.layers)}
+    slimming.zero_neurons(model, masks)
+    want = _hidden(model, decoder)
+    model.config.retrctl_pruned = {"mlp_width": slimming.widths(model, masks)}
+    before = surgery.non_embedding_params(model)
+    full = sum(p.numel() for n, p in model.named_parameters() if "embed" not in n)
+    hidden = model.config.hidden_size
+    assert before == full - sum(int((~m).sum()) * 3 * hidden for m in masks.values())
+    skipping.skip_removed(model)
+    assert [layer.mlp.down_proj.in_features for layer in model.layers] == [int(m.sum()) for m in masks.values()]
+    assert skipping.has_skipped(model)  # an inference-only form: Encoder.save refuses it
+    assert torch.allclose(_hidden(model, decoder), want, atol=1e-5)
+
+    trained = _base(decoder).train()
+    slimming.zero_neurons(trained, masks)
+    opt = torch.optim.AdamW(trained.parameters(), lr=1e-2, weight_decay=0.1)
+    from transformers import AutoTokenizer
+
+    batch = AutoTokenizer.from_pretrained(str(decoder))(TEXTS, padding=True, return_tensors="pt")
+    for _ in range(2):
+        trained(**batch).last_hidden_state.pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    for i, m in masks.items():
+        mlp = trained.layers[i].mlp
+        assert torch.count_nonzero(mlp.gate_proj.weight[~m]) == 0 and torch.count_nonzero(mlp.down_proj.weight[:, ~m]) == 0
+
+
+def test_self_slimming_trains_gates_keeps_the_fraction_heals_and_saves_a_stock_model(runner, llama4, tmp_path):
+    from transformers import AutoModel
+
+    from retrctl.models import Encoder
+
+    groups = write_jsonl(tmp_path / "g.jsonl", _groups(8, negatives=2))
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"docid": k, **v} for k, v in _corpus().items()])
+    small = tmp_path / "small"
+    r = runner("prune", llama4, "-o", small, "--slim-mlp", 0.5, "--groups", groups, "--corpus", corpus,
+               "--slim-steps", 2, "--heal-steps", 1, "--train-batch-size", 4, "--lr", 1e-3, "--gate-lr", 0.5,
+               "--bidirectional", "--pooling", "mean", "--passage-max-len", 24, "--query-max-len", 16)
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == ""
+    report = json.loads((small / "prune.json").read_text())
+    slim = report["slimming"]
+    assert sum(slim["widths"]) == round(0.5 * 4 * 64) and slim["full_width"] == 64
+    assert slim["metrics"]["slim"]["penalty"] > 0 and slim["metrics"]["heal"]["step"] == 1
+    assert report["params"]["after"] < report["params"]["before"]
+    config = json.loads((small / "config.json").read_text())
+    assert config["retrctl_pruned"]["mlp_width"] == slim["widths"] and config["intermediate_size"] == 64
+    gates = np.load(small / "slim_gates.npz")
+    assert sorted(gates.files) == [f"block_{i}" for i in range(4)]
+    stock = AutoModel.from_pretrained(str(small))  # no retrctl code, no trust_remote_code
+    for i, w in enumerate(slim["widths"]):
+        mlp = stock.layers[i].mlp
+        assert int(mlp.down_proj.weight.ne(0).any(0).sum()) == w
+    full = Encoder.load(small, device="cpu")
+    sliced = Encoder.load(small, device="cpu", inference=True)
+    assert [layer.mlp.down_proj.in_features for layer in sliced.model.layers] == slim["widths"]
+    assert np.allclose(full.encode(TEXTS), sliced.encode(TEXTS), atol=1e-5)
+    assert "Self-slimmed" in (small / "README.md").read_text()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".slim-")]
+
+
+def test_slimming_refusals_exit_2_and_leave_nothing(runner, llama4, tiny_bert, corpus_file, tmp_path):
+    out = tmp_path / "small"
+    r = runner("prune", llama4, "-o", out, "--slim-mlp", 0.5)
+    _refused(r, out)
+    assert "--groups" in r.stderr
+    groups = write_jsonl(tmp_path / "g.jsonl", _groups(4, negatives=2))
+    r = runner("prune", llama4, "-o", out, "--slim-mlp", 1.5, "--groups", groups)
+    _refused(r, out)
+    assert "(0, 1)" in r.stderr

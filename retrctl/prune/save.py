@@ -5,7 +5,9 @@ The dir is what ``Encoder.save`` writes (Hugging Face weights and config, tokeni
 - ``prune.json``: source model, method, every sub-layer's importance score, the masks (1 = kept, per source
   block), what was removed, non-embedding parameter counts before/after, the calibration data's hash. It is also
   the ``--scores`` input of a later ``retrctl prune`` that prunes differently without recomputing (PEER 19).
-- ``importance.png``: attention vs MLP importance per block (matplotlib, headless Agg).
+- ``importance.png``: attention vs MLP importance per block, and each block's MLP width after self-slimming
+  (matplotlib, headless Agg).
+- ``slim_gates.npz`` (self-slimming): every MLP neuron's trained gate value, per block.
 - ``README.md``: a model card saying what was removed, from what, and how to load it.
 
 ``verify`` reloads the written dir with stock ``AutoModel.from_pretrained`` (no retrctl code, no remote code) and
@@ -18,32 +20,43 @@ import json
 from pathlib import Path
 
 PRUNE_JSON = "prune.json"
+SLIM_GATES = "slim_gates.npz"
 
 
-def chart(scores: dict, removed: dict, path: Path, title: str) -> None:
-    """Attention and MLP importance per block (log scale); removed sub-layers circled, removed blocks shaded."""
+def chart(report: dict, path: Path) -> None:
+    """Attention and MLP importance per block (log scale; removed sub-layers circled, removed blocks shaded) when
+    they were computed, and each block's kept MLP width after self-slimming."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    n = len(scores["attention"])
-    fig, ax = plt.subplots(figsize=(max(6, 0.3 * n + 2), 3.6))
-    for i in removed["blocks"]:
-        ax.axvspan(i - 0.4, i + 0.4, color="0.85", zorder=0, label="block removed" if i == removed["blocks"][0] else None)
-    for kind, color in (("attention", "tab:blue"), ("mlp", "tab:orange")):
-        ax.plot(range(n), scores[kind], marker="o", ms=4, color=color, label=f"{kind} (1 − cos)")
-        gone = removed[kind]
-        if gone:
-            ax.scatter(gone, [scores[kind][i] for i in gone], s=90, facecolors="none", edgecolors=color, linewidths=1.5,
-                       zorder=3, label=f"{kind} removed")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("block")
-    ax.set_ylabel("importance (log)")
-    ax.set_yscale("log")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    scores, removed, slim = report["scores"], report["removed"], report.get("slimming")
+    panels = [p for p in ("importance", "width") if (p == "importance" and scores) or (p == "width" and slim)]
+    n = len(report["masks"]["block"])
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(6, 0.3 * n + 2), 3.6 * len(panels)), squeeze=False)
+    for ax, panel in zip(axes[:, 0], panels, strict=True):
+        for i in removed["blocks"]:
+            ax.axvspan(i - 0.4, i + 0.4, color="0.85", zorder=0, label="block removed" if i == removed["blocks"][0] else None)
+        if panel == "importance":
+            for kind, color in (("attention", "tab:blue"), ("mlp", "tab:orange")):
+                ax.plot(range(n), scores[kind], marker="o", ms=4, color=color, label=f"{kind} (1 − cos)")
+                gone = removed[kind]
+                if gone:
+                    ax.scatter(gone, [scores[kind][i] for i in gone], s=90, facecolors="none", edgecolors=color,
+                               linewidths=1.5, zorder=3, label=f"{kind} removed")
+            ax.set_ylabel("importance (log)")
+            ax.set_yscale("log")
+            ax.set_title(f"{report['source']}: sub-layer importance", fontsize=9)
+        else:
+            ax.bar(slim["blocks"], slim["widths"], color="tab:orange", label="MLP neurons kept")
+            ax.axhline(slim["full_width"], color="0.5", lw=1, ls="--", label="full width")
+            ax.set_ylabel("MLP width")
+            ax.set_title(f"self-slimming: {slim['keep']:.0%} of the MLP neurons kept, ranked globally", fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("block (source numbering)")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -59,29 +72,47 @@ def card(report: dict) -> str:
         f"- whole blocks removed (source numbering): {removed['blocks'] or 'none'}",
         f"- MLP sub-layers removed (source numbering): {removed['mlp'] or 'none'}",
         f"- attention sub-layers removed (source numbering): {removed['attention'] or 'none'}", "",
-        "Importance is EffiR's 1 − cos(input, output) of each sub-layer on the residual stream, averaged over "
-        f"{report['calibration']['texts']} calibration passages ({report['calibration']['tokens']:,} tokens, at most "
-        f"{report['calibration']['max_length']} each; data hash `{report['calibration']['hash']}`). "
-        "Scores, masks and counts are in `prune.json`; the chart is `importance.png`.", "",
-        "This model has not been trained after pruning: fine-tune it to recover quality, e.g. "
+    ]
+    if report["scores"]:
+        calib = report["calibration"]
+        lines += ["Importance is EffiR's 1 − cos(input, output) of each sub-layer on the residual stream, averaged over "
+                  f"{calib['texts']} calibration passages ({calib['tokens']:,} tokens, at most {calib['max_length']} "
+                  f"each; data hash `{calib['hash']}`). Scores, masks and counts are in `prune.json`; the chart is "
+                  "`importance.png`.", ""]
+    slim = report.get("slimming")
+    if slim:
+        lines += [f"Self-slimmed (EffiR's fine step): gates on the MLP neurons trained {slim['slim_steps']} steps "
+                  f"with InfoNCE + {slim['lambda']}·L0 on `{slim['groups']}`, the top {slim['keep']:.0%} kept across "
+                  f"all blocks (widths {min(slim['widths'])}–{max(slim['widths'])} of {slim['full_width']}; per block in "
+                  f"`prune.json`, the gate values in `{SLIM_GATES}`), then {slim['heal_steps']} steps of InfoNCE with the "
+                  "mask frozen.", ""]
+    lines += [
+        "This model has not been trained after pruning: fine-tune it to recover quality, e.g. " if not slim else
+        "Fine-tune it further to recover more quality, e.g. ",
         "`retrctl mine … | retrctl train --model THIS_DIR …`.", "", "## Loading", "",
         "```python", "from transformers import AutoModel", "model = AutoModel.from_pretrained(DIR)", "```", "",
         "or `SentenceTransformer(DIR)`, or `retrctl index --model DIR`.",
     ]
-    if report["removed"]["mlp"] or report["removed"]["attention"]:
+    if report["removed"]["mlp"] or report["removed"]["attention"] or slim:
         lines += [
-            "", "Single sub-layers were removed, which no stock config can express: they are stored as zeros, so the "
+            "", "Single sub-layers or MLP neurons were removed, which no stock config can express: they are stored as zeros, so the "
             "stock load above gives the pruned model's outputs exactly but computes them. `config.retrctl_pruned` lists "
-            "them; `retrctl index`, `search` and `mine` skip them in memory (same outputs, less compute; "
+            "them (and each block's kept MLP width); `retrctl index`, `search` and `mine` skip them in memory (same outputs, less compute; "
             "`retrctl.models.skipping.skip_removed(model)` does it for your own code). "
             "A model trained from this one (`retrctl train --model DIR`) keeps the zeros (their gradients are zero).",
         ]
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, report: dict) -> None:
+def write_report(out: Path, report: dict, gates: dict | None = None) -> None:
+    """prune.json, importance.png, README.md; ``gates`` (block → gate values) to ``slim_gates.npz``, so a user can
+    keep another fraction without training the gates again."""
     (out / PRUNE_JSON).write_text(json.dumps(report, indent=2) + "\n")
-    chart(report["scores"], report["removed"], out / "importance.png", f"{report['source']}: sub-layer importance")
+    if gates:
+        import numpy as np
+
+        np.savez(out / SLIM_GATES, **{f"block_{i}": v.numpy() for i, v in gates.items()})
+    chart(report, out / "importance.png")
     (out / "README.md").write_text(card(report))
 
 

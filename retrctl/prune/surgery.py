@@ -83,6 +83,10 @@ def non_embedding_params(model) -> int:
     for kind, attr in SUBLAYERS.items():
         for i in pruned.get(kind, []):
             total -= sum(p.numel() for p in getattr(model.layers[i], attr).parameters())
+    for i, width in enumerate(pruned.get("mlp_width") or []):  # self-slimmed: a zeroed neuron is a gate/up row + down column
+        mlp = model.layers[i].mlp
+        if i not in pruned.get("mlp", []) and width < mlp.down_proj.in_features:
+            total -= (mlp.down_proj.in_features - width) * (mlp.gate_proj.in_features + mlp.up_proj.in_features + mlp.down_proj.out_features)
     return total
 
 
@@ -218,7 +222,9 @@ def apply(model, p: Plan) -> None:
     kept = drop_blocks(model, p.blocks) if p.blocks else list(range(len(model.layers)))
     new = {old: i for i, old in enumerate(kept)}
     pruned = {k: sorted(new[i] for i in {*getattr(p, k), *earlier.get(k, [])} if i in new) for k in ("mlp", "attention")}
-    if pruned["mlp"] or pruned["attention"]:
+    if earlier.get("mlp_width"):  # widths of self-slimmed MLPs follow their blocks
+        pruned["mlp_width"] = [earlier["mlp_width"][i] for i in kept]
+    if pruned["mlp"] or pruned["attention"] or pruned.get("mlp_width"):
         model.config.retrctl_pruned = pruned
     elif hasattr(model.config, "retrctl_pruned"):
         del model.config.retrctl_pruned

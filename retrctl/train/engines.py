@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import os
 import socket
 import sys
@@ -111,12 +112,30 @@ def setup_processes(cfg: TrainConfig) -> Dist:
 # ---------------------------------------------------------------- engines
 
 
-def _param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
+def lora_b_norm(module: torch.nn.Module) -> float:
+    """The global norm of the LoRA B weights (every process's ZeRO-3 partition): zero means the adapters do not train."""
+    total = torch.zeros((), device=next(module.parameters()).device)
     for name, p in module.named_parameters():
-        if p.requires_grad:
+        if "lora_B" in name:
+            t = p.ds_tensor if hasattr(p, "ds_tensor") else p  # ZeRO-3 keeps a partition per process
+            total += t.detach().float().pow(2).sum()
+    if dist.is_initialized():  # nccl reduces device tensors only
+        dist.all_reduce(total)
+    return math.sqrt(float(total))
+
+
+def _param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only; a parameter with its own ``lr`` attribute (prune's gates) in a group of its own."""
+    decay, no_decay, own = [], [], {}
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        if getattr(p, "lr", None) is not None:
+            own.setdefault(p.lr, []).append(p)
+        else:
             (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0},
+            *({"params": ps, "weight_decay": 0.0, "lr": lr} for lr, ps in own.items())]
 
 
 class PlainEngine:

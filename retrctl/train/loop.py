@@ -26,7 +26,6 @@ import dataclasses
 import functools
 import json
 import logging
-import math
 import os
 import shutil
 import time
@@ -51,7 +50,7 @@ from retrctl.train.checkpoint import (
 )
 from retrctl.train.config import TrainConfig, resume_conflicts
 from retrctl.train.data import Batches, Example, GroupSource
-from retrctl.train.engines import DeepSpeedEngine, PlainEngine, import_deepspeed, setup_processes
+from retrctl.train.engines import DeepSpeedEngine, PlainEngine, import_deepspeed, lora_b_norm, setup_processes
 
 log = logging.getLogger("retrctl.train")
 
@@ -111,17 +110,6 @@ def teacher_scores(teacher: Teacher | Encoder, examples: list[Example]) -> torch
     return torch.tensor([[float(x) for x in teacher(e.query, e.passages)] for e in examples], dtype=torch.float32)
 
 
-def lora_b_norm(module: torch.nn.Module) -> float:
-    total = torch.zeros((), device=next(module.parameters()).device)
-    for name, p in module.named_parameters():
-        if "lora_B" in name:
-            t = p.ds_tensor if hasattr(p, "ds_tensor") else p  # ZeRO-3 keeps a partition per process
-            total += t.detach().float().pow(2).sum()
-    if dist.is_initialized():  # nccl reduces device tensors only
-        dist.all_reduce(total)
-    return math.sqrt(float(total))
-
-
 # ---------------------------------------------------------------- the loop
 
 
@@ -142,16 +130,23 @@ class Trainer:
     (``cfg.distill_weight``), instead of the scores stored in the groups: a callable ``(query, passages) ->
     scores`` or an Encoder. Neither is part of what a resume can check (the data and ``cfg`` are): resume with the
     same ones.
+
+    For a stage that trains extra parameters inside the encoder (prune's self-slimming gates): ``penalty``, a
+    term of the parameters alone added to every step's loss (reported as ``penalty``); ``finish``, applied to the
+    trained encoder before it is saved (folding the extras into stock weights); a parameter carrying an ``lr``
+    attribute gets that learning rate (same schedule).
     """
 
     def __init__(self, cfg: TrainConfig, groups, corpus: dict | None, output, *,
                  on_step: Callable[[int, dict], None] | None = None, encoder: Encoder | None = None,
-                 teacher: Teacher | Encoder | None = None):
+                 teacher: Teacher | Encoder | None = None, penalty: Callable[[], torch.Tensor] | None = None,
+                 finish: Callable[[Encoder], None] | None = None):
         cfg.check()
         if encoder is None and not cfg.model:
             raise ValueError("a model is required (--model)")
         check_output(output, cfg)
         self.cfg, self.output, self.on_step, self.teacher = cfg, Path(output), on_step, teacher
+        self.penalty, self.finish = penalty, finish
         self.dist = setup_processes(cfg)
         if self.dist.world > 1 and groups == "-":
             raise ValueError("with several processes read groups from a file, not stdin (every process reads them)")
@@ -284,12 +279,18 @@ class Trainer:
         def unsorted_loss(q, p):
             return loss_fn(q[qinv.to(q.device)], p[pinv.to(p.device)])
 
+        extra = None
+        if self.penalty is not None:  # parameters only: its gradient adds to the step's (first: the last backward ends it)
+            extra = self.penalty()
+            self.engine.backward(extra, False)
         if self.plan.grad_cache:
             loss, parts = losses.grad_cache_step(embed_q, qc, pc, unsorted_loss, self.engine.backward, encode_passage=embed_p)
         else:
             loss, parts = unsorted_loss(torch.cat([embed_q(c) for c in qc]), torch.cat([embed_p(c) for c in pc]))
             self.engine.backward(loss)
             loss = loss.detach()
+        if extra is not None:
+            loss, parts = loss + extra.detach(), {**parts, "penalty": extra.detach()}
         lr = self.engine.lr()
         self.engine.step()
         out = {"loss": loss, **parts}
@@ -476,6 +477,8 @@ class Trainer:
             torch.manual_seed(self.cfg.seed)
             fresh = prepare(self.template, self.cfg, for_training=False)
         fresh.load_state_dict(state)
+        if self.finish is not None:
+            self.finish(fresh)
         after = self._embed(fresh, self.probe)
         if self.cfg.lora_r:
             fresh.model = fresh.model.merge_and_unload()  # in fp32
