@@ -1,15 +1,18 @@
 """Benchmark: LightRetriever's token-lookup query encoder after training, against the full query encoder trained
 in the same run, on one corpus index (issue 15).
 
-`retrctl train --query-encoder token-lookup` trains one document encoder and two query encoders (full and token
-lookup, KL-tied); `retrctl index` builds one corpus index; `retrctl search` runs twice: `--query-encoder full` and
-`--query-encoder token-lookup` (table lookup, no transformer). Hybrid rows fuse a dense run with a BM25 run
-(`retrctl index --method bm25`; its query side is token counts, like LightRetriever's sparse queries, but the
-doc weights are BM25's, not learned) by `retrctl fuse`: RRF (k 60) and min-max linear 0.5/0.5. Same recipe and groups as bench/train_quality.py's
-minilm task (SciFact train queries, judged positives, BM25-mined negatives, 3 epochs of 32 groups, τ 0.05,
-lr 2e-5, query/passage max len 64/256), so the full row can be set beside that benchmark's plain training.
+`retrctl train --query-encoder token-lookup --heads dense,sparse` trains one document encoder, two query encoders
+(full and token lookup, KL-tied) and the SPLADE head; `retrctl index` builds one corpus index holding both heads;
+`retrctl search` runs per query side and head: dense with `--query-encoder full|token-lookup`, the sparse head with
+token-count queries (exact and Seismic), and the index's own fusion of dense + sparse (LightRetriever's hybrid).
+More hybrid rows fuse a dense run with the sparse run or a BM25 run by `retrctl fuse` (RRF k 60, min-max linear
+0.5/0.5). Then the sparse head's price: build time and size against a `--heads dense` index of the same model,
+per-query search time of each head, Seismic's recall@10 against exact. Same recipe and groups as
+bench/train_quality.py's minilm task (SciFact train queries, judged positives, BM25-mined negatives, 3 epochs of 32
+groups, τ 0.05, lr 2e-5, query/passage max len 64/256), so the full row can be set beside that benchmark's plain
+training. `--heads dense` leaves the sparse head out (the earlier rows only).
 
-    python bench/light.py                      # minilm, the recipe above (~40 min on the idle 2-core CPU)
+    python bench/light.py                      # minilm, the recipe above (~60 min on the idle 2-core CPU)
     python bench/light.py --epochs 1 --eval-docs 1000
 """
 
@@ -28,6 +31,53 @@ from train_quality import slice_beir, train, train_groups
 def ndcg(run: Path, data: Path) -> float:
     _, out, _ = retrctl("eval", run, "--qrels", data, "--json", "-m", "nDCG@10", "--quiet")
     return json.loads(out.splitlines()[0])["nDCG@10"]
+
+
+def top10(run: Path) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in run.read_text().splitlines():
+        q, _, d, rank, *_ = line.split()
+        if int(rank) <= 10:
+            out.setdefault(q, []).append(d)
+    return out
+
+
+def index_costs(a, work: Path, scifact: Path, model: Path, idx: Path, caps: list, t_both: float, runs: dict) -> list[str]:
+    """The sparse head's price: build time and size against a dense-only index of the same model, query time of
+    each head (one process per search, loading included, so a search of 0 queries is subtracted), and Seismic's
+    recall@10 against exact search."""
+    dense_idx = work / "idx-dense-only"
+    t_dense, *_ = retrctl("index", scifact, "--model", model, "--heads", "dense", *caps, "--batch-size", a.eval_batch,
+                          "-o", dense_idx, "--quiet", "--rebuild")
+    from retrctl.indexes import store
+
+    version = store.resolved(idx)
+    n = version.manifest["doc_count"]
+    size = {p.name: p.stat().st_size for p in version.path.iterdir()}
+    empty = work / "no-queries.jsonl"
+    empty.write_text("")
+    lat, nq = {}, 0
+    for name, args in (("dense Flat, full queries", ["--heads", "dense", "--query-encoder", "full"]),
+                       ("dense Flat, token lookup", ["--heads", "dense", "--query-encoder", "token-lookup"]),
+                       ("sparse, exact", ["--heads", "sparse", "--sparse-search", "exact"]),
+                       ("sparse, seismic", ["--heads", "sparse", "--sparse-search", "seismic"])):
+        t0, *_ = retrctl("search", idx, empty, *args, "-o", work / "empty.trec", "--quiet")
+        t1, *_ = retrctl("search", idx, scifact, "--hits", 100, *args, "-o", work / "timed.trec", "--quiet")
+        nq = len(top10(work / "timed.trec"))
+        lat[name] = 1000 * (t1 - t0) / max(1, nq)
+    exact, approx = top10(runs["sparse-exact"]), top10(runs["sparse-seismic"])
+    recall = sum(len(set(exact[q]) & set(approx.get(q, []))) for q in exact) / sum(len(v) for v in exact.values())
+    dense_mb = size.get("index.faiss", 0) / 2**20
+    sparse_mb = (size.get("terms.npy", 0) + size.get("weights.npy", 0)) / 2**20
+    lines = [f"| index ({n} docs) | build s | docs/s | size MB |", "|---|---|---|---|",
+             f"| dense only (`--heads dense`) | {t_dense:.0f} | {n / t_dense:.1f} | {dense_mb:.1f} |"]
+    if t_both == t_both:  # nan when the index was reused
+        lines.append(f"| dense + sparse, one pass (default) | {t_both:.0f} | {n / t_both:.1f} | {dense_mb:.1f} + {sparse_mb:.1f} |")
+    lines += ["", f"| search ({nq} queries, top 100) | ms/query, model load excluded |", "|---|---|",
+              *[f"| {k} | {v:.1f} |" for k, v in lat.items()], "",
+              f"Seismic recall@10 against exact sparse search: {recall:.3f} (query cut 20, heap factor 0.9; "
+              f"{nq} queries)."]
+    return lines
 
 
 def main() -> None:
@@ -67,23 +117,27 @@ def main() -> None:
         t_index, *_ = retrctl("index", scifact, "--model", model, *caps, "--batch-size", a.eval_batch, "-o", idx, "--quiet", "--rebuild")
     retrctl("index", scifact, "--method", "bm25", "-o", work / "idx-bm25", "--quiet", "--rebuild")
     rows, runs = [], {}
+    dense = ["--heads", "dense"] if "sparse" in a.heads else []
     for enc in ("full", "token-lookup"):
         runs[enc] = run = work / f"run-{enc}.trec"
-        t, *_ = retrctl("search", idx, scifact, "--hits", 100, "--query-encoder", enc, "-o", run, "--quiet")
+        t, *_ = retrctl("search", idx, scifact, "--hits", 100, "--query-encoder", enc, *dense, "-o", run, "--quiet")
         rows.append((enc, ndcg(run, scifact), f"{t:.1f}"))
     runs["bm25"] = work / "run-bm25.trec"
     retrctl("search", work / "idx-bm25", scifact, "--hits", 100, "-o", runs["bm25"], "--quiet")
     rows.append(("BM25", ndcg(runs["bm25"], scifact), ""))
-    lexical = ["bm25"]
-    if "sparse" in a.heads:  # the learned sparse head: docs by SPLADE, queries by token counts (no encoder)
-        t_sparse = float("nan")
-        if not (a.reuse and (work / "idx-sparse").is_dir()):
-            t_sparse, *_ = retrctl("index", scifact, "--method", "sparse", "--model", model, *caps, "--batch-size",
-                                   a.eval_batch, "-o", work / "idx-sparse", "--quiet", "--rebuild")
-        runs["sparse"] = work / "run-sparse.trec"
-        t, *_ = retrctl("search", work / "idx-sparse", scifact, "--hits", 100, "-o", runs["sparse"], "--quiet")
-        rows.append((f"sparse (token-count queries; index {t_sparse / 60:.1f} min)", ndcg(runs["sparse"], scifact), f"{t:.1f}"))
+    lexical, costs = ["bm25"], []
+    if "sparse" in a.heads:  # the learned sparse head, in the same index: docs by SPLADE, queries by token counts
+        for search in ("exact", "seismic"):
+            runs[f"sparse-{search}"] = run = work / f"run-sparse-{search}.trec"
+            t, *_ = retrctl("search", idx, scifact, "--hits", 100, "--heads", "sparse", "--sparse-search", search, "-o", run, "--quiet")
+            rows.append((f"sparse head, token-count queries ({search})", ndcg(run, scifact), f"{t:.1f}"))
+        runs["sparse"] = runs["sparse-exact"]
         lexical.append("sparse")
+        for enc in ("full", "token-lookup"):  # the index's own fusion of its two heads (search's default)
+            run = work / f"run-{enc}+sparse-heads.trec"
+            t, *_ = retrctl("search", idx, scifact, "--hits", 100, "--query-encoder", enc, "-o", run, "--quiet")
+            rows.append((f"**{enc} + sparse head, one search (linear min-max)**", ndcg(run, scifact), f"{t:.1f}"))
+        costs = index_costs(a, work, scifact, model, idx, caps, t_index, runs)
     for lex in lexical:
         for enc in ("full", "token-lookup"):
             for fusion in (["--fusion", "rrf"], ["--fusion", "linear", "--norm", "minmax"]):
@@ -96,7 +150,7 @@ def main() -> None:
              f"(--query-encoder token-lookup --heads {a.heads}), table {table['vocab']}×{table['hidden']} built in {table['seconds']} s, "
              f"index {t_index / 60:.1f} min (nan: reused).", "",
              "| query encoder | nDCG@10 | of full | search s (incl. load) |", "|---|---|---|---|",
-             *[f"| {e} | {s:.4f} | {100 * s / full:.1f} % | {t} |" for e, s, t in rows]]
+             *[f"| {e} | {s:.4f} | {100 * s / full:.1f} % | {t} |" for e, s, t in rows], "", *costs]
     sys.stdout.write("\n".join(lines) + "\n")
 
 
