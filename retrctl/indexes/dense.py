@@ -324,7 +324,10 @@ class DenseIndex(base.Index):
         qvec = self._last_queries.get(query["query_text"])
         if qvec is None:
             qvec = self._encode_queries([query])[0]
-        return dict(zip(docids, (self.get_vectors(docids) @ qvec).tolist(), strict=True))
+        return dict(zip(docids, self._dot(qvec, docids).tolist(), strict=True))
+
+    def _dot(self, qvec: np.ndarray, docids: list[str]) -> np.ndarray:
+        return self.get_vectors(docids) @ qvec
 
     def _encode_queries(self, queries: list[dict]) -> np.ndarray:
         if self.encoder is None:

@@ -246,18 +246,11 @@ class SparseIndex(SparseSearch, DenseIndex):
     def search_vectors(self, qvecs: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
         return self.search_rows(self.matrix(), qvecs, k, self._order_key(), self.docids)
 
-    def score(self, query: dict, docids: Iterable[str]) -> dict[str, float]:
+    def _dot(self, qvec: np.ndarray, docids: list[str]) -> np.ndarray:
         from retrctl.models.sparse import to_csr
 
-        docids = [d for d in docids if d in self._pos]
-        if not docids:
-            return {}
-        qvec = self._last_queries.get(query["query_text"])
-        if qvec is None:
-            qvec = self._encode_queries([query])[0]
         q = to_csr(*unpack(qvec[None]), self.vocab)
-        got = (self.matrix()[[self._pos[d] for d in docids]] @ q.T).toarray()[:, 0]
-        return dict(zip(docids, got.tolist(), strict=True))
+        return (self.matrix()[[self._pos[d] for d in docids]] @ q.T).toarray()[:, 0]
 
     # ------------------------------------------------------------ files
 
