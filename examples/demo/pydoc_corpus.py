@@ -14,7 +14,6 @@ import os
 import re
 import sys
 from pathlib import Path
-
 from pydoc_data.topics import topics
 
 MAX_WORDS = 120
