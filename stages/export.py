@@ -210,8 +210,10 @@ def notes(enc) -> list[str]:
     c = enc.config
     out = []
     if c.query_max_len != c.passage_max_len:
-        out.append(f"sentence-transformers has one max_seq_length: {c.passage_max_len} (the passage cap) is saved; retrctl "
-                   f"and the ONNX runtime cut queries at {c.query_max_len}.")
+        out.append(f"queries are cut at {c.query_max_len} tokens, passages at {c.passage_max_len}: saved as query_length and "
+                   "document_length in sentence_bert_config.json, which sentence-transformers 6 applies in encode_query and "
+                   "encode_document (plain encode() cuts every text at max_seq_length, the passage cap; releases before "
+                   "these keys refuse the config); the ONNX runtime reads the caps from retrctl.json.")
     if is_decoder(enc.model.config) or getattr(enc.model.config, "is_causal", None) is not None:
         out.append("decoder with bidirectional attention: saved as is_causal=false in config.json, which transformers reads, "
                    "so stock AutoModel and SentenceTransformer run it bidirectionally (the st check above compared them)"

@@ -280,3 +280,26 @@ def test_lora_adapter_dir_is_merged_in_fp32_and_matches_the_adapter_model(runner
     report = json.loads((dist / "export.json").read_text())
     assert report["lora"]["merged_in"] == "fp32" and report["lora"]["merge_max_abs_diff"] <= 1e-5
     assert not (dist / "adapter_config.json").exists() and "merged in fp32" in (dist / "README.md").read_text()
+
+
+def test_query_cap_below_passage_cap_reaches_stock_encode_query(runner, tiny_bert, tmp_path):
+    """ST has one max_seq_length; a shorter query cap goes in as the Transformer's query_length (ST 6), so the
+    stock encode_query cuts queries where retrctl does (the sample texts are longer than 3 tokens)."""
+    dist = tmp_path / "d"
+    r = runner("export", tiny_bert, "-o", dist, "--format", "st", "--query-max-len", "3", "--passage-max-len", "32")
+    assert r.exit_code == 0, r.stderr
+    sb = json.loads((dist / "sentence_bert_config.json").read_text())
+    assert (sb["max_seq_length"], sb["query_length"], sb["document_length"]) == (32, 3, 32)
+    ours = _torch_vectors(tiny_bert, "query", query_max_len=3, passage_max_len=32)
+    assert not np.allclose(ours, _torch_vectors(tiny_bert, "query", query_max_len=32, passage_max_len=32), atol=1e-4)
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(dist), device="cpu")
+    np.testing.assert_allclose(st.encode_query(TEXTS), ours, atol=1e-5)
+    np.testing.assert_allclose(st.encode_document(TEXTS), _torch_vectors(tiny_bert, passage_max_len=32), atol=1e-5)
+    assert "query_length" in (dist / "README.md").read_text()
+    (dist / "retrctl.json").unlink()  # a sentence-transformers dir from elsewhere: the caps come from its config
+    from retrctl.models import Encoder
+
+    config = Encoder.load(dist, device="cpu").config
+    assert (config.query_max_len, config.passage_max_len) == (3, 32)

@@ -38,7 +38,7 @@ def main(model: str, dist: str, corpus: str, queries: str) -> None:
 
     torch_enc = Encoder.load(model, device="cpu", inference=True)
     stock = SentenceTransformer(dist, device="cpu")
-    diff = float(np.abs(stock.encode(texts[:32], batch_size=32) - torch_enc.encode(texts[:32])).max())
+    diff = float(np.abs(stock.encode_document(texts[:32], batch_size=32) - torch_enc.encode(texts[:32])).max())
     print(f"SentenceTransformer('{dist}') loads the fine-tuned model: max |diff| to retrctl's vectors {diff:.1e}")
 
     onnx_enc = OnnxEncoder.load(f"{dist}/onnx/model.onnx")

@@ -17,7 +17,7 @@ TRAIN_KEYS = ("model", "epochs", "max_steps", "batch_size", "train_group_size", 
               "distill_weight", "lora_r", "seed")
 USAGE = {
     "st": "```python\nfrom sentence_transformers import SentenceTransformer\nm = SentenceTransformer(\"{dist}\")\n"
-          "q = m.encode([\"a query\"], prompt_name=\"query\")\nd = m.encode([\"a passage\"], prompt_name=\"document\")\n```",
+          "q = m.encode_query([\"a query\"])\nd = m.encode_document([\"a passage\"])\n```",
     "onnx": "```bash\nretrctl index corpus.jsonl --model {dist}/onnx -o idx/   # or {dist}/onnx/model_int8.onnx\n```\n"
             "Inputs `input_ids`, `attention_mask` (int64, [batch, sequence]); output `embedding` [batch, {dim}], "
             "pooled{norm} inside the graph. Tokenize with the tokenizer in `onnx/`, prefixing the prompts of the Encoder table.",

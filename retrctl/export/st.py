@@ -19,8 +19,10 @@ log = logging.getLogger("retrctl.export")
 
 
 def write(enc, out: Path) -> None:
-    """The model dir ``out`` (sentence-transformers layout + retrctl.json), dims as an identity Dense."""
+    """The model dir ``out`` (sentence-transformers layout + retrctl.json), dims as an identity Dense, and the
+    query cap where it differs from the passage cap."""
     enc.save(out)
+    write_lengths(enc.config, out)
     dims = enc.config.dims
     if not dims:
         return
@@ -42,18 +44,30 @@ def write(enc, out: Path) -> None:
     (out / "modules.json").write_text(json.dumps(modules, indent=2))
 
 
+def write_lengths(config, out: Path) -> None:
+    """A query cap below the passage cap as the Transformer's ``query_length``/``document_length``, which
+    sentence-transformers 6 applies in ``encode_query``/``encode_document`` (``max_seq_length`` stays the passage
+    cap for plain ``encode``). Only in an export: releases before these keys refuse a config that has them, and
+    ``Encoder.save``'s model dirs stay loadable by those."""
+    if config.query_max_len == config.passage_max_len or not (config.query_max_len and config.passage_max_len):
+        return
+    path = out / "sentence_bert_config.json"
+    sb = json.loads(path.read_text())
+    sb.update(query_length=config.query_max_len, document_length=config.passage_max_len)
+    path.write_text(json.dumps(sb, indent=2))
+
+
 def stock_parity(enc, out: Path, texts: list[str], ref: dict | None = None) -> dict:
-    """Stock ``SentenceTransformer(out)`` against ``enc.encode`` on ``texts`` (queries and passages, with the
-    saved prompts), or against ``ref`` ({kind: vectors}, the fp32 model's, for a cast export): the largest
-    absolute difference, the smallest and the mean cosine."""
+    """Stock ``SentenceTransformer(out)``'s ``encode_query``/``encode_document`` (its saved prompts and lengths)
+    against ``enc.encode`` on ``texts``, or against ``ref`` ({kind: vectors}, the fp32 model's, for a cast export):
+    the largest absolute difference, the smallest and the mean cosine."""
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(str(out), device="cpu", trust_remote_code=False)
     worst, cos, coss = 0.0, 1.0, []
-    for kind, prompt in (("query", "query"), ("passage", "document")):
+    for kind, stock in (("query", st.encode_query), ("passage", st.encode_document)):
         ours = ref[kind] if ref is not None else enc.encode(texts, kind)
-        theirs = st.encode(texts, prompt_name=prompt if st.prompts.get(prompt) else None, convert_to_numpy=True,
-                           batch_size=len(texts))
+        theirs = stock(texts, convert_to_numpy=True, batch_size=len(texts))
         if theirs.shape != ours.shape:
             return {"max_abs_diff": float("inf"), "min_cos": -1.0, "shape": list(theirs.shape)}
         worst = max(worst, float(np.abs(theirs - ours).max()))

@@ -154,6 +154,9 @@ def saved_settings(d: Path) -> tuple[Path, dict]:
         sb = read_json(weights / "sentence_bert_config.json")
         if sb.get("max_seq_length"):
             settings["query_max_len"] = settings["passage_max_len"] = int(sb["max_seq_length"])
+        for key, setting in (("query_length", "query_max_len"), ("document_length", "passage_max_len")):
+            if sb.get(key):  # sentence-transformers 6's per-task caps
+                settings[setting] = int(sb[key])
         settings.update(DenseHead.read_settings(d, modules))
         prompts = read_json(d / "config_sentence_transformers.json").get("prompts") or {}
         settings["query_prompt"] = prompts.get("query", "")
