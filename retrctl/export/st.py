@@ -45,7 +45,7 @@ def write(enc, out: Path) -> None:
 
 
 def write_lengths(config, out: Path) -> None:
-    """A query cap below the passage cap as the Transformer's ``query_length``/``document_length``, which
+    """A query cap other than the passage cap as the Transformer's ``query_length``/``document_length``, which
     sentence-transformers 6 applies in ``encode_query``/``encode_document`` (``max_seq_length`` stays the passage
     cap for plain ``encode``). Only in an export: releases before these keys refuse a config that has them, and
     ``Encoder.save``'s model dirs stay loadable by those."""
