@@ -49,7 +49,7 @@ def write_lengths(config, out: Path) -> None:
     sentence-transformers 6 applies in ``encode_query``/``encode_document`` (``max_seq_length`` stays the passage
     cap for plain ``encode``). Only in an export: releases before these keys refuse a config that has them, and
     ``Encoder.save``'s model dirs stay loadable by those."""
-    if config.query_max_len == config.passage_max_len or not (config.query_max_len and config.passage_max_len):
+    if config.query_max_len == config.passage_max_len:  # both always set: Encoder.load fills the model's own
         return
     path = out / "sentence_bert_config.json"
     sb = json.loads(path.read_text())
