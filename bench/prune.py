@@ -7,13 +7,16 @@
    interleaved so load changes hit every model alike), for unpruned / drop-mlp 8 / drop-mlp 15 / drop-layers 10.
    Each single-sub-layer setting is timed twice: as stock `AutoModel.from_pretrained` runs the saved dir (removed
    sub-layers are zeros: computed) and skipped (what `surgery.skip_removed` runs in memory).
-3. With `--ndcg-docs N`: SciFact test nDCG@10 right after pruning (no training) on an N-doc sub-corpus: every doc
+3. `--dirs NAME=DIR,...`: models `retrctl prune` wrote (e.g. `--target-shape`, Sheared-LLaMA), timed and scored
+   beside the settings above (loaded as retrctl's index loads them).
+4. With `--ndcg-docs N`: SciFact test nDCG@10 right after pruning (no training) on an N-doc sub-corpus: every doc
    judged for the first `--ndcg-queries` test queries (sorted ids), filled up to N with other corpus docs in
    corpus order; scored by retrctl.metrics (trec_eval semantics), exact dot-product search over the sub-corpus.
 
     flock /work/bench.lock .venv/bin/python bench/prune.py                       # importance + speed, ~15 min on 2 cores
     flock /work/bench.lock .venv/bin/python bench/prune.py --scores S.json --threads 1   # speed only, CPU time robust to load
     flock /work/bench.lock .venv/bin/python bench/prune.py --ndcg-docs 1000 --settings unpruned,drop-mlp-8
+    flock /work/bench.lock .venv/bin/python bench/prune.py --settings unpruned --dirs shape=DIR --threads 1 --ndcg-docs 1000
 
 Markdown tables on stdout; progress on stderr.
 """
@@ -105,6 +108,7 @@ def main():
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--settings", default=DEFAULT, help=f"comma-separated, of: {', '.join(SETTINGS)}")
+    ap.add_argument("--dirs", default="", help="NAME=DIR,...: pruned model dirs to time and score beside the settings")
     ap.add_argument("--ndcg-docs", type=int, default=0)
     ap.add_argument("--ndcg-queries", type=int, default=100)
     args = ap.parse_args()
@@ -115,7 +119,10 @@ def main():
     enc = Encoder.load(args.model, device="cpu", pooling="mean", bidirectional=True,
                        passage_max_len=args.max_length, query_max_len=64)
     corpus = DATA / "scifact" / "corpus.jsonl"
-    if args.scores:
+    wanted = args.settings.split(",")
+    if not args.scores and wanted == ["unpruned"]:  # nothing to remove by importance: none needed
+        scores = None
+    elif args.scores:
         scores = json.loads(Path(args.scores).read_text())
     else:
         t0 = time.perf_counter()
@@ -124,11 +131,8 @@ def main():
         scores.update(seconds=time.perf_counter() - t0, passages=len(texts), max_length=args.max_length)
         Path(args.save_scores).parent.mkdir(parents=True, exist_ok=True)
         Path(args.save_scores).write_text(json.dumps(scores, indent=1))
-    print(f"## Importance: {args.model}, {scores.get('passages', args.calibration_size)} SciFact corpus passages at "
-          f"{scores.get('max_length', 256)} tokens ({scores['tokens']:,} tokens), bidirectional{' (from ' + args.scores + ')' if args.scores else ''}\n")
-    print(importance_table(scores) + "\n")
-
-    wanted = args.settings.split(",")
+    if scores is not None:
+        importance_section(scores, args)
     models, params = {}, {}
     for name in wanted:
         flags = SETTINGS[name]
@@ -139,6 +143,11 @@ def main():
             models[name + suffix] = e
             params[name + suffix] = surgery.non_embedding_params(e.model)
     removed = {n: surgery.plan(scores, surgery.sublayer_params(enc.model), **SETTINGS[n]) for n in wanted if SETTINGS[n]}
+    for item in filter(None, args.dirs.split(",")):
+        name, path = item.split("=", 1)
+        models[name] = Encoder.load(path, device="cpu", inference=True, passage_max_len=args.max_length, query_max_len=64)
+        params[name] = surgery.non_embedding_params(models[name].model)
+        wanted.append(name)
 
     speed = {}
     if args.docs:
@@ -149,6 +158,12 @@ def main():
         speed_table(speed, base, params, removed, args)
     if args.ndcg_docs:
         ndcg_table(models, wanted, args)
+
+
+def importance_section(scores, args):
+    print(f"## Importance: {args.model}, {scores.get('passages', args.calibration_size)} SciFact corpus passages at "
+          f"{scores.get('max_length', 256)} tokens ({scores['tokens']:,} tokens), bidirectional{' (from ' + args.scores + ')' if args.scores else ''}\n")
+    print(importance_table(scores) + "\n")
 
 
 def speed_table(speed, base, params, removed, args):

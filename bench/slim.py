@@ -66,17 +66,24 @@ def main() -> None:
     models = {"unpruned": Encoder.load(a.model, device="cpu", pooling="mean", bidirectional=True, **caps),
               f"unpruned, trained {a.slim_steps + a.heal_steps} steps": Encoder.load(base, device="cpu", inference=True),
               f"self-slim {a.keep:.0%} ({a.slim_steps} gate + {a.heal_steps} heal steps)": Encoder.load(slim, device="cpu", inference=True)}
+    w = report["slimming"]["widths"]
+    print(f"## Self-slimming {a.model}: `retrctl prune --slim-mlp {a.keep}` ({time.strftime('%Y-%m-%d')})\n")
+    print(f"`python bench/slim.py {' '.join(sys.argv[1:])}`: prune {t_slim / 60:.1f} min, baseline training "
+          f"{t_base / 60:.1f} min; {a.batch_size} groups × {a.group_size} per step, lr {a.lr}, {a.max_length} tokens; "
+          f"kept MLP widths {min(w)}–{max(w)} of {report['slimming']['full_width']} (per block: {w}).", end=" ")
+    compare(models, a)
+
+
+def compare(models: dict, a) -> None:
+    """Non-embedding params, encode speed (interleaved rounds, one process) and nDCG@10 on a sub-corpus of each
+    model, the first being the reference; a markdown table on stdout."""
     params = {k: surgery.non_embedding_params(e.model) for k, e in models.items()}
     texts = [records.passage_text(d) for d in list(records.read(DATA / "scifact", "doc"))[: a.docs]]
     speed = throughput(models, texts, a.rounds, 16)
     docs, queries, qrels = subcorpus(a.ndcg_docs, a.ndcg_queries)
     first = next(iter(models))
-    w = report["slimming"]["widths"]
-    print(f"## Self-slimming {a.model}: `retrctl prune --slim-mlp {a.keep}` ({time.strftime('%Y-%m-%d')})\n")
-    print(f"`python bench/slim.py {' '.join(sys.argv[1:])}`: prune {t_slim / 60:.1f} min, baseline training "
-          f"{t_base / 60:.1f} min; {a.batch_size} groups × {a.group_size} per step, lr {a.lr}, {a.max_length} tokens; "
-          f"kept MLP widths {min(w)}–{max(w)} of {report['slimming']['full_width']} (per block: {w}). nDCG@10 on "
-          f"{len(docs)} SciFact docs, {len(queries)} test queries; speed: {a.docs} docs, median of {a.rounds} interleaved rounds.\n")
+    print(f"nDCG@10 on {len(docs)} SciFact docs, {len(queries)} test queries; speed: {a.docs} docs, median of "
+          f"{a.rounds} interleaved rounds.\n")
     print("| model | non-embedding params | encode vs unpruned (wall) | vs unpruned (CPU) | nDCG@10 |")
     print("|---|---:|---:|---:|---:|")
     for name, e in models.items():

@@ -31,9 +31,23 @@ calibration hash), importance.png and a model card; it is reloaded with stock co
 it is moved into place. Why single removed sub-layers are stored as zeros (and skipped only in memory):
 retrctl/prune/surgery.py.
 
+Sheared-LLaMA's targeted structured pruning (``--target-shape layers=…,hidden=…,heads=…,intermediate=…``,
+retrctl/prune/shaping.py and shearing.py; what DRAMA used to cut Llama-3.2-1B to 0.1B/0.3B): hard-concrete masks on
+blocks, hidden dims, key/value head groups and MLP neurons, pushed to the target shape by Lagrange multipliers,
+trained with the model on ``--objective lm`` (next-token loss on the calibration passages) or ``contrastive``
+(InfoNCE on ``--groups``, through Trainer); the masks become binary with the same count in every block, and the
+pruned units are removed: the result is a smaller **uniform** stock model of exactly the target shape.
+
+| knob | flag | default |
+|---|---|---|
+| the shape to reach (any subset; the rest stays) | ``--target-shape`` | off |
+| what the masks are trained on | ``--objective lm|contrastive`` | lm |
+| mask training steps, Lagrangian warm-up steps, mask/multiplier learning rate | ``--shape-steps``, ``--shape-warmup``, ``--mask-lr`` | 20, a fifth of the steps, 1.0 (LLM-Shearing) |
+
 Refusals (exit 2, one line, no output dir): nothing to drop, more layers than exist, ``--target-params`` with
 ``--drop-*`` or outside (0, 1), ``--slim-mlp`` outside (0, 1) or without ``--groups``, an encoder-only model
-(BERT/MiniLM), ``--scores`` computed on another model.
+(BERT/MiniLM), ``--scores`` computed on another model, a ``--target-shape`` larger than the model or mixed with
+the other methods.
 """
 
 from __future__ import annotations
@@ -52,6 +66,7 @@ from retrctl.stage import encoder_overrides, options, progress, stage
 log = logging.getLogger("retrctl.prune")
 
 METHOD = "EffiR coarse step: sub-layer importance 1 - cos(x_in, x_out), attention and MLP ranked apart; blocks by ShortGPT Block Influence"
+SHAPE_METHOD = "Sheared-LLaMA targeted structured pruning: hard-concrete masks on layers, hidden dims, heads and MLP neurons with Lagrange multipliers, then removed"
 SLIM_METHOD = "EffiR fine step (self-slimming): MLP neuron gates trained with InfoNCE + L0, kept globally, mask frozen, healed"
 # the reload check always sees these too (a --scores run may have no calibration texts)
 CHECK_TEXTS = ["retrctl prune: the reload check.", "A second, longer text, so that the batch is padded and the mask is used."]
@@ -82,17 +97,33 @@ def read_scores(path, fingerprint: str, n_blocks: int) -> dict:
 def prune(model, *, output, calibration=None, calibration_size: int = 256, max_length: int = 256, drop_mlp: int = 0,
           drop_attn: int = 0, drop_layers: int = 0, target_params: float | None = None, scores=None,
           slim_mlp: float | None = None, groups=None, corpus=None, slim_steps: int = 20, heal_steps: int = 20,
-          slim_lambda: float = 1.0, gate_lr: float = 0.05, batch_size: int = 16, seed: int = 0,
-          encoder_settings: dict | None = None, train_settings: dict | None = None) -> Path:
+          slim_lambda: float = 1.0, gate_lr: float = 0.05, target_shape: str | None = None, objective: str = "lm",
+          shape_steps: int = 20, shape_warmup: int | None = None, mask_lr: float = 1.0, batch_size: int = 16,
+          seed: int = 0, encoder_settings: dict | None = None, train_settings: dict | None = None) -> Path:
     """Prune ``model`` and save it to ``output`` (see the module docstring). Returns the output dir."""
     from retrctl.models import Encoder, resolve
-    from retrctl.prune import importance, save, slimming, surgery
+    from retrctl.prune import importance, save, shaping, slimming, surgery
 
     records.check_outputs([output], [model, calibration, scores, groups, corpus], dir_output=True)
     records.check_own_dir(output, "prune.json", "a retrctl prune output")  # an earlier prune output is replaced
     coarse = bool(drop_mlp or drop_attn or drop_layers or target_params is not None)
+    shape = shaping.parse_target_shape(target_shape) if target_shape is not None else None
+    if shape is not None:
+        if coarse or slim_mlp is not None or scores is not None:
+            raise surgery.PruneError("--target-shape learns what to remove itself: give it without --drop-*, --target-params, "
+                                     "--slim-mlp or --scores")
+        if objective == "lm" and calibration is None:
+            raise surgery.PruneError("--target-shape with --objective lm trains on text: give --calibration FILE")
+        if objective == "contrastive" and groups is None:
+            raise surgery.PruneError("--target-shape with --objective contrastive trains on retrieval groups: give --groups "
+                                     "FILE (from retrctl mine) and --corpus")
+        return _shape(model, shape, output=output, calibration=calibration, calibration_size=calibration_size,
+                      max_length=max_length, objective=objective, steps=shape_steps, warmup=shape_warmup,
+                      mask_lr=mask_lr, groups=groups, corpus=corpus, seed=seed, encoder_settings=encoder_settings,
+                      train_settings=train_settings)
     if not (coarse or slim_mlp is not None):
-        raise surgery.PruneError("nothing to do: give --drop-mlp, --drop-attn, --drop-layers, --target-params or --slim-mlp")
+        raise surgery.PruneError("nothing to do: give --drop-mlp, --drop-attn, --drop-layers, --target-params, --slim-mlp "
+                                 "or --target-shape")
     if coarse and calibration is None and scores is None:
         raise surgery.PruneError("--calibration FILE (a corpus to sample passages from) is needed, or --scores from an earlier run")
     if slim_mlp is not None:
@@ -161,6 +192,53 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
     return Path(output)
 
 
+def _shape(model, shape, *, output, calibration, calibration_size, max_length, objective, steps, warmup, mask_lr,
+           groups, corpus, seed, encoder_settings, train_settings) -> Path:
+    """prune --target-shape: learn Sheared-LLaMA's masks, cut the model to the shape, save it (atomic)."""
+    import torch
+
+    from retrctl.models import Encoder, resolve
+    from retrctl.models.loading import saved_settings
+    from retrctl.prune import save, shaping, shearing, surgery
+
+    enc = Encoder.load(model, **(encoder_settings or {}))
+    surgery.check_decoder(enc.model)
+    target = shaping.check_target(enc.model, shape)
+    n = enc.model.config.num_hidden_layers
+    fingerprint = weights_fingerprint(resolve(model))
+    texts = calibration_texts(calibration, calibration_size, seed) if calibration is not None else []
+    calib = None if not texts else {"file": str(calibration), "texts": len(texts), "max_length": max_length, "seed": seed,
+                                    "hash": stable_hex(max_length, *texts)}
+    before = surgery.non_embedding_params(enc.model)
+    warmup = steps // 5 if warmup is None else warmup  # LLM-Shearing: a fifth of the pruning steps
+    torch.manual_seed(seed)  # the masks' initial noise
+    with records.atomic_dir(output, resume=False) as tmp:
+        with tempfile.TemporaryDirectory(dir=Path(tmp).parent, prefix=".shape-") as scratch:
+            enc, kept, log_alpha, shaped = shearing.shear(
+                enc, target, objective=objective, steps=steps, warmup=warmup, mask_lr=mask_lr, texts=texts,
+                groups=groups, corpus=records.read_corpus(corpus) if corpus is not None else None, scratch=scratch,
+                weights_dir=saved_settings(resolve(model))[0], check_texts=CHECK_TEXTS + texts[:4], max_length=max_length,
+                train_settings=train_settings or {},
+                progress=lambda it, total: progress(it, desc="shape", total=total, unit="step"))
+        blocks = [i for i in range(n) if i not in shaped["kept_layers"]]
+        after = surgery.non_embedding_params(enc.model)
+        report = {
+            "source": str(model), "source_fingerprint": fingerprint, "method": SHAPE_METHOD,
+            "settings": {"target_shape": target, "objective": objective},
+            "scores": None, "masks": surgery.Plan(blocks=blocks).masks(n), "removed": {"blocks": blocks, "mlp": [], "attention": []},
+            "calibration": calib, "shape": shaped, "versions": records.versions(),
+            "params": {"before": before, "after": after,
+                       "embedding": sum(x.numel() for x in enc.model.get_input_embeddings().parameters())},
+        }
+        log.info("shape %s -> %s: non-embedding params %d -> %d (%.1f%%)", shaped["source"], shaped["target"], before,
+                 after, 100 * after / before)
+        enc.save(tmp)
+        save.write_report(tmp, report, shape_masks={"kept": kept, "log_alpha": log_alpha})
+        diff = save.verify(enc.model, enc.tokenizer, tmp, CHECK_TEXTS + texts[:4], max_length)
+    log.info("wrote %s (stock reload matches: max |diff| %.1e)", output, diff)
+    return Path(output)
+
+
 @stage(prune, writes="dir", atomic=False)  # prune checks -o first, then builds its own atomic dir
 @click.argument("source", metavar="MODEL")  # not named "model": that is the shared --model flag's name
 @click.option("--calibration", help="Corpus to sample calibration passages from (JSONL/Parquet/BEIR folder).")
@@ -177,12 +255,20 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
 @click.option("--heal-steps", type=click.IntRange(min=0), default=20, show_default=True, help="Steps of InfoNCE after the mask is frozen.")
 @click.option("--slim-lambda", type=click.FloatRange(min=0), default=1.0, show_default=True, help="Weight of the gates' relaxed L0 norm.")
 @click.option("--gate-lr", type=click.FloatRange(min=0, min_open=True), default=0.05, show_default=True, help="Learning rate of the gates.")
-@click.option("--train-batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Query groups per step (--slim-mlp).")
-@click.option("--train-group-size", type=click.IntRange(min=2), default=2, show_default=True, help="Passages per query (--slim-mlp).")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=2e-5, show_default=True, help="Learning rate of the model's weights (--slim-mlp).")
+@click.option("--target-shape", help="Sheared-LLaMA: prune to exactly this shape, e.g. layers=24,hidden=512,heads=6,intermediate=1024.")
+@click.option("--objective", type=click.Choice(["lm", "contrastive"]), default="lm", show_default=True,
+              help="What --target-shape's masks train on: next-token loss on --calibration, or InfoNCE on --groups.")
+@click.option("--shape-steps", type=click.IntRange(min=1), default=20, show_default=True, help="Steps training the masks (--target-shape).")
+@click.option("--shape-warmup", type=click.IntRange(min=0), help="Steps over which the target sparsity ramps up (default: a fifth of --shape-steps).")
+@click.option("--mask-lr", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="Learning rate of the masks and Lagrange multipliers (--target-shape; LLM-Shearing: 1.0).")
+@click.option("--train-batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Query groups (or texts, --objective lm) per step.")
+@click.option("--train-group-size", type=click.IntRange(min=2), default=2, show_default=True, help="Passages per query (--slim-mlp, --objective contrastive).")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=2e-5, show_default=True, help="Learning rate of the model's weights (--slim-mlp, --target-shape).")
 @options("batch_size", "seed", "encoder", "corpus")
 def command(source, train_batch_size, train_group_size, lr, **opts):
-    """Drop the least important sub-layers, blocks (EffiR, ShortGPT) or MLP neurons (EffiR's self-slimming) of a decoder."""
+    """Drop the least important sub-layers, blocks (EffiR, ShortGPT) or MLP neurons (EffiR's self-slimming) of a decoder,
+    or cut it to a target shape (Sheared-LLaMA)."""
     from retrctl.prune.surgery import PruneError
 
     settings = encoder_overrides(opts)

@@ -8,6 +8,8 @@ The dir is what ``Encoder.save`` writes (Hugging Face weights and config, tokeni
 - ``importance.png``: attention vs MLP importance per block, and each block's MLP width after self-slimming
   (matplotlib, headless Agg).
 - ``slim_gates.npz`` (self-slimming): every MLP neuron's trained gate value, per block.
+- ``shape_masks.npz`` (``--target-shape``): each mask's learned log α and the binary mask kept (``kept_*``), in
+  source numbering, so another shape can be cut from the same masks.
 - ``README.md``: a model card saying what was removed, from what, and how to load it.
 
 ``verify`` reloads the written dir with stock ``AutoModel.from_pretrained`` (no retrctl code, no remote code) and
@@ -21,19 +23,21 @@ from pathlib import Path
 
 PRUNE_JSON = "prune.json"
 SLIM_GATES = "slim_gates.npz"
+SHAPE_MASKS = "shape_masks.npz"
 
 
 def chart(report: dict, path: Path) -> None:
     """Attention and MLP importance per block (log scale; removed sub-layers circled, removed blocks shaded) when
-    they were computed, and each block's kept MLP width after self-slimming."""
+    they were computed, each block's kept MLP width after self-slimming, and the learned masks' keep
+    probabilities per block after ``--target-shape``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    scores, removed, slim = report["scores"], report["removed"], report.get("slimming")
-    panels = [p for p in ("importance", "width") if (p == "importance" and scores) or (p == "width" and slim)]
+    scores, removed, slim, shape = report["scores"], report["removed"], report.get("slimming"), report.get("shape")
+    panels = [p for p, on in (("importance", scores), ("width", slim), ("shape", shape)) if on]
     n = len(report["masks"]["block"])
     fig, axes = plt.subplots(len(panels), 1, figsize=(max(6, 0.3 * n + 2), 3.6 * len(panels)), squeeze=False)
     for ax, panel in zip(axes[:, 0], panels, strict=True):
@@ -49,6 +53,14 @@ def chart(report: dict, path: Path) -> None:
             ax.set_ylabel("importance (log)")
             ax.set_yscale("log")
             ax.set_title(f"{report['source']}: sub-layer importance", fontsize=9)
+        elif panel == "shape":
+            for kind, color in (("layers", "0.3"), ("heads", "tab:blue"), ("intermediate", "tab:orange")):
+                if kind in shape["per_block"]:
+                    ax.plot(range(n), shape["per_block"][kind], marker="o", ms=4, color=color, label=f"{kind}: P(kept)")
+            ax.set_ylabel("mean P(z ≠ 0)")
+            ax.set_ylim(-0.05, 1.05)
+            ax.set_title(f"Sheared-LLaMA masks ({shape['objective']} objective, {shape['steps']} steps): "
+                         f"{_shape_text(shape['source'])} → {_shape_text(shape['target'])}", fontsize=9)
         else:
             ax.bar(slim["blocks"], slim["widths"], color="tab:orange", label="MLP neurons kept")
             ax.axhline(slim["full_width"], color="0.5", lw=1, ls="--", label="full width")
@@ -60,6 +72,10 @@ def chart(report: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _shape_text(shape: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in shape.items())
 
 
 def card(report: dict) -> str:
@@ -86,8 +102,15 @@ def card(report: dict) -> str:
                   f"all blocks (widths {min(slim['widths'])}–{max(slim['widths'])} of {slim['full_width']}; per block in "
                   f"`prune.json`, the gate values in `{SLIM_GATES}`), then {slim['heal_steps']} steps of InfoNCE with the "
                   "mask frozen.", ""]
+    shape = report.get("shape")
+    if shape:
+        lines += [f"Cut to a target shape (Sheared-LLaMA): `{_shape_text(shape['source'])}` → `{_shape_text(shape['target'])}`. "
+                  f"Hard-concrete masks on blocks, hidden dims, key/value head groups and MLP neurons were trained with the "
+                  f"model for {shape['steps']} steps ({shape['objective']} objective) under Lagrange multipliers pulling "
+                  "them to the target; every block kept the same number of heads and neurons, so this is a plain stock "
+                  f"model of that shape. Each mask's log α is in `{SHAPE_MASKS}`.", ""]
     lines += [
-        "This model has not been trained after pruning: fine-tune it to recover quality, e.g. " if not slim else
+        "This model has not been trained after pruning: fine-tune it to recover quality, e.g. " if not (slim or shape) else
         "Fine-tune it further to recover more quality, e.g. ",
         "`retrctl mine … | retrctl train --model THIS_DIR …`.", "", "## Loading", "",
         "```python", "from transformers import AutoModel", "model = AutoModel.from_pretrained(DIR)", "```", "",
@@ -104,14 +127,17 @@ def card(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, report: dict, gates: dict | None = None) -> None:
+def write_report(out: Path, report: dict, gates: dict | None = None, shape_masks: dict | None = None) -> None:
     """prune.json, importance.png, README.md; ``gates`` (block → gate values) to ``slim_gates.npz``, so a user can
-    keep another fraction without training the gates again."""
+    keep another fraction without training the gates again; ``shape_masks`` ({"kept": …, "log_alpha": …}, per
+    mask) to ``shape_masks.npz``."""
+    import numpy as np
+
     (out / PRUNE_JSON).write_text(json.dumps(report, indent=2) + "\n")
     if gates:
-        import numpy as np
-
         np.savez(out / SLIM_GATES, **{f"block_{i}": v.numpy() for i, v in gates.items()})
+    if shape_masks:
+        np.savez(out / SHAPE_MASKS, **{f"{what}_{k}": v.numpy() for what, d in shape_masks.items() for k, v in d.items()})
     chart(report, out / "importance.png")
     (out / "README.md").write_text(card(report))
 

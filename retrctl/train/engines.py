@@ -124,7 +124,7 @@ def lora_b_norm(module: torch.nn.Module) -> float:
     return math.sqrt(float(total))
 
 
-def _param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
+def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on matrices only; a parameter with its own ``lr`` attribute (prune's gates) in a group of its own."""
     decay, no_decay, own = [], [], {}
     for name, p in module.named_parameters():
@@ -143,7 +143,7 @@ class PlainEngine:
 
     def __init__(self, enc: Encoder, cfg: TrainConfig, total: int, warmup: int):
         self.module, self.cfg = enc, cfg
-        self.optimizer = torch.optim.AdamW(_param_groups(enc, cfg.weight_decay), lr=cfg.lr)
+        self.optimizer = torch.optim.AdamW(param_groups(enc, cfg.weight_decay), lr=cfg.lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, functools.partial(linear_schedule, warmup=warmup, total=total))
         self.device_type = torch.device(enc.device).type
 
@@ -209,7 +209,7 @@ class DeepSpeedEngine:
     def __init__(self, enc: Encoder, cfg: TrainConfig, total: int, warmup: int, world: int):
         deepspeed = import_deepspeed()
         self.cfg, self.ds_config = cfg, deepspeed_config(cfg, world)
-        optimizer = torch.optim.AdamW(_param_groups(enc, cfg.weight_decay), lr=cfg.lr)
+        optimizer = torch.optim.AdamW(param_groups(enc, cfg.weight_decay), lr=cfg.lr)
         schedule = functools.partial(linear_schedule, warmup=warmup, total=total)
         with stdout_to_stderr():
             self.engine, _, _, self.scheduler = deepspeed.initialize(

@@ -1,0 +1,176 @@
+"""Learning the Sheared-LLaMA masks (shaping.py) and cutting the model to the target shape.
+
+Two objectives (``--objective``), trained jointly with the model's weights as LLM-Shearing does:
+- ``lm``: next-token loss on calibration text, the model run causally (DRAMA pruned its LLM as a language model
+  before turning it into a retriever). The LM head is the tied input embeddings (masked like them) or the
+  source's ``lm_head.weight``; a dir without one is refused.
+- ``contrastive``: InfoNCE on retrieval groups through ``retrctl train``'s Trainer, the Lagrangian added as its
+  per-step penalty (as self-slimming's L0 term is), the encoder run as it retrieves.
+Then the masks become binary (every block keeps the same top-k), are folded into the weights, and the zeroed
+units are removed; the small model is compared with the masked one (1e-5) before it is returned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from retrctl.prune import shaping
+from retrctl.prune.surgery import PruneError
+
+log = logging.getLogger("retrctl.prune")
+OBJECTIVES = ("lm", "contrastive")
+
+
+def lm_head_weight(model, weights_dir) -> torch.Tensor | None:
+    """The untied LM head of the source (None when the head is the input embeddings)."""
+    if getattr(model.config, "tie_word_embeddings", False):
+        return None
+    from safetensors import safe_open
+
+    for f in sorted(Path(weights_dir).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            key = next((k for k in st.keys() if k.endswith("lm_head.weight")), None)
+            if key:
+                return st.get_tensor(key).to(next(model.parameters()).dtype)
+    raise PruneError(f"--objective lm needs the model's LM head: {weights_dir} has no lm_head.weight and its embeddings "
+                     "are not tied (an encoder dir saved without the head): use --objective contrastive")
+
+
+def _lm_loss(model, tok, rows: list[str], head, max_length: int) -> torch.Tensor:
+    """Mean next-token cross-entropy of ``rows`` (right-padded; padding not scored)."""
+    device = next(model.parameters()).device
+    batch = tok(rows, truncation=True, max_length=max_length, padding=True, return_tensors="pt").to(device)
+    h = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).last_hidden_state
+    w = model.get_input_embeddings().weight if head is None else head  # the embeddings are masked like the stream
+    labels = batch["input_ids"][:, 1:].masked_fill(batch["attention_mask"][:, 1:] == 0, -100)
+    return torch.nn.functional.cross_entropy((h[:, :-1] @ w.T).flatten(0, 1).float(), labels.flatten())
+
+
+@contextlib.contextmanager
+def causal_lm(enc):
+    """The encoder's model run as a language model: causal attention, right padding; restored afterwards."""
+    from retrctl.models.backbone import set_bidirectional
+
+    model, tok = enc.model, enc.tokenizer
+    causal, side, training = getattr(model.config, "is_causal", True), tok.padding_side, model.training
+    set_bidirectional(model.config, False)
+    tok.padding_side = "right"  # positions count from the first token
+    try:
+        yield
+    finally:
+        set_bidirectional(model.config, not causal)
+        tok.padding_side = side
+        model.train(training)
+
+
+def learn_lm(enc, masks, texts: list[str], head: torch.Tensor | None, *, steps: int, batch_size: int, max_length: int,
+             lr: float, progress=None) -> dict:
+    """``steps`` steps of next-token loss + the Lagrangian on ``texts`` (cycled in order), causal attention.
+    Returns the LM loss per step and the pruned model's (binary masks) on the first batch."""
+    from retrctl.train.engines import param_groups
+
+    model, tok = enc.model, enc.tokenizer
+    head = None if head is None else head.to(next(model.parameters()).device)
+    opt = torch.optim.AdamW(param_groups(model, 0.0), lr=lr)
+    curve = []
+    with causal_lm(enc):
+        model.train()
+        it = range(steps)
+        for step in progress(it, total=steps) if progress else it:
+            rows = [texts[(step * batch_size + j) % len(texts)] for j in range(batch_size)]
+            penalty = masks.step_penalty()
+            lm = _lm_loss(model, tok, rows, head, max_length)
+            (lm + penalty).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            curve.append(round(lm.item(), 4))
+            log.debug("shape step %d: lm loss %.4f, penalty %.4f", step + 1, lm.item(), penalty.item())
+        model.eval()
+        with torch.no_grad():
+            pruned = _lm_loss(model, tok, texts[:batch_size], head, max_length).item()
+    return {"step": steps, "lm_loss": curve, "lm_loss_pruned": round(pruned, 4)}
+
+
+def learn_contrastive(enc, masks, groups, corpus, scratch, *, steps: int, **train_settings):
+    """``steps`` steps of ``retrctl train``'s Trainer with the Lagrangian as its penalty; returns (the trained
+    encoder with the final masks folded in, its last metrics)."""
+    from retrctl.models import Encoder
+    from retrctl.train.config import TrainConfig
+    from retrctl.train.loop import Trainer
+
+    out = Trainer(TrainConfig(max_steps=steps, **train_settings), groups, corpus, Path(scratch) / "shaped", encoder=enc,
+                  penalty=masks.step_penalty, finish=lambda e: shaping.fold(e.model)).fit()
+    lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
+    return Encoder.load(out, device="cpu"), (json.loads(lines[-1]) if lines else {})
+
+
+@torch.no_grad()
+def check_same(masked_model, small_model, tokenizer, texts: list[str], hidden_kept: torch.Tensor, max_length: int,
+               atol: float = 1e-5) -> float:
+    """Max |diff| between the masked model's kept hidden dims and the small model's hidden states, both run in
+    float64: the removal is exact, but in float32 the rounding of norms over d' instead of d dims grows through a
+    deep model past 1e-5 (2.7e-5 of the largest state on SmolLM2 cut to 24 blocks); in float64 rounding stays far
+    below the tolerance, so a real difference shows."""
+    import copy
+
+    small = copy.deepcopy(small_model).double().eval()
+    masked = masked_model.double().eval()
+    device = next(small.parameters()).device
+    batch = tokenizer(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt").to(device)
+    a = masked(**batch).last_hidden_state[..., hidden_kept.to(device)]
+    b = small(**batch).last_hidden_state
+    m = batch["attention_mask"].bool()
+    diff = (a[m] - b[m]).abs().max().item()
+    if not diff <= atol:
+        raise RuntimeError(f"the pruned model's hidden states are {diff:.2e} away from the masked model's (> {atol})")
+    return diff
+
+
+def shear(enc, target: dict[str, int], *, objective: str, steps: int, warmup: int, mask_lr: float, texts: list[str],
+          groups, corpus, scratch, weights_dir, check_texts: list[str], max_length: int, train_settings: dict,
+          progress=None):
+    """Learn the masks, fold them, remove the pruned units (``train_settings``: batch_size, lr and, for the
+    contrastive objective, the rest of TrainConfig's keys). Returns (the small Encoder, the binary masks, the
+    log α of every mask, a report for prune.json)."""
+    import copy
+
+    cfg = enc.model.config
+    full = shaping.check_target(enc.model, target)
+    if objective not in OBJECTIVES:
+        raise PruneError(f"--objective must be one of {', '.join(OBJECTIVES)}, not {objective!r}")
+    head = lm_head_weight(enc.model, weights_dir) if objective == "lm" else None
+    source = shaping.source_shape(cfg)
+    masks = shaping.ShapeMasks(cfg, full, lr=mask_lr, warmup=warmup)
+    if objective == "lm":
+        with causal_lm(enc), torch.no_grad():
+            unpruned = _lm_loss(enc.model.eval(), enc.tokenizer, texts[: train_settings["batch_size"]], head, max_length).item()
+    shaping.attach(enc.model, masks)
+    if objective == "lm":
+        metrics = {"lm_loss_unpruned": round(unpruned, 4)} | learn_lm(enc, masks, texts, head, steps=steps, batch_size=train_settings["batch_size"],
+                           max_length=max_length, lr=train_settings["lr"], progress=progress)
+        trained = enc
+        shaping.fold(trained.model)
+    else:
+        trained, metrics = learn_contrastive(enc, masks, groups, corpus, scratch, steps=steps, **train_settings)
+    kept = masks.kept(cfg)
+    log_alpha = {k: m.log_alpha.detach().float().cpu() for k, m in masks.masks.items()}
+    per_block = {k: masks.masks[k].nonzero_prob().detach().float().reshape(source["layers"], -1).mean(-1).tolist()
+                 for k in ("layers", "heads", "intermediate") if k in masks.masks}
+    sparsity = masks.report()
+    masked = copy.deepcopy(trained.model).eval()
+    got = shaping.reshape(trained.model, kept)
+    if got != full:  # LLM-Shearing#74: the result must be the shape asked for
+        raise RuntimeError(f"pruned to {got}, not the target {full}")
+    diff = check_same(masked, trained.model, trained.tokenizer, check_texts, kept["hidden"], max_length)
+    del masked
+    log.info("shaped %s -> %s (%s objective, %d steps; masked vs removed max |diff| %.1e)", source, got, objective, steps, diff)
+    report = {"source": source, "target": full, "objective": objective, "steps": steps, "warmup": warmup,
+              "mask_lr": mask_lr, "train": train_settings, "masks": sparsity, "metrics": metrics,
+              "kept_layers": [i for i, k in enumerate(kept["layers"].tolist()) if k], "per_block": per_block,
+              "masked_vs_removed": diff}
+    return trained, kept, log_alpha, report
