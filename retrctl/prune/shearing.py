@@ -111,23 +111,20 @@ def learn_contrastive(enc, masks, groups, corpus, scratch, *, steps: int, **trai
 
 @torch.no_grad()
 def check_same(masked_model, small_model, tokenizer, texts: list[str], hidden_kept: torch.Tensor, max_length: int,
-               atol: float = 1e-5) -> float:
-    """Max |diff| between the masked model's kept hidden dims and the small model's hidden states, both run in
-    float64: the removal is exact, but in float32 the rounding of norms over d' instead of d dims grows through a
-    deep model past 1e-5 (2.7e-5 of the largest state on SmolLM2 cut to 24 blocks); in float64 rounding stays far
-    below the tolerance, so a real difference shows."""
-    import copy
-
-    small = copy.deepcopy(small_model).double().eval()
-    masked = masked_model.double().eval()
-    device = next(small.parameters()).device
+               rtol: float = 1e-4) -> float:
+    """Max |diff| between the masked model's kept hidden dims and the small model's hidden states, relative to the
+    largest |state|. The removal is exact in exact arithmetic, but cutting hidden dims scales every RMSNorm weight
+    by √(d/d'), which float32 stores rounded (one ulp), and a deep model amplifies that: SmolLM2 cut to hidden 480
+    and 24 blocks differs by ~3e-5 of its largest state (~300); stock transformers computes RMSNorm in float32 even
+    for a float64 model, so no wider check is possible. A wrong cut differs by orders of magnitude more."""
+    device = next(small_model.parameters()).device
     batch = tokenizer(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt").to(device)
-    a = masked(**batch).last_hidden_state[..., hidden_kept.to(device)]
-    b = small(**batch).last_hidden_state
+    a = masked_model(**batch).last_hidden_state[..., hidden_kept.to(device)]
+    b = small_model(**batch).last_hidden_state
     m = batch["attention_mask"].bool()
-    diff = (a[m] - b[m]).abs().max().item()
-    if not diff <= atol:
-        raise RuntimeError(f"the pruned model's hidden states are {diff:.2e} away from the masked model's (> {atol})")
+    diff = (a[m] - b[m]).abs().max().item() / max(1.0, a[m].abs().max().item())
+    if not diff <= rtol:
+        raise RuntimeError(f"the pruned model's hidden states are {diff:.2e} (of the largest) away from the masked model's (> {rtol})")
     return diff
 
 
