@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 from pathlib import Path
 
 import click
@@ -99,10 +98,12 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
           slim_mlp: float | None = None, groups=None, corpus=None, slim_steps: int = 20, heal_steps: int = 20,
           slim_lambda: float = 1.0, gate_lr: float = 0.05, target_shape: str | None = None, objective: str = "lm",
           shape_steps: int = 20, shape_warmup: int | None = None, mask_lr: float = 1.0, batch_size: int = 16,
-          seed: int = 0, encoder_settings: dict | None = None, train_settings: dict | None = None) -> Path:
+          seed: int = 0, encoder_settings: dict | None = None, train_settings: dict | None = None,
+          resume: bool = False, save_steps: int = 0, save_minutes: float = 10.0) -> Path:
     """Prune ``model`` and save it to ``output`` (see the module docstring). Returns the output dir."""
+    run = {k: v for k, v in locals().items() if k not in PER_INVOCATION}  # what a --resume must match
     from retrctl.models import Encoder, resolve
-    from retrctl.prune import importance, save, shaping, slimming, surgery
+    from retrctl.prune import importance, save, shaping, slimming, surgery, work
 
     records.check_outputs([output], [model, calibration, scores, groups, corpus], dir_output=True)
     records.check_own_dir(output, "prune.json", "a retrctl prune output")  # an earlier prune output is replaced
@@ -120,7 +121,7 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
         return _shape(model, shape, output=output, calibration=calibration, calibration_size=calibration_size,
                       max_length=max_length, objective=objective, steps=shape_steps, warmup=shape_warmup,
                       mask_lr=mask_lr, groups=groups, corpus=corpus, seed=seed, encoder_settings=encoder_settings,
-                      train_settings=train_settings)
+                      train_settings=_phase_settings(train_settings, save_steps, save_minutes), run=run, resume=resume)
     if not (coarse or slim_mlp is not None):
         raise surgery.PruneError("nothing to do: give --drop-mlp, --drop-attn, --drop-layers, --target-params, --slim-mlp "
                                  "or --target-shape")
@@ -138,11 +139,16 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
     n = len(enc.model.layers)
     fingerprint = weights_fingerprint(resolve(model))
     texts = calibration_texts(calibration, calibration_size, seed) if calibration is not None else []
+    run = _run_state(run, fingerprint, texts, max_length)
+    work.prepare(output, run, resume)
+    cached = work.partial_dir(output) / work.WORK / "scores.json"
     found = calib = None
     if scores is not None:
         saved = read_scores(scores, fingerprint, n)
         found, calib = saved["scores"], saved["calibration"]
         log.info("importance from %s (not recomputed)", scores)
+    elif coarse and cached.is_file():  # --resume: computed before the interruption
+        found, calib = json.loads(cached.read_text()).values()
     elif coarse:
         found = importance.importance(enc.model, enc.tokenizer, texts, max_length=max_length, batch_size=batch_size,
                                       progress=lambda it, total: progress(it, desc="importance", total=total, unit="batch"))
@@ -161,18 +167,20 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
         "calibration": calib,
     }
     gates = None
-    with records.atomic_dir(output, resume=False) as tmp:  # a failure leaves nothing half-written
+    with records.atomic_dir(output, resume=True) as tmp:  # -o appears only when done; a failure keeps .partial for --resume
+        phases = work.open_work(tmp, run)
+        if found is not None:
+            (phases / "scores.json").write_text(json.dumps({"scores": found, "calibration": calib}) + "\n")
         if slim_mlp is not None:
             if coarse:
                 report["method"] = f"{METHOD}; then {SLIM_METHOD}"
             kept = [i for i in range(n) if i not in p.blocks]  # source numbers of the blocks left
             removed = (getattr(enc.model.config, "retrctl_pruned", None) or {}).get("mlp", [])
             full = enc.model.layers[0].mlp.down_proj.in_features
-            with tempfile.TemporaryDirectory(dir=Path(tmp).parent, prefix=".slim-") as scratch:
-                enc, gates, masks, metrics = slimming.self_slim(
-                    enc, slim_mlp, groups, records.read_corpus(corpus) if corpus is not None else None, scratch,
-                    slim_steps=slim_steps, heal_steps=heal_steps, slim_lambda=slim_lambda, gate_lr=gate_lr,
-                    removed=removed, seed=seed, **(train_settings or {}))
+            enc, gates, masks, metrics = slimming.self_slim(
+                enc, slim_mlp, groups, records.read_corpus(corpus) if corpus is not None else None, phases,
+                slim_steps=slim_steps, heal_steps=heal_steps, slim_lambda=slim_lambda, gate_lr=gate_lr,
+                removed=removed, seed=seed, **_phase_settings(train_settings, save_steps, save_minutes))
             report["slimming"] = {
                 "keep": slim_mlp, "groups": str(groups), "slim_steps": slim_steps, "heal_steps": heal_steps,
                 "lambda": slim_lambda, "gate_lr": gate_lr, "train": train_settings or {}, "full_width": full,
@@ -188,18 +196,34 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
         enc.save(tmp)
         save.write_report(tmp, report, gates)
         diff = save.verify(enc.model, enc.tokenizer, tmp, CHECK_TEXTS + texts[:4], max_length)
+        work.close_work(tmp)
     log.info("wrote %s (stock reload matches: max |diff| %.1e)", output, diff)
     return Path(output)
 
 
+PER_INVOCATION = ("output", "resume", "save_steps", "save_minutes")  # how a run is carried out, not what it computes
+
+
+def _run_state(run: dict, fingerprint: str, texts: list[str], max_length: int) -> dict:
+    """The run's arguments as JSON, plus what its inputs hold (the model's weights, the calibration texts)."""
+    state = json.loads(json.dumps(run, default=str))
+    return {**state, "source_fingerprint": fingerprint, "calibration_hash": stable_hex(max_length, *texts) if texts else None}
+
+
+def _phase_settings(train_settings: dict | None, save_steps: int, save_minutes: float) -> dict:
+    """TrainConfig keys of prune's training phases: checkpoints as asked, and always resumed when a phase's
+    checkpoints are there (they survive only into a --resume: ``work.prepare`` clears them otherwise)."""
+    return {**(train_settings or {}), "save_steps": save_steps, "save_minutes": save_minutes, "resume": True}
+
+
 def _shape(model, shape, *, output, calibration, calibration_size, max_length, objective, steps, warmup, mask_lr,
-           groups, corpus, seed, encoder_settings, train_settings) -> Path:
+           groups, corpus, seed, encoder_settings, train_settings, run, resume) -> Path:
     """prune --target-shape: learn Sheared-LLaMA's masks, cut the model to the shape, save it (atomic)."""
     import torch
 
     from retrctl.models import Encoder, resolve
     from retrctl.models.loading import saved_settings
-    from retrctl.prune import save, shaping, shearing, surgery
+    from retrctl.prune import save, shaping, shearing, surgery, work
 
     enc = Encoder.load(model, **(encoder_settings or {}))
     surgery.check_decoder(enc.model)
@@ -211,15 +235,16 @@ def _shape(model, shape, *, output, calibration, calibration_size, max_length, o
                                     "hash": stable_hex(max_length, *texts)}
     before = surgery.non_embedding_params(enc.model)
     warmup = steps // 5 if warmup is None else warmup  # LLM-Shearing: a fifth of the pruning steps
+    run = _run_state(run, fingerprint, texts, max_length)
+    work.prepare(output, run, resume)
     torch.manual_seed(seed)  # the masks' initial noise
-    with records.atomic_dir(output, resume=False) as tmp:
-        with tempfile.TemporaryDirectory(dir=Path(tmp).parent, prefix=".shape-") as scratch:
-            enc, kept, log_alpha, shaped = shearing.shear(
-                enc, target, objective=objective, steps=steps, warmup=warmup, mask_lr=mask_lr, texts=texts,
-                groups=groups, corpus=records.read_corpus(corpus) if corpus is not None else None, scratch=scratch,
-                weights_dir=saved_settings(resolve(model))[0], check_texts=CHECK_TEXTS + texts[:4], max_length=max_length,
-                train_settings=train_settings or {},
-                progress=lambda it, total: progress(it, desc="shape", total=total, unit="step"))
+    with records.atomic_dir(output, resume=True) as tmp:  # -o appears only when done; a failure keeps .partial for --resume
+        enc, kept, log_alpha, shaped = shearing.shear(
+            enc, target, objective=objective, steps=steps, warmup=warmup, mask_lr=mask_lr, texts=texts,
+            groups=groups, corpus=records.read_corpus(corpus) if corpus is not None else None,
+            scratch=work.open_work(tmp, run), weights_dir=saved_settings(resolve(model))[0],
+            check_texts=CHECK_TEXTS + texts[:4], max_length=max_length, train_settings=train_settings,
+            progress=lambda it, total: progress(it, desc="shape", total=total, unit="step"))
         blocks = [i for i in range(n) if i not in shaped["kept_layers"]]
         after = surgery.non_embedding_params(enc.model)
         report = {
@@ -235,6 +260,7 @@ def _shape(model, shape, *, output, calibration, calibration_size, max_length, o
         enc.save(tmp)
         save.write_report(tmp, report, shape_masks={"kept": kept, "log_alpha": log_alpha})
         diff = save.verify(enc.model, enc.tokenizer, tmp, CHECK_TEXTS + texts[:4], max_length)
+        work.close_work(tmp)
     log.info("wrote %s (stock reload matches: max |diff| %.1e)", output, diff)
     return Path(output)
 
@@ -265,6 +291,11 @@ def _shape(model, shape, *, output, calibration, calibration_size, max_length, o
 @click.option("--train-batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Query groups (or texts, --objective lm) per step.")
 @click.option("--train-group-size", type=click.IntRange(min=2), default=2, show_default=True, help="Passages per query (--slim-mlp, --objective contrastive).")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=2e-5, show_default=True, help="Learning rate of the model's weights (--slim-mlp, --target-shape).")
+@click.option("--save-steps", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Checkpoint the training phases every N steps (into -o's .partial; 0 = none).")
+@click.option("--save-minutes", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Also checkpoint when this many minutes passed since the last one (0 = none).")
+@click.option("--resume", is_flag=True, help="Continue an interrupted run of the same settings from -o's .partial.")
 @options("batch_size", "seed", "encoder", "corpus")
 def command(source, train_batch_size, train_group_size, lr, **opts):
     """Drop the least important sub-layers, blocks (EffiR, ShortGPT) or MLP neurons (EffiR's self-slimming) of a decoder,

@@ -182,7 +182,7 @@ def _check_output(out, family_dir):
     assert int(saved["kept_hidden"].sum()) == 24
     assert (out / "importance.png").stat().st_size > 0
     assert "Sheared-LLaMA" in (out / "README.md").read_text()
-    assert not [p for p in out.parent.iterdir() if p.name.startswith(".shape-")]
+    assert not out.with_name(out.name + ".partial").exists()
     return report
 
 
@@ -235,3 +235,55 @@ def test_shape_refusals_exit_2_and_leave_nothing(runner, gqa_decoder, tiny_bert,
         assert r.exit_code == 2, (flags, r.stderr)
         assert says in r.stderr, (flags, r.stderr)
         assert not out.exists()
+
+
+def test_an_interrupted_shape_run_resumes_to_the_same_model(runner, monkeypatch, gqa_decoder, corpus_file, tmp_path):
+    from safetensors.torch import load_file
+
+    from retrctl.prune import shearing
+
+    flags = ["--target-shape", TARGET_FLAG, "--calibration", corpus_file, "--shape-steps", 4, "--train-batch-size", 4,
+             "--max-length", 32, "--lr", 1e-3, "--save-steps", 1]
+    whole = tmp_path / "whole"
+    assert runner("prune", gqa_decoder, "-o", whole, *flags).exit_code == 0
+    out = tmp_path / "small"
+    real, calls = shearing._lm_loss, []
+
+    def dies_at_step_3(*a, **kw):  # call 1 is the unpruned model's loss, then one per step
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt  # a kill, as far as prune can tell
+        return real(*a, **kw)
+
+    monkeypatch.setattr(shearing, "_lm_loss", dies_at_step_3)
+    r = runner("prune", gqa_decoder, "-o", out, *flags)
+    assert r.exit_code != 0 and not out.exists()
+    partial = tmp_path / "small.partial"
+    assert (partial / ".prune" / "shape-lm.pt").is_file()
+    monkeypatch.setattr(shearing, "_lm_loss", real)
+    r = runner("prune", gqa_decoder, "-o", out, *[f if f != 4 else 5 for f in flags], "--resume")
+    assert r.exit_code == 2 and "differs from the interrupted one in shape_steps" in r.stderr
+    r = runner("prune", gqa_decoder, "-o", out, *flags, "--resume")
+    assert r.exit_code == 0, r.stderr
+    assert not partial.exists()
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    ra, rb = (json.loads((d / "prune.json").read_text())["shape"]["metrics"] for d in (whole, out))
+    assert ra["lm_loss"] == rb["lm_loss"]  # the same loss curve, the first two steps from the checkpoint
+
+
+def test_leftovers_without_resume_are_cleared_and_foreign_ones_refused(runner, gqa_decoder, corpus_file, tmp_path):
+    flags = ["--target-shape", "layers=3", "--calibration", corpus_file, "--shape-steps", 1, "--train-batch-size", 2,
+             "--max-length", 16]
+    out, partial = tmp_path / "small", tmp_path / "small.partial"
+    (partial / ".prune").mkdir(parents=True)
+    (partial / ".prune" / "prune-state.json").write_text("{}")
+    (partial / "stale.bin").write_text("from a killed run")
+    r = runner("prune", gqa_decoder, "-o", out, *flags)
+    assert r.exit_code == 0, r.stderr
+    assert not partial.exists() and not (out / "stale.bin").exists()
+    partial.mkdir()
+    (partial / "notes.txt").write_text("the user's")
+    r = runner("prune", gqa_decoder, "-o", tmp_path / "small", *flags)
+    assert r.exit_code == 2 and "not written by retrctl prune" in r.stderr
+    assert (partial / "notes.txt").read_text() == "the user's"

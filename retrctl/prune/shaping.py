@@ -197,7 +197,8 @@ class ShapeMasks(torch.nn.Module):
         self.lambdas = torch.nn.ParameterDict({f"{i}_{k}": torch.nn.Parameter(torch.zeros(())) for k in self.masks for i in (1, 2)})
         for p in self.lambdas.values():
             p.lr = lr
-        self.warmup, self.steps = warmup, 0
+        self.warmup = warmup
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))  # in the state: a resumed run ramps on
 
     def resample(self) -> None:
         for m in self.masks.values():
@@ -209,7 +210,7 @@ class ShapeMasks(torch.nn.Module):
 
     def lagrangian(self) -> torch.Tensor:
         """Σ over masks of mean over rows of λ₁(ŝ − t) + λ₂(ŝ − t)², t warmed up linearly over ``warmup`` steps."""
-        ramp = min(1.0, self.steps / self.warmup) if self.warmup else 1.0
+        ramp = min(1.0, int(self.steps) / self.warmup) if self.warmup else 1.0
         total = 0.0
         for k, m in self.masks.items():
             gap = m.expected_sparsity() - ramp * m.target_sparsity()

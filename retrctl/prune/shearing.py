@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import time
 from pathlib import Path
 
 import torch
@@ -69,19 +71,29 @@ def causal_lm(enc):
 
 
 def learn_lm(enc, masks, texts: list[str], head: torch.Tensor | None, *, steps: int, batch_size: int, max_length: int,
-             lr: float, progress=None) -> dict:
+             lr: float, checkpoint=None, save_steps: int = 0, save_minutes: float = 0.0, progress=None) -> dict:
     """``steps`` steps of next-token loss + the Lagrangian on ``texts`` (cycled in order), causal attention.
-    Returns the LM loss per step and the pruned model's (binary masks) on the first batch."""
+    ``checkpoint`` (a file): written every ``save_steps`` steps / ``save_minutes`` minutes (model and masks,
+    optimizer, step, RNG), and continued from when it is there, so a resumed run ends where an uninterrupted one
+    would. Returns the LM loss per step and the pruned model's (binary masks) on the first batch."""
     from retrctl.train.engines import param_groups
 
     model, tok = enc.model, enc.tokenizer
     head = None if head is None else head.to(next(model.parameters()).device)
     opt = torch.optim.AdamW(param_groups(model, 0.0), lr=lr)
-    curve = []
+    curve, start = [], 0
+    if checkpoint is not None and Path(checkpoint).is_file():
+        state = torch.load(checkpoint, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        start, curve = state["step"], state["curve"]
+        log.info("resumed the target-shape masks from %s (step %d)", checkpoint, start)
+    last_save = time.monotonic()
     with causal_lm(enc):
         model.train()
-        it = range(steps)
-        for step in progress(it, total=steps) if progress else it:
+        it = range(start, steps)
+        for step in progress(it, total=steps - start) if progress else it:
             rows = [texts[(step * batch_size + j) % len(texts)] for j in range(batch_size)]
             penalty = masks.step_penalty()
             lm = _lm_loss(model, tok, rows, head, max_length)
@@ -90,22 +102,39 @@ def learn_lm(enc, masks, texts: list[str], head: torch.Tensor | None, *, steps: 
             opt.zero_grad(set_to_none=True)
             curve.append(round(lm.item(), 4))
             log.debug("shape step %d: lm loss %.4f, penalty %.4f", step + 1, lm.item(), penalty.item())
+            due = (save_steps and (step + 1) % save_steps == 0) or (save_minutes and time.monotonic() - last_save >= 60 * save_minutes)
+            if checkpoint is not None and due and step + 1 < steps:
+                _save(checkpoint, {"step": step + 1, "curve": curve, "model": model.state_dict(),
+                                   "optimizer": opt.state_dict(), "rng": torch.get_rng_state()})
+                last_save = time.monotonic()
         model.eval()
         with torch.no_grad():
             pruned = _lm_loss(model, tok, texts[:batch_size], head, max_length).item()
     return {"step": steps, "lm_loss": curve, "lm_loss_pruned": round(pruned, 4)}
 
 
+def _save(path, state: dict) -> None:
+    tmp = Path(path).with_name(Path(path).name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    log.info("checkpoint %s (step %d)", path, state["step"])
+
+
 def learn_contrastive(enc, masks, groups, corpus, scratch, *, steps: int, **train_settings):
-    """``steps`` steps of ``retrctl train``'s Trainer with the Lagrangian as its penalty; returns (the trained
-    encoder with the final masks folded in, its last metrics)."""
+    """``steps`` steps of ``retrctl train``'s Trainer with the Lagrangian as its penalty, into ``scratch/shaped``
+    (resumed from its checkpoints; not trained again when finished: the masks' state is kept beside it). Returns
+    (the trained encoder with the final masks folded in, its last metrics)."""
     from retrctl.models import Encoder
     from retrctl.train.config import TrainConfig
     from retrctl.train.loop import Trainer
 
-    out = Trainer(TrainConfig(max_steps=steps, **train_settings), groups, corpus, Path(scratch) / "shaped", encoder=enc,
-                  penalty=masks.step_penalty, finish=lambda e: shaping.fold(e.model)).fit()
-    lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
+    out, saved = Path(scratch) / "shaped", Path(scratch) / "shape_masks.pt"
+    if not (saved.is_file() and (out / "metrics.jsonl").is_file()):
+        Trainer(TrainConfig(max_steps=steps, **train_settings), groups, corpus, out, encoder=enc,
+                penalty=masks.step_penalty, finish=lambda e: shaping.fold(e.model)).fit()
+        _save(saved, {"step": steps, "masks": masks.state_dict()})
+    masks.load_state_dict(torch.load(saved)["masks"])
+    lines = (out / "metrics.jsonl").read_text().splitlines()
     return Encoder.load(out, device="cpu"), (json.loads(lines[-1]) if lines else {})
 
 
@@ -131,8 +160,9 @@ def check_same(masked_model, small_model, tokenizer, texts: list[str], hidden_ke
 def shear(enc, target: dict[str, int], *, objective: str, steps: int, warmup: int, mask_lr: float, texts: list[str],
           groups, corpus, scratch, weights_dir, check_texts: list[str], max_length: int, train_settings: dict,
           progress=None):
-    """Learn the masks, fold them, remove the pruned units (``train_settings``: batch_size, lr and, for the
-    contrastive objective, the rest of TrainConfig's keys). Returns (the small Encoder, the binary masks, the
+    """Learn the masks, fold them, remove the pruned units (``train_settings``: batch_size, lr, save_steps,
+    save_minutes and, for the contrastive objective, the rest of TrainConfig's keys; ``scratch``: where the
+    training keeps what a resume continues from). Returns (the small Encoder, the binary masks, the
     log α of every mask, a report for prune.json)."""
     import copy
 
@@ -148,8 +178,10 @@ def shear(enc, target: dict[str, int], *, objective: str, steps: int, warmup: in
             unpruned = _lm_loss(enc.model.eval(), enc.tokenizer, texts[: train_settings["batch_size"]], head, max_length).item()
     shaping.attach(enc.model, masks)
     if objective == "lm":
-        metrics = {"lm_loss_unpruned": round(unpruned, 4)} | learn_lm(enc, masks, texts, head, steps=steps, batch_size=train_settings["batch_size"],
-                           max_length=max_length, lr=train_settings["lr"], progress=progress)
+        metrics = {"lm_loss_unpruned": round(unpruned, 4)} | learn_lm(
+            enc, masks, texts, head, steps=steps, batch_size=train_settings["batch_size"], max_length=max_length,
+            lr=train_settings["lr"], checkpoint=Path(scratch) / "shape-lm.pt", save_steps=train_settings.get("save_steps", 0),
+            save_minutes=train_settings.get("save_minutes", 0.0), progress=progress)
         trained = enc
         shaping.fold(trained.model)
     else:

@@ -122,18 +122,27 @@ def self_slim(enc, keep: float, groups, corpus: dict | None, scratch, *, slim_st
     """EffiR's fine step on ``enc`` (an Encoder; gated and trained in place): gates trained ``slim_steps``
     steps with InfoNCE + λ·L0 (``retrctl train``'s Trainer, groups as ``train`` reads them), the top ``keep``
     of the gates kept globally, then ``heal_steps`` steps of plain InfoNCE with the mask frozen (0: none).
+    Each phase trains into ``scratch`` (``gates/``, ``healed/``; a finished phase is not trained again, an
+    interrupted one resumes from its checkpoints: stages/prune.py's --resume).
     Returns (the slimmed Encoder, each block's gate values, each block's kept mask, the two phases' last metrics)."""
     from pathlib import Path
+
+    import numpy as np
 
     from retrctl.models import Encoder
     from retrctl.train.config import TrainConfig
     from retrctl.train.loop import Trainer
 
     scratch = Path(scratch)
-    add_gates(enc.model, lr=gate_lr, removed=removed)
-    Trainer(TrainConfig(max_steps=slim_steps, **train_settings), groups, corpus, scratch / "gates", encoder=enc,
-            penalty=lambda: slim_lambda * l0(enc.model), finish=lambda e: fold(e.model)).fit()
-    values = gates(enc.model)  # Trainer trained ``enc`` itself (one process); its saved copy has the gates folded
+    values_file = scratch / "gates.npz"
+    if not (values_file.is_file() and _finished(scratch / "gates")):
+        add_gates(enc.model, lr=gate_lr, removed=removed)
+        Trainer(TrainConfig(max_steps=slim_steps, **train_settings), groups, corpus, scratch / "gates", encoder=enc,
+                penalty=lambda: slim_lambda * l0(enc.model), finish=lambda e: fold(e.model)).fit()
+        # Trainer trained ``enc`` itself (one process); its saved copy has the gates folded
+        np.savez(values_file, **{f"block_{i}": v.numpy() for i, v in gates(enc.model).items()})
+    with np.load(values_file) as saved:
+        values = {int(k.split("_")[1]): torch.from_numpy(saved[k]) for k in saved.files}
     masks = choose(values, keep)
     metrics = {"slim": _last_metrics(scratch / "gates")}
     slim = Encoder.load(scratch / "gates", device="cpu")  # the gates folded into stock weights
@@ -141,11 +150,19 @@ def self_slim(enc, keep: float, groups, corpus: dict | None, scratch, *, slim_st
     slim.model.config.retrctl_pruned = {**(getattr(slim.model.config, "retrctl_pruned", None) or {}),
                                         "mlp_width": widths(slim.model, masks)}
     if heal_steps:
-        out = Trainer(TrainConfig(max_steps=heal_steps, **train_settings), groups, corpus, scratch / "healed",
-                      encoder=slim).fit()
+        out = scratch / "healed"
+        if not _finished(out):
+            Trainer(TrainConfig(max_steps=heal_steps, **train_settings), groups, corpus, out, encoder=slim).fit()
         metrics["heal"] = _last_metrics(out)
         slim = Encoder.load(out, device="cpu")
     return slim, values, masks, metrics
+
+
+def _finished(model_dir) -> bool:
+    """A training phase whose Trainer has moved its model into place."""
+    from pathlib import Path
+
+    return (Path(model_dir) / "metrics.jsonl").is_file() and (Path(model_dir) / "retrctl.json").is_file()
 
 
 def _last_metrics(model_dir) -> dict:
