@@ -44,6 +44,10 @@ pruned units are removed: the result is a smaller **uniform** stock model of exa
 | what the masks are trained on | ``--objective lm|contrastive`` | lm |
 | mask training steps, Lagrangian warm-up steps, mask/multiplier learning rate | ``--shape-steps``, ``--shape-warmup``, ``--mask-lr`` | 20, a fifth of the steps, 1.0 (LLM-Shearing) |
 
+Resume: the run works in ``-o``'s ``.partial`` (retrctl/prune/work.py): the importance scores, each training
+phase's checkpoints (``--save-steps``, ``--save-minutes``) and the settings of the run; ``--resume`` continues an
+interrupted run of the same settings; without it, what an earlier run left there is removed first.
+
 Refusals (exit 2, one line, no output dir): nothing to drop, more layers than exist, ``--target-params`` with
 ``--drop-*`` or outside (0, 1), ``--slim-mlp`` outside (0, 1) or without ``--groups``, an encoder-only model
 (BERT/MiniLM), ``--scores`` computed on another model, a ``--target-shape`` larger than the model or mixed with
