@@ -24,11 +24,9 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 from _run import DATA, retrctl
-from slim import compare
-from train_quality import train_groups
+from slim import compare, recipe_args, setup
 
 from retrctl.models import Encoder
 
@@ -48,21 +46,8 @@ def main() -> None:
     ap.add_argument("--shape-steps", type=int, default=30)
     ap.add_argument("--mask-lr", type=float, default=1.0)
     ap.add_argument("--heal-steps", type=int, default=20)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--group-size", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=2e-5)
-    ap.add_argument("--max-length", type=int, default=128)
-    ap.add_argument("--train-queries", type=int, default=None)
-    ap.add_argument("--mine-retriever", default="bm25")
-    ap.add_argument("--ndcg-docs", type=int, default=500)
-    ap.add_argument("--ndcg-queries", type=int, default=100)
-    ap.add_argument("--docs", type=int, default=32, help="docs encoded per throughput round")
-    ap.add_argument("--rounds", type=int, default=2)
-    a = ap.parse_args()
-    work = Path(a.work)
-    work.mkdir(parents=True, exist_ok=True)
-    groups = train_groups(a, work)
-    enc = ["--bidirectional", "--pooling", "mean", "--passage-max-len", a.max_length, "--query-max-len", 64]
+    a = recipe_args(ap).parse_args()
+    work, groups, enc = setup(a)
     train = [groups, "--corpus", DATA / "scifact", "--max-steps", a.heal_steps, "--batch-size", a.batch_size,
              "--train-group-size", a.group_size, "--lr", a.lr, "--overwrite"]
     corpus = DATA / "scifact" / "corpus.jsonl"

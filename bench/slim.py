@@ -39,21 +39,8 @@ def main() -> None:
     ap.add_argument("--keep", type=float, default=0.5)
     ap.add_argument("--slim-steps", type=int, default=10)
     ap.add_argument("--heal-steps", type=int, default=10)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--group-size", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=2e-5)
-    ap.add_argument("--max-length", type=int, default=128)
-    ap.add_argument("--train-queries", type=int, default=None)
-    ap.add_argument("--mine-retriever", default="bm25")
-    ap.add_argument("--ndcg-docs", type=int, default=500)
-    ap.add_argument("--ndcg-queries", type=int, default=100)
-    ap.add_argument("--docs", type=int, default=32, help="docs encoded per throughput round")
-    ap.add_argument("--rounds", type=int, default=2)
-    a = ap.parse_args()
-    work = Path(a.work)
-    work.mkdir(parents=True, exist_ok=True)
-    groups = train_groups(a, work)
-    enc = ["--bidirectional", "--pooling", "mean", "--passage-max-len", a.max_length, "--query-max-len", 64]
+    a = recipe_args(ap).parse_args()
+    work, groups, enc = setup(a)
     slim, base = work / f"slim-{a.keep}", work / "trained"
     t_slim, *_ = retrctl("prune", a.model, "--slim-mlp", a.keep, "--groups", groups, "--corpus", DATA / "scifact",
                          "--slim-steps", a.slim_steps, "--heal-steps", a.heal_steps, "--train-batch-size", a.batch_size,
@@ -72,6 +59,29 @@ def main() -> None:
           f"{t_base / 60:.1f} min; {a.batch_size} groups × {a.group_size} per step, lr {a.lr}, {a.max_length} tokens; "
           f"kept MLP widths {min(w)}–{max(w)} of {report['slimming']['full_width']} (per block: {w}).", end=" ")
     compare(models, a)
+
+
+def recipe_args(ap):
+    """The training recipe, the groups and the measurements shared by the prune benchmarks."""
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--group-size", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=2e-5)
+    ap.add_argument("--max-length", type=int, default=128)
+    ap.add_argument("--train-queries", type=int, default=None)
+    ap.add_argument("--mine-retriever", default="bm25")
+    ap.add_argument("--ndcg-docs", type=int, default=500)
+    ap.add_argument("--ndcg-queries", type=int, default=100)
+    ap.add_argument("--docs", type=int, default=32, help="docs encoded per throughput round")
+    ap.add_argument("--rounds", type=int, default=2)
+    return ap
+
+
+def setup(a) -> tuple[Path, Path, list]:
+    """(the work dir, the SciFact train groups, the encoder flags every command gets)."""
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    enc = ["--bidirectional", "--pooling", "mean", "--passage-max-len", a.max_length, "--query-max-len", 64]
+    return work, train_groups(a, work), enc
 
 
 def compare(models: dict, a) -> None:
