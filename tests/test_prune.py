@@ -454,3 +454,32 @@ def test_slimming_refusals_exit_2_and_leave_nothing(runner, llama4, tiny_bert, c
     r = runner("prune", llama4, "-o", out, "--slim-mlp", 1.5, "--groups", groups)
     _refused(r, out)
     assert "(0, 1)" in r.stderr
+
+
+def test_self_slimming_resumes_without_training_a_finished_phase_again(runner, monkeypatch, llama4, tmp_path):
+    from safetensors.torch import load_file
+
+    from retrctl.prune import slimming
+    from retrctl.train import loop
+
+    groups = write_jsonl(tmp_path / "g.jsonl", _groups(8, negatives=2))
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"docid": k, **v} for k, v in _corpus().items()])
+    flags = ["--slim-mlp", 0.5, "--groups", groups, "--corpus", corpus, "--slim-steps", 2, "--heal-steps", 1,
+             "--train-batch-size", 4, "--lr", 1e-3, "--gate-lr", 0.5, "--bidirectional", "--pooling", "mean"]
+    whole = tmp_path / "whole"
+    assert runner("prune", llama4, "-o", whole, *flags).exit_code == 0
+    real_choose, real_fit, fits = slimming.choose, loop.Trainer.fit, []
+
+    def dies(*a, **kw):  # after the gates were trained and saved: a kill between the two phases
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(slimming, "choose", dies)
+    out = tmp_path / "small"
+    assert runner("prune", llama4, "-o", out, *flags).exit_code != 0 and not out.exists()
+    monkeypatch.setattr(slimming, "choose", real_choose)
+    monkeypatch.setattr(loop.Trainer, "fit", lambda self: fits.append(self.output.name) or real_fit(self))
+    r = runner("prune", llama4, "-o", out, *flags, "--resume")
+    assert r.exit_code == 0, r.stderr
+    assert fits == ["healed"]  # the finished gates phase was not trained again
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
