@@ -348,3 +348,33 @@ def test_search_sparse_search_flags(sparse_model, tmp_path, runner, queries_file
     assert runner("index", corpus, "--method", "bm25", "-o", tmp_path / "bm25").exit_code == 0
     r = runner("search", tmp_path / "bm25", queries_file, "--sparse-search", "seismic")
     assert r.exit_code == 2 and "no sparse head" in r.stderr
+
+
+@pytest.mark.parametrize("method", ["dense", "sparse"], ids=["two-heads", "sparse-only"])
+def test_a_large_index_saves_its_seismic_index_and_search_loads_it(method, sparse_model, tmp_path, runner, queries_file,
+                                                                   monkeypatch):
+    from retrctl.indexes import sparse as sidx
+
+    model, corpus = sparse_model
+    monkeypatch.setattr(sidx, "SEISMIC_FROM", 3)  # "large": as auto would choose Seismic for it
+    assert runner("index", corpus, "--model", model, "--method", method, "-o", tmp_path / "idx").exit_code == 0
+    saved = list(tmp_path.joinpath("idx").rglob(sidx.SEISMIC_FILE))
+    assert len(saved) == 1 and sidx.SEISMIC_FILE in (saved[0].parent / "index.json").read_text()
+    heads = ["--heads", "sparse"] if method == "dense" else []
+    r = runner("search", tmp_path / "idx", queries_file, *heads, "--hits", 3, "--sparse-search", "exact", "-o", tmp_path / "exact.trec")
+    assert r.exit_code == 0, r.stderr
+    built = []
+    real = sidx.seismic_index
+    monkeypatch.setattr(sidx, "seismic_index", lambda docs: built.append(1) or real(docs))
+    r = runner("search", tmp_path / "idx", queries_file, *heads, "--hits", 3, "--heap-factor", "1.0", "-o", tmp_path / "auto.trec")
+    assert r.exit_code == 0, r.stderr
+    assert built == []  # loaded from the version, not built again
+    keep = lambda p: [x for x in p.read_text().splitlines() if float(x.split()[4]) > 0]  # noqa: E731
+    assert keep(tmp_path / "auto.trec") == keep(tmp_path / "exact.trec")
+    from retrctl.indexes import open_index
+
+    idx = open_index(tmp_path / "idx")
+    assert idx._seismic_saved is not None
+    first = idx.get_vectors(idx.docids[:1])  # one more row: the rows changed in memory
+    idx._append_vectors(first if method == "sparse" else np.concatenate([first, idx.sparse_rows()[:1]], axis=1))
+    assert idx._seismic_saved is None  # a changed index never searches the saved version's Seismic index

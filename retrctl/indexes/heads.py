@@ -77,7 +77,7 @@ class HeadsIndex(SparseSearch, DenseIndex):
     def _clear(self) -> None:
         super()._clear()
         self._sparse: list[np.ndarray] = []
-        self._csr = None
+        self._rows_changed()
 
     def sparse_rows(self) -> np.ndarray:
         if not self._sparse:
@@ -99,7 +99,7 @@ class HeadsIndex(SparseSearch, DenseIndex):
     def _append_vectors(self, rows: np.ndarray) -> None:
         super()._append_vectors(np.ascontiguousarray(rows[:, : self.dim]))
         self._sparse.append(rows[:, self.dim :])
-        self._csr = None
+        self._rows_changed()
 
     def _apply(self, replaced: dict, removed: list[int]) -> None:
         if replaced or removed:
@@ -108,7 +108,8 @@ class HeadsIndex(SparseSearch, DenseIndex):
                 rows[pos] = v[self.dim :]
             keep = np.ones(len(rows), dtype=bool)
             keep[removed] = False
-            self._sparse, self._csr = [rows[keep]], None
+            self._sparse = [rows[keep]]
+            self._rows_changed()
         super()._apply({pos: (h, v[: self.dim]) for pos, (h, v) in replaced.items()}, removed)
 
     # ------------------------------------------------------------ search
@@ -153,12 +154,16 @@ class HeadsIndex(SparseSearch, DenseIndex):
     def manifest(self) -> dict:
         nnz = int(self.matrix().nnz) if len(self) and self.sparse_desc else 0
         return {**super().manifest(), "sparse": {**(self.sparse_desc or {}), "nonzeros": nnz,
-                                                 "files": {"terms": "terms.npy", "weights": "weights.npy"}}}
+                                                 "files": {"terms": "terms.npy", "weights": "weights.npy",
+                                                           **self._seismic_files}}}
+
+    _seismic_files: dict = {}
 
     def write_files(self, directory: Path) -> None:
         terms, weights = unpack(self.sparse_rows())
         np.save(directory / "terms.npy", terms)
         np.save(directory / "weights.npy", weights)
+        self._seismic_files = self.write_seismic(directory, self.matrix())
         super().write_files(directory)  # faiss, docids, and the manifest last
 
     @classmethod
@@ -174,6 +179,7 @@ class HeadsIndex(SparseSearch, DenseIndex):
             if arrays[-1].shape != (len(idx), idx.top_k):
                 raise store.damaged(f, f"shape {arrays[-1].shape} for {len(idx)} ids")
         idx._sparse = [pack(*arrays)]
+        idx.find_seismic(path, manifest["sparse"]["files"])
         return idx
 
     @classmethod

@@ -12,7 +12,9 @@ Queries: the head's ``query`` mode — LightRetriever's token counts (no model r
 
 Large corpora: ``search --sparse-search seismic`` (the default ``auto`` picks it from 100,000 docs) searches with
 Seismic (Bruch et al., SIGIR 2024; pyseismic-lsr, the ``sparse`` extra): clustered, summarised inverted lists,
-approximate, built in memory from the stored rows when the index is first searched. Its candidates are rescored
+approximate. An index of ``SEISMIC_FROM`` docs or more builds it when it is written and saves it beside the rows
+(``sparse.index.seismic``, in the same atomic version), so a search process loads it instead of building it;
+a smaller index builds it in memory when first searched with ``--sparse-search seismic``. Its candidates are rescored
 exactly from the CSR rows, so scores and tie order are the exact path's and only recall can differ
 (bench/sparse_index.py reports it against exact). ``--query-cut`` (query terms kept, largest first) and
 ``--heap-factor`` trade recall for speed as in Seismic's guidelines.
@@ -137,11 +139,33 @@ def seismic_search(built, docs, qrows: np.ndarray, k: int, key: np.ndarray, doci
     return out_s, out_ids
 
 
+SEISMIC_FILE = "sparse.index.seismic"  # what SeismicIndex.save("<dir>/sparse") writes
+
+
 class SparseSearch:
     """The sparse side's search knobs and its exact-or-Seismic choice, shared by the sparse and multi-head indexes."""
 
     sparse_search, query_cut, heap_factor = "auto", 20, 0.9  # a token-count query has ~20 terms, all weight 1
     _seismic = None  # (the CSR matrix it was built from, the Seismic index)
+    _seismic_saved = None  # the version's saved Seismic index, loaded at the first Seismic search
+
+    def write_seismic(self, directory: Path, docs) -> dict:
+        """Build and save the Seismic index of a large corpus into the version being written; its manifest entry."""
+        if docs.shape[0] < SEISMIC_FROM:
+            return {}
+        if self._seismic is None or self._seismic[0] is not docs:
+            self._seismic = (docs, seismic_index(docs))
+        with _stdout_to_stderr():
+            self._seismic[1].save(str(directory / SEISMIC_FILE.removesuffix(".index.seismic")))
+        return {"seismic": SEISMIC_FILE}
+
+    def _rows_changed(self) -> None:
+        """The stored rows changed in memory: the CSR matrix and a loaded version's Seismic index no longer hold."""
+        self._csr, self._seismic_saved = None, None
+
+    def find_seismic(self, directory: Path, files: dict) -> None:
+        """Remember the version's saved Seismic index (a load with the rows, so it is read only when searched)."""
+        self._seismic_saved = directory / files["seismic"] if "seismic" in files else None
 
     def search_rows(self, docs, qrows: np.ndarray, k: int, key: np.ndarray, docids: list[str]):
         if self.sparse_search not in SEARCHES:
@@ -150,9 +174,21 @@ class SparseSearch:
         if use == "exact" or docs.shape[0] == 0:
             return exact_search(docs, qrows, k, key, docids)
         if self._seismic is None or self._seismic[0] is not docs:
-            self._seismic = (docs, seismic_index(docs))
+            self._seismic = (docs, self._load_seismic() or seismic_index(docs))
         return seismic_search(self._seismic[1], docs, qrows, k, key, docids, query_cut=self.query_cut,
                               heap_factor=self.heap_factor)
+
+
+    def _load_seismic(self):
+        path = self._seismic_saved
+        if path is None:
+            return None
+        import seismic
+
+        with base.reading(path), _stdout_to_stderr():
+            built = seismic.SeismicIndex.load(str(path))
+        log.info("seismic: loaded %s", path)
+        return built
 
 
 class SparseIndex(SparseSearch, DenseIndex):
@@ -199,7 +235,8 @@ class SparseIndex(SparseSearch, DenseIndex):
     def _clear(self) -> None:
         base.Index._clear(self)
         self._invalidate()
-        self.index, self._vectors, self._pending, self._csr = None, [], [], None
+        self.index, self._vectors, self._pending = None, [], []
+        self._rows_changed()
 
     def _lossless(self) -> bool:
         return True
@@ -216,14 +253,15 @@ class SparseIndex(SparseSearch, DenseIndex):
 
     def _append_vectors(self, vecs: np.ndarray) -> None:
         self._vectors.append(vecs)
-        self._csr = None
+        self._rows_changed()
 
     def _train_pending(self) -> None:
         pass
 
     def _rebuild(self, vecs: np.ndarray) -> None:
         self._invalidate()
-        self._vectors, self._csr = [vecs], None
+        self._vectors = [vecs]
+        self._rows_changed()
 
     def _doc_vectors(self, texts: list[str]) -> np.ndarray:
         return pack(*self.encoder.encode_sparse(texts, "passage", self.batch_size))
@@ -254,10 +292,11 @@ class SparseIndex(SparseSearch, DenseIndex):
 
     # ------------------------------------------------------------ files
 
-    def manifest(self) -> dict:
+    def manifest(self, extra_files: dict | None = None) -> dict:
         return {"backend": self.name, "settings": self.config(), "encoder": self.encoder_desc, "vocab": self.vocab,
                 "metric": "dot", "doc_count": len(self), "nonzeros": int(self.matrix().nnz) if len(self) else 0,
-                "files": {"terms": "terms.npy", "weights": "weights.npy", "docids": base.DOCIDS}, **self.meta}
+                "files": {"terms": "terms.npy", "weights": "weights.npy", "docids": base.DOCIDS, **(extra_files or {})},
+                **self.meta}
 
     def save(self, directory: str | Path, keep: int = base.KEEP) -> None:
         with store.new_version(directory, keep) as tmp:
@@ -268,7 +307,7 @@ class SparseIndex(SparseSearch, DenseIndex):
         np.save(directory / "terms.npy", terms)
         np.save(directory / "weights.npy", weights)
         base.write_docids(directory, self.docids, self._hash)
-        base.write_manifest(directory, self.manifest())
+        base.write_manifest(directory, self.manifest(self.write_seismic(directory, self.matrix())))
 
     @classmethod
     def load(cls, directory, encoder=None, device: str | None = None, query_encoder: str = "full", **overrides) -> SparseIndex:
@@ -291,6 +330,7 @@ class SparseIndex(SparseSearch, DenseIndex):
                 raise store.damaged(directory / manifest["files"][name], f"shape {a.shape} for {len(docids)} ids")
         idx._set_ids(docids, hashes)
         idx._vectors = [pack(*arrays)]
+        idx.find_seismic(directory, manifest["files"])
         idx.version = version
         return idx
 
