@@ -9,7 +9,7 @@ The dir is what ``Encoder.save`` writes (Hugging Face weights and config, tokeni
   (matplotlib, headless Agg).
 - ``slim_gates.npz`` (self-slimming): every MLP neuron's trained gate value, per block.
 - ``shape_masks.npz`` (``--target-shape``): each mask's learned log α and the binary mask kept (``kept_*``), in
-  source numbering, so another shape can be cut from the same masks.
+  source numbering (what was learned: which units each mask ranked high, and the final cut).
 - ``README.md``: a model card saying what was removed, from what, and how to load it.
 
 ``verify`` reloads the written dir with stock ``AutoModel.from_pretrained`` (no retrctl code, no remote code) and
