@@ -9,6 +9,7 @@ check leaves no DIST):
 | ``st --dtype fp16`` / ``bf16`` | the same, weights cast after any LoRA merge; vs the fp32 model's vectors | min cosine ≥ 0.999 / 0.99 |
 | ``onnx`` | ``DIST/onnx/model.onnx``: token ids → pooled, truncated, normalised vector | min cosine ≥ 0.9999 |
 | ``onnx-int8`` | ``DIST/onnx/model_int8.onnx``: dynamic int8, MatMul weights per channel | mean cosine ≥ 0.99 |
+| ``sparse-encoder`` | ``DIST/sparse-encoder``: an encoder's symmetric sparse head as stock ``SparseEncoder`` (retrctl/export/sparse_st.py) | max abs diff of a term weight ≤ 1e-4 |
 
 plus ``export.json`` (the figures) and a model card (README.md). A model's sparse head (``sparse/config.json``)
 ships with the ``st`` dir. ``retrctl export IDX -o DIST --format json-vectors`` writes a *sparse index*'s docs as
@@ -41,8 +42,9 @@ from retrctl.stage import encoder_overrides, options, stage
 
 log = logging.getLogger("retrctl.export")
 
-FORMATS = ("st", "onnx", "onnx-int8")
+FORMATS = ("st", "onnx", "onnx-int8", "sparse-encoder")
 BOUNDS = {"st": ("max_abs_diff", 1e-5), "onnx": ("min_cos", 0.9999), "onnx-int8": ("mean_cos", 0.99),
+          "sparse-encoder": ("max_abs_diff", 1e-4),  # term weights reach ~10: float32 rounding of the logits
           # a cast st export against the fp32 model: fp16 keeps 10 mantissa bits, bf16 7 (its range is fp32's)
           "st-fp16": ("min_cos", 0.999), "st-bf16": ("min_cos", 0.99)}
 
@@ -116,7 +118,7 @@ def _checked(source, name: str, figures: dict) -> str:
 def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | None = None, force: bool = False,
            eval_results=(), encoder_settings: dict | None = None) -> Path:
     """Export ``source`` to ``output`` (see the module docstring). Returns the output dir."""
-    from retrctl.export import SAMPLE_TEXTS, card, lora, require_runtime, st
+    from retrctl.export import SAMPLE_TEXTS, card, lora, require_runtime, sparse_st, st
     from retrctl.hashing import weights_fingerprint
     from retrctl.models import Encoder, lookup, resolve
 
@@ -144,6 +146,8 @@ def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | Non
     if dim is not None:
         check_dim(enc, root, dim, force)
         enc.config.dims = dim
+    if "sparse-encoder" in names:
+        sparse_st.check(enc)
     report = {"source": str(source), "source_fingerprint": weights_fingerprint(root), "retrctl": records.versions().get("retrctl"),
               "encoder": {k: v for k, v in enc.describe().items() if k not in ("model", "dim")}, "dim": enc.dim,
               "sample_texts": len(texts), "formats": {}, "notes": [], "lora": merged, "versions": records.versions()}
@@ -168,6 +172,12 @@ def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | Non
                                                  "parity": "copied from the source model (built from its fp32 weights)"}
         if any(n.startswith("onnx") for n in names):
             _export_onnx(enc, tmp / "onnx", names, ref, texts, source, report)
+        if "sparse-encoder" in names:
+            d = tmp / sparse_st.SUBDIR
+            sparse_st.write(enc, d)
+            figures = sparse_st.stock_parity(enc, d, texts)
+            report["formats"]["sparse-encoder"] = {"path": sparse_st.SUBDIR, "bytes": _size(d),
+                                                   "parity": _checked(source, "sparse-encoder", figures), **figures}
         report["notes"] += notes(enc)
         (tmp / "export.json").write_text(json.dumps(report, indent=2, default=str))
         report["eval"] = evals
@@ -224,14 +234,16 @@ def notes(enc) -> list[str]:
     out.append("ONNX graphs run onnxruntime on CPU; the int8 graph quantises MatMul weights per channel (dynamic).")
     if getattr(enc, "sparse", None) is not None:
         out.append("the sparse head ships as sparse/config.json (its projection is the input embeddings, saved with the "
-                   "model): `retrctl index --method sparse --model DIST`; the ONNX graphs carry the dense head only.")
+                   "model): `retrctl index --method sparse --model DIST`; the ONNX graphs carry the dense head only; "
+                   "`--format sparse-encoder` writes an encoder's symmetric head as a stock SparseEncoder dir.")
     return out
 
 
 @stage(export, writes="dir", atomic=False)  # export checks -o first, then builds its own atomic dir
 @click.argument("source", metavar="MODEL")
 @click.option("--format", "formats", default="st,onnx,onnx-int8", show_default=True,
-              help="Comma-separated: st (sentence-transformers dir), onnx (fp32), onnx-int8 (dynamic int8); or, "
+              help="Comma-separated: st (sentence-transformers dir), onnx (fp32), onnx-int8 (dynamic int8), sparse-encoder "
+              "(an encoder's sparse head as stock SparseEncoder); or, "
               "with a sparse index as MODEL, json-vectors (Anserini's JsonVectorCollection).")
 @click.option("--dim", type=click.IntRange(min=1), help="Matryoshka: truncate to the first N dims, then renormalise.")
 @click.option("--force", is_flag=True, help="With --dim: allow a dim the model was not trained with.")

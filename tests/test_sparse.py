@@ -378,3 +378,39 @@ def test_a_large_index_saves_its_seismic_index_and_search_loads_it(method, spars
     first = idx.get_vectors(idx.docids[:1])  # one more row: the rows changed in memory
     idx._append_vectors(first if method == "sparse" else np.concatenate([first, idx.sparse_rows()[:1]], axis=1))
     assert idx._seismic_saved is None  # a changed index never searches the saved version's Seismic index
+
+
+def test_symmetric_sparse_head_exports_as_a_stock_sparse_encoder(tiny_bert, tmp_path, runner):
+    from sentence_transformers import SparseEncoder
+
+    from retrctl.models.sparse import to_csr
+
+    groups = write_jsonl(tmp_path / "g.jsonl", _groups(4, negatives=2))
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"docid": k, **v} for k, v in _corpus().items()])
+    fast = [f"--{k.replace('_', '-')}={v}" for k, v in FAST.items() if k != "train_group_size"]
+    r = runner("train", groups, "--corpus", corpus, "--model", tiny_bert, "-o", tmp_path / "m", "--max-steps", 2,
+               "--train-group-size", 2, "--heads", "dense,sparse", "--sparse-query", "encoder", "--flops-warmup", 0,
+               "--query-prompt", "query: ", "--query-max-len", 12, *fast)
+    assert r.exit_code == 0, r.stderr
+    r = runner("export", tmp_path / "m", "-o", tmp_path / "dist", "--format", "st,sparse-encoder")
+    assert r.exit_code == 0, r.stderr
+    assert "sparse-encoder parity: max_abs_diff" in r.stderr
+    stock = SparseEncoder(str(tmp_path / "dist" / "sparse-encoder"), device="cpu")  # no retrctl code, no remote code
+    enc = Encoder.load(tmp_path / "m", device="cpu")
+    enc.sparse.top_k = 0
+    texts = ["rust memory safety without a garbage collector", "cats purr", "a longer passage " * 10]
+    for kind, encode in (("query", stock.encode_query), ("passage", stock.encode_document)):
+        ours = to_csr(*enc.encode_sparse(texts, kind), enc.sparse.vocab).toarray()
+        theirs = encode(texts, convert_to_tensor=True).to_dense().numpy()
+        assert np.abs(ours - theirs).max() <= 1e-4
+        assert not theirs[:, enc.sparse.special_ids].any()  # special terms weigh nothing, as in retrctl
+    report = json.loads((tmp_path / "dist" / "export.json").read_text())
+    assert report["formats"]["sparse-encoder"]["max_abs_diff"] <= 1e-4
+
+
+def test_sparse_encoder_export_refuses_what_it_cannot_express(sparse_model, tiny_llama, tmp_path, runner):
+    model, _ = sparse_model  # token-count queries (LightRetriever)
+    r = runner("export", model, "-o", tmp_path / "d1", "--format", "sparse-encoder")
+    assert r.exit_code == 2 and "token counts" in r.stderr and not (tmp_path / "d1").exists()
+    r = runner("export", tiny_llama, "-o", tmp_path / "d2", "--format", "sparse-encoder")
+    assert r.exit_code == 2 and "no sparse head" in r.stderr and not (tmp_path / "d2").exists()
