@@ -130,6 +130,11 @@ def test_hard_concrete_sample_noise_and_expected_sparsity():
     assert float(hc.expected_sparsity().detach().min()) > 0.95
     hc.eval()
     assert hc().sum(-1).tolist() == [10, 10]  # eval: binary, the target count per row
+    with torch.no_grad():
+        hc.log_alpha.fill_(1.0)
+        hc.log_alpha[1, 40] = 2.0
+    assert hc.binary()[0].nonzero().flatten().tolist() == list(range(10))  # ties: the lower index
+    assert hc.binary()[1].nonzero().flatten().tolist() == [*range(9), 40]
 
 
 def test_lagrangian_pulls_the_expected_sparsity_to_the_target():

@@ -158,11 +158,8 @@ class HardConcrete(torch.nn.Module):
         """The final mask: the ``keep`` largest log α of each row (ties: the lower index)."""
         la = self.log_alpha.detach().float()
         flat = la.reshape(-1, la.shape[-1])
-        out = torch.zeros_like(flat, dtype=torch.bool)
-        for row, values in enumerate(flat):
-            order = sorted(range(len(values)), key=lambda j: (-float(values[j]), j))[: self.keep]
-            out[row, order] = True
-        return out.reshape(la.shape)
+        order = torch.argsort(-flat, dim=-1, stable=True)[:, : self.keep]
+        return torch.zeros_like(flat, dtype=torch.bool).scatter_(1, order, True).reshape(la.shape)
 
     def constrain(self) -> None:
         with torch.no_grad():
