@@ -125,7 +125,7 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
         return _shape(model, shape, output=output, calibration=calibration, calibration_size=calibration_size,
                       max_length=max_length, objective=objective, steps=shape_steps, warmup=shape_warmup,
                       mask_lr=mask_lr, groups=groups, corpus=corpus, seed=seed, encoder_settings=encoder_settings,
-                      train_settings=_phase_settings(train_settings, save_steps, save_minutes), run=run, resume=resume)
+                      train_settings=_phase_settings(train_settings, save_steps, save_minutes, resume), run=run, resume=resume)
     if not (coarse or slim_mlp is not None):
         raise surgery.PruneError("nothing to do: give --drop-mlp, --drop-attn, --drop-layers, --target-params, --slim-mlp "
                                  "or --target-shape")
@@ -184,7 +184,7 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
             enc, gates, masks, metrics = slimming.self_slim(
                 enc, slim_mlp, groups, records.read_corpus(corpus) if corpus is not None else None, phases,
                 slim_steps=slim_steps, heal_steps=heal_steps, slim_lambda=slim_lambda, gate_lr=gate_lr,
-                removed=removed, seed=seed, **_phase_settings(train_settings, save_steps, save_minutes))
+                removed=removed, seed=seed, **_phase_settings(train_settings, save_steps, save_minutes, resume))
             report["slimming"] = {
                 "keep": slim_mlp, "groups": str(groups), "slim_steps": slim_steps, "heal_steps": heal_steps,
                 "lambda": slim_lambda, "gate_lr": gate_lr, "train": train_settings or {}, "full_width": full,
@@ -214,10 +214,10 @@ def _run_state(run: dict, fingerprint: str, texts: list[str], max_length: int) -
     return {**state, "source_fingerprint": fingerprint, "calibration_hash": stable_hex(max_length, *texts) if texts else None}
 
 
-def _phase_settings(train_settings: dict | None, save_steps: int, save_minutes: float) -> dict:
-    """TrainConfig keys of prune's training phases: checkpoints as asked, and always resumed when a phase's
-    checkpoints are there (they survive only into a --resume: ``work.prepare`` clears them otherwise)."""
-    return {**(train_settings or {}), "save_steps": save_steps, "save_minutes": save_minutes, "resume": True}
+def _phase_settings(train_settings: dict | None, save_steps: int, save_minutes: float, resume: bool) -> dict:
+    """TrainConfig keys of prune's training phases: checkpoints as asked, resumed with --resume (without it
+    ``work.prepare`` has cleared any)."""
+    return {**(train_settings or {}), "save_steps": save_steps, "save_minutes": save_minutes, "resume": resume}
 
 
 def _shape(model, shape, *, output, calibration, calibration_size, max_length, objective, steps, warmup, mask_lr,
