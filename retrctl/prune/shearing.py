@@ -83,7 +83,7 @@ def learn_lm(enc, masks, texts: list[str], head: torch.Tensor | None, *, steps: 
     opt = torch.optim.AdamW(param_groups(model, 0.0), lr=lr)
     curve, start = [], 0
     if checkpoint is not None and Path(checkpoint).is_file():
-        state = torch.load(checkpoint, weights_only=False)
+        state = torch.load(checkpoint, weights_only=True)  # tensors, numbers, lists: no pickled code
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
@@ -133,7 +133,7 @@ def learn_contrastive(enc, masks, groups, corpus, scratch, *, steps: int, **trai
         Trainer(TrainConfig(max_steps=steps, **train_settings), groups, corpus, out, encoder=enc,
                 penalty=masks.step_penalty, finish=lambda e: shaping.fold(e.model)).fit()
         _save(saved, {"step": steps, "masks": masks.state_dict()})
-    masks.load_state_dict(torch.load(saved)["masks"])
+    masks.load_state_dict(torch.load(saved, weights_only=True)["masks"])
     lines = (out / "metrics.jsonl").read_text().splitlines()
     return Encoder.load(out, device="cpu"), (json.loads(lines[-1]) if lines else {})
 
