@@ -107,7 +107,7 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
     """Prune ``model`` and save it to ``output`` (see the module docstring). Returns the output dir."""
     run = {k: v for k, v in locals().items() if k not in PER_INVOCATION}  # what a --resume must match
     from retrctl.models import Encoder, resolve
-    from retrctl.prune import importance, save, shaping, slimming, surgery, work
+    from retrctl.prune import importance, shaping, slimming, surgery, work
 
     records.check_outputs([output], [model, calibration, scores, groups, corpus], dir_output=True)
     records.check_own_dir(output, "prune.json", "a retrctl prune output")  # an earlier prune output is replaced
@@ -197,12 +197,21 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
         report["params"] = {"before": before, "after": after,
                             "embedding": sum(x.numel() for x in enc.model.get_input_embeddings().parameters())}
         report["versions"] = records.versions()
-        enc.save(tmp)
-        save.write_report(tmp, report, gates)
-        diff = save.verify(enc.model, enc.tokenizer, tmp, CHECK_TEXTS + texts[:4], max_length)
-        work.close_work(tmp)
+        diff = _write(enc, tmp, report, texts, max_length, gates=gates)
     log.info("wrote %s (stock reload matches: max |diff| %.1e)", output, diff)
     return Path(output)
+
+
+def _write(enc, tmp: Path, report: dict, texts: list[str], max_length: int, **extra) -> float:
+    """The pruned model, its report and chart into the work dir; the stock reload checked (its max |diff|
+    returned); the phases' work removed."""
+    from retrctl.prune import save, work
+
+    enc.save(tmp)
+    save.write_report(tmp, report, **extra)
+    diff = save.verify(enc.model, enc.tokenizer, tmp, CHECK_TEXTS + texts[:4], max_length)
+    work.close_work(tmp)
+    return diff
 
 
 PER_INVOCATION = ("output", "resume", "save_steps", "save_minutes")  # how a run is carried out, not what it computes
@@ -227,7 +236,7 @@ def _shape(model, shape, *, output, calibration, calibration_size, max_length, o
 
     from retrctl.models import Encoder, resolve
     from retrctl.models.loading import saved_settings
-    from retrctl.prune import save, shaping, shearing, surgery, work
+    from retrctl.prune import shaping, shearing, surgery, work
 
     enc = Encoder.load(model, **(encoder_settings or {}))
     surgery.check_decoder(enc.model)
@@ -261,10 +270,7 @@ def _shape(model, shape, *, output, calibration, calibration_size, max_length, o
         }
         log.info("shape %s -> %s: non-embedding params %d -> %d (%.1f%%)", shaped["source"], shaped["target"], before,
                  after, 100 * after / before)
-        enc.save(tmp)
-        save.write_report(tmp, report, shape_masks={"kept": kept, "log_alpha": log_alpha})
-        diff = save.verify(enc.model, enc.tokenizer, tmp, CHECK_TEXTS + texts[:4], max_length)
-        work.close_work(tmp)
+        diff = _write(enc, tmp, report, texts, max_length, shape_masks={"kept": kept, "log_alpha": log_alpha})
     log.info("wrote %s (stock reload matches: max |diff| %.1e)", output, diff)
     return Path(output)
 

@@ -104,12 +104,16 @@ def check_target(model, target: dict[str, int]) -> dict[str, int]:
     return full
 
 
-def _config_values(cfg, shape: dict[str, int]) -> dict:
-    """The config's values with ``shape`` written in (head_dim kept: the stock default hidden // heads would change it)."""
+def shape_fields(cfg, shape: dict[str, int]) -> dict:
+    """The config fields of ``shape`` (head_dim kept explicit: the stock default hidden // heads would change it)."""
     r = group_size(cfg)
-    out = {**cfg.to_dict(), "num_hidden_layers": shape["layers"], "hidden_size": shape["hidden"],
-           "num_attention_heads": shape["heads"], "num_key_value_heads": shape["heads"] // r,
-           "intermediate_size": shape["intermediate"], "head_dim": head_dim(cfg)}
+    return {"num_hidden_layers": shape["layers"], "hidden_size": shape["hidden"], "num_attention_heads": shape["heads"],
+            "num_key_value_heads": shape["heads"] // r, "intermediate_size": shape["intermediate"], "head_dim": head_dim(cfg)}
+
+
+def _config_values(cfg, shape: dict[str, int]) -> dict:
+    """The config's values with ``shape`` written in."""
+    out = {**cfg.to_dict(), **shape_fields(cfg, shape)}
     if out.get("layer_types"):
         out["layer_types"] = out["layer_types"][: shape["layers"]]
     return out
@@ -304,10 +308,6 @@ def fold(model) -> None:
                     parametrize.remove_parametrizations(module, name, leave_parametrized=True)
 
 
-def find_masks(model) -> ShapeMasks | None:
-    return next((m for m in model.modules() if isinstance(m, ShapeMasks)), None)
-
-
 # ---------------------------------------------------------------- removing the pruned units
 
 
@@ -367,10 +367,10 @@ def reshape(model, kept: dict[str, torch.Tensor]) -> dict[str, int]:
         _norm(layer.input_layernorm, hidden, scale, eps_scale)
         _norm(layer.post_attention_layernorm, hidden, scale, eps_scale)
     _norm(model.norm, hidden, scale, eps_scale)
-    heads = int(kept["heads"][0].sum()) * r
-    cfg.head_dim = hd  # explicit: the stock default hidden_size // heads would change it
-    cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads = d2, heads, heads // r
-    cfg.intermediate_size = int(kept["intermediate"][0].sum())
+    shape = {"layers": cfg.num_hidden_layers, "hidden": d2, "heads": int(kept["heads"][0].sum()) * r,
+             "intermediate": int(kept["intermediate"][0].sum())}  # blocks: drop_blocks below
+    for field, value in shape_fields(cfg, shape).items():
+        setattr(cfg, field, value)
     cfg.rms_norm_eps = cfg.rms_norm_eps * eps_scale
     drop = [i for i, k in enumerate(kept["layers"].tolist()) if not k]
     if drop:

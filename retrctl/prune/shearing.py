@@ -7,13 +7,12 @@ Two objectives (``--objective``), trained jointly with the model's weights as LL
 - ``contrastive``: InfoNCE on retrieval groups through ``retrctl train``'s Trainer, the Lagrangian added as its
   per-step penalty (as self-slimming's L0 term is), the encoder run as it retrieves.
 Then the masks become binary (every block keeps the same top-k), are folded into the weights, and the zeroed
-units are removed; the small model is compared with the masked one (1e-5) before it is returned.
+units are removed; the small model is compared with the masked one (``check_same``) before it is returned.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from retrctl.prune import shaping
+from retrctl.prune import shaping, work
 from retrctl.prune.surgery import PruneError
 
 log = logging.getLogger("retrctl.prune")
@@ -129,13 +128,12 @@ def learn_contrastive(enc, masks, groups, corpus, scratch, *, steps: int, **trai
     from retrctl.train.loop import Trainer
 
     out, saved = Path(scratch) / "shaped", Path(scratch) / "shape_masks.pt"
-    if not (saved.is_file() and (out / "metrics.jsonl").is_file()):
+    if not (saved.is_file() and work.finished(out)):
         Trainer(TrainConfig(max_steps=steps, **train_settings), groups, corpus, out, encoder=enc,
                 penalty=masks.step_penalty, finish=lambda e: shaping.fold(e.model)).fit()
         _save(saved, {"step": steps, "masks": masks.state_dict()})
     masks.load_state_dict(torch.load(saved, weights_only=True)["masks"])
-    lines = (out / "metrics.jsonl").read_text().splitlines()
-    return Encoder.load(out, device="cpu"), (json.loads(lines[-1]) if lines else {})
+    return Encoder.load(out, device="cpu"), work.last_metrics(out)
 
 
 @torch.no_grad()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch.nn.utils import parametrize
 
+from retrctl.prune import work
 from retrctl.prune.surgery import PruneError
 
 RELAX = 0.5  # temperature of the L0 relaxation: 2σ(g/τ) − 1 is 0 at g = 0 and ~0.76 at the initial g = 1
@@ -135,7 +136,7 @@ def self_slim(enc, keep: float, groups, corpus: dict | None, scratch, *, slim_st
 
     scratch = Path(scratch)
     values_file = scratch / "gates.npz"
-    if not (values_file.is_file() and _finished(scratch / "gates")):
+    if not (values_file.is_file() and work.finished(scratch / "gates")):
         add_gates(enc.model, lr=gate_lr, removed=removed)
         Trainer(TrainConfig(max_steps=slim_steps, **train_settings), groups, corpus, scratch / "gates", encoder=enc,
                 penalty=lambda: slim_lambda * l0(enc.model), finish=lambda e: fold(e.model)).fit()
@@ -144,30 +145,15 @@ def self_slim(enc, keep: float, groups, corpus: dict | None, scratch, *, slim_st
     with np.load(values_file) as saved:
         values = {int(k.split("_")[1]): torch.from_numpy(saved[k]) for k in saved.files}
     masks = choose(values, keep)
-    metrics = {"slim": _last_metrics(scratch / "gates")}
+    metrics = {"slim": work.last_metrics(scratch / "gates")}
     slim = Encoder.load(scratch / "gates", device="cpu")  # the gates folded into stock weights
     zero_neurons(slim.model, masks)
     slim.model.config.retrctl_pruned = {**(getattr(slim.model.config, "retrctl_pruned", None) or {}),
                                         "mlp_width": widths(slim.model, masks)}
     if heal_steps:
         out = scratch / "healed"
-        if not _finished(out):
+        if not work.finished(out):
             Trainer(TrainConfig(max_steps=heal_steps, **train_settings), groups, corpus, out, encoder=slim).fit()
-        metrics["heal"] = _last_metrics(out)
+        metrics["heal"] = work.last_metrics(out)
         slim = Encoder.load(out, device="cpu")
     return slim, values, masks, metrics
-
-
-def _finished(model_dir) -> bool:
-    """A training phase whose Trainer has moved its model into place."""
-    from pathlib import Path
-
-    return (Path(model_dir) / "metrics.jsonl").is_file() and (Path(model_dir) / "retrctl.json").is_file()
-
-
-def _last_metrics(model_dir) -> dict:
-    import json
-    from pathlib import Path
-
-    lines = (Path(model_dir) / "metrics.jsonl").read_text().splitlines()
-    return json.loads(lines[-1]) if lines else {}

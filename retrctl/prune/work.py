@@ -57,5 +57,16 @@ def open_work(directory, settings: dict) -> Path:
     return work
 
 
+def finished(model_dir) -> bool:
+    """A training phase whose Trainer has moved its model into place (it is not trained again on --resume)."""
+    return (Path(model_dir) / "metrics.jsonl").is_file() and (Path(model_dir) / "retrctl.json").is_file()
+
+
+def last_metrics(model_dir) -> dict:
+    """The last step's metrics of a finished training phase."""
+    lines = (Path(model_dir) / "metrics.jsonl").read_text().splitlines()
+    return json.loads(lines[-1]) if lines else {}
+
+
 def close_work(directory) -> None:
     shutil.rmtree(Path(directory) / WORK, ignore_errors=True)
