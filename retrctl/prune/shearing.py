@@ -195,7 +195,7 @@ def shear(enc, target: dict[str, int], *, objective: str, steps: int, warmup: in
         raise RuntimeError(f"pruned to {got}, not the target {full}")
     diff = check_same(masked, trained.model, trained.tokenizer, check_texts, kept["hidden"], max_length)
     del masked
-    log.info("shaped %s -> %s (%s objective, %d steps; masked vs removed max |diff| %.1e)", source, got, objective, steps, diff)
+    log.info("shaped %s -> %s (%s objective, %d steps; removed vs masked: %.1e of the largest state)", source, got, objective, steps, diff)
     report = {"source": source, "target": full, "objective": objective, "steps": steps, "warmup": warmup,
               "mask_lr": mask_lr, "train": train_settings, "masks": sparsity, "metrics": metrics,
               "kept_layers": [i for i, k in enumerate(kept["layers"].tolist()) if k], "per_block": per_block,
