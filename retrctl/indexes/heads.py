@@ -93,8 +93,8 @@ class HeadsIndex(SparseSearch, DenseIndex):
         return self._csr
 
     def _doc_vectors(self, texts: list[str]) -> np.ndarray:
-        vecs, terms, weights = self.encoder.encode_heads(texts, "passage", self.batch_size)
-        return np.concatenate([vecs, pack(terms, weights)], axis=1)
+        out = self.encoder.encode_heads(texts, "passage", self.batch_size, heads=("dense", "sparse"))
+        return np.concatenate([out["dense"], pack(*out["sparse"])], axis=1)
 
     def _append_vectors(self, rows: np.ndarray) -> None:
         super()._append_vectors(np.ascontiguousarray(rows[:, : self.dim]))

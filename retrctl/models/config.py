@@ -67,14 +67,15 @@ class LoadOptions:
     device: str | None = _setting(None, side=None, flag="--device", help="Device (default: cuda when present, else cpu).")
 
 
-INDEX_HEADS = ("dense", "sparse")  # the heads an index can hold (`retrctl index/search --heads`)
+INDEX_HEADS = ("dense", "sparse", "colbert")  # the heads an index can hold (`retrctl index/search --heads`)
+HEAD_ALIASES = {"lexical": "sparse"}  # BGE-M3's lexical head is stored and searched as the model's sparse head
 
 
-def parse_heads(value, has_sparse: bool = False) -> list[str]:
+def parse_heads(value, has_sparse: bool = False, has_colbert: bool = False) -> list[str]:
     """``--heads`` as a list in INDEX_HEADS order; None = every head the model has. ValueError for a bad name."""
     if value is None:
-        return ["dense", "sparse"] if has_sparse else ["dense"]
-    got = [h.strip() for h in (value.split(",") if isinstance(value, str) else value) if h.strip()]
+        return ["dense", *(["sparse"] if has_sparse else []), *(["colbert"] if has_colbert else [])]
+    got = [HEAD_ALIASES.get(h.strip(), h.strip()) for h in (value.split(",") if isinstance(value, str) else value) if h.strip()]
     bad = [h for h in got if h not in INDEX_HEADS]
     if bad or not got:
         raise ValueError(f"--heads {','.join(got)}: choose from {', '.join(INDEX_HEADS)} (comma-separated)")

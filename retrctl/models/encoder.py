@@ -57,6 +57,8 @@ class Encoder(torch.nn.Module):
         self.joint_lookup = False  # training LightRetriever's token-lookup query encoder beside the full one
         self.sparse = None  # a SparseHead (models/sparse.py) beside the dense one, when the model has or trains one
         self.train_sparse = False  # training: raw outputs carry the sparse weights after the dense vector
+        self.colbert = None  # a ColbertHead (models/colbert.py): BGE-M3's multi-vector head, beside the dense one
+        self.train_colbert = False  # training: raw outputs end with the [cap × dim] token block
         self.set_bidirectional(config.bidirectional)
 
     # -- construction
@@ -84,26 +86,45 @@ class Encoder(torch.nn.Module):
             settings.setdefault("passage_max_len", cap)
         config = EncoderConfig.from_settings(settings)
         enc = cls(model, tokenizer, config, source=str(name_or_path))
+        from retrctl.models.colbert import ColbertHead
         from retrctl.models.sparse import SparseHead
 
         sparse = SparseHead.read_saved(root) if Path(root).is_dir() else None
         if sparse is not None:
-            enc.add_sparse_head(**sparse)
+            enc.add_sparse_head(**sparse).load_weights(root)
+        colbert = ColbertHead.read_saved(root) if Path(root).is_dir() else None
+        if colbert is not None:
+            enc.add_colbert_head(**colbert).load_module(root)
         enc.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         enc.eval()
         return enc
 
-    def add_sparse_head(self, top_k: int = 256, query: str = "tokens"):
-        """Attach SPLADE's head (models/sparse.py), projecting through the input embeddings (tied LM/MLM head)."""
+    def add_sparse_head(self, top_k: int = 256, query: str = "tokens", weights: str = "splade"):
+        """Attach SPLADE's head (models/sparse.py), projecting through the input embeddings (tied LM/MLM head), or
+        BGE-M3's lexical head (``weights="lexical"``: one learned weight per token, no projection)."""
         from retrctl.models.sparse import SparseHead
 
-        if getattr(self.model.config, "tie_word_embeddings", True) is False:
+        if weights == "splade" and getattr(self.model.config, "tie_word_embeddings", True) is False:
             raise ValueError(f"{self.source}: its LM head is not tied to the input embeddings; the sparse head "
                              "projects through the input embeddings only")
-        tok = self.tokenizer
-        special = [*tok.all_special_ids, tok.bos_token_id, tok.eos_token_id, tok.pad_token_id]
-        self.sparse = SparseHead(self.config, self.model.get_input_embeddings(), special, top_k=top_k, query=query)
+        self.sparse = SparseHead(self.config, self.model.get_input_embeddings(), self.special_ids(), top_k=top_k,
+                                 query=query, weights=weights).to(self._device_or_cpu())
         return self.sparse
+
+    def add_colbert_head(self, dim: int = 128):
+        """Attach BGE-M3's multi-vector head (models/colbert.py)."""
+        from retrctl.models.colbert import ColbertHead
+
+        self.colbert = ColbertHead(self.config, self.model.config.hidden_size, self.special_ids(), dim).to(self._device_or_cpu())
+        return self.colbert
+
+    def special_ids(self) -> list[int]:
+        """Token ids that carry no term weight or token vector (CLS/SEP, BOS/EOS, padding)."""
+        tok = self.tokenizer
+        return [*tok.all_special_ids, tok.bos_token_id, tok.eos_token_id, tok.pad_token_id]
+
+    def _device_or_cpu(self):
+        return next(self.model.parameters()).device
 
     def set_bidirectional(self, on: bool) -> None:
         """Bidirectional attention for decoders (DRAMA, LLM2Vec): transformers reads config.is_causal."""
@@ -145,6 +166,10 @@ class Encoder(torch.nn.Module):
         if self.train_sparse and raw and (kind == "passage" or self.sparse.query == "encoder"):
             # [dense | sparse term weights]: one vector to GradCache, split again by the loss (losses.sparse_loss)
             out = torch.cat([out, self.sparse(hidden, batch["attention_mask"], batch["input_ids"])], dim=-1)
+        if self.train_colbert and raw:
+            # [… | colbert tokens, cap × dim]: fixed width per side, so GradCache's chunks concatenate (losses.m3_loss)
+            tokens = self.colbert(hidden, batch["attention_mask"], batch["input_ids"])
+            out = torch.cat([out, self.colbert.block(tokens, self.config.max_len(kind))], dim=-1)
         return out if raw else head.finish(out)
 
     def encode_sparse(self, texts: list[str], kind: str = "passage", batch_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
@@ -156,16 +181,28 @@ class Encoder(torch.nn.Module):
             raise ValueError(f"{self.source} has no sparse head (train one with --heads dense,sparse)")
         if kind == "query" and self.sparse.query == "tokens":
             return sparse.token_counts(self.tokenizer, texts, self.config.query_max_len, self.sparse.special_ids)
-        _, terms, weights = self.encode_heads(texts, kind, batch_size, dense=False)
-        return terms, weights
+        return self.encode_heads(texts, kind, batch_size, heads=("sparse",))["sparse"]
 
-    def encode_heads(self, texts: list[str], kind: str = "passage", batch_size: int = 32, dense: bool = True):
-        """Dense vectors and sparse rows from one backbone pass per batch (a multi-head index encodes its corpus
-        once): (vectors [N, dim] or None, terms [N, k], weights [N, k])."""
+    def encode_colbert(self, texts: list[str], kind: str = "passage", batch_size: int = 32) -> list[np.ndarray]:
+        """Each text's token vectors [n_i, colbert dim] (float32, unit rows; padding and special tokens dropped)."""
+        if self.colbert is None:
+            raise ValueError(f"{self.source} has no colbert head (train one with --heads dense,lexical,colbert)")
+        return self.encode_heads(texts, kind, batch_size, heads=("colbert",))["colbert"]
+
+    def encode_heads(self, texts: list[str], kind: str = "passage", batch_size: int = 32,
+                     heads=("dense", "sparse", "colbert")) -> dict:
+        """Every head asked for (and present) from one backbone pass per batch (a multi-head index encodes its
+        corpus once): {"dense": [N, dim], "sparse": (terms [N, k], weights [N, k]), "colbert": N arrays [n_i, d]}."""
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        k = self.sparse.top_k or self.sparse.vocab
-        vecs = np.empty((len(texts), self.dim), np.float32) if dense else None
-        terms, weights = np.zeros((len(texts), k), np.int32), np.zeros((len(texts), k), np.float32)
+        want = {h for h in heads if h == "dense" or getattr(self, h, None) is not None}
+        out: dict = {}
+        if "dense" in want:
+            out["dense"] = np.empty((len(texts), self.dim), np.float32)
+        if "sparse" in want:
+            k = self.sparse.top_k or self.sparse.vocab
+            out["sparse"] = (np.zeros((len(texts), k), np.int32), np.zeros((len(texts), k), np.float32))
+        if "colbert" in want:
+            out["colbert"] = [None] * len(texts)
         batch_size = self.fit_batch(kind, batch_size)
         with torch.inference_mode():
             for start in range(0, len(order), batch_size):
@@ -173,12 +210,18 @@ class Encoder(torch.nn.Module):
                 batch = self.tokenize([texts[i] for i in idx], kind)
                 batch = {key: v.to(self.device) for key, v in batch.items()}
                 hidden = backbone.hidden_states(self.model, batch)
-                if dense:
+                if "dense" in out:
                     head = self.sides[kind].head
-                    vecs[idx] = head.finish(head(hidden, batch["attention_mask"])).cpu().numpy()
-                t, w = self.sparse.keep_top(self.sparse(hidden, batch["attention_mask"], batch["input_ids"]))
-                terms[idx], weights[idx] = t, w
-        return vecs, terms, weights
+                    out["dense"][idx] = head.finish(head(hidden, batch["attention_mask"])).cpu().numpy()
+                if "sparse" in out:
+                    t, w = self.sparse.keep_top(self.sparse(hidden, batch["attention_mask"], batch["input_ids"]))
+                    out["sparse"][0][idx], out["sparse"][1][idx] = t, w
+                if "colbert" in out:
+                    keep = self.colbert.token_mask(batch["input_ids"], batch["attention_mask"]).cpu().numpy()
+                    vecs = self.colbert(hidden, batch["attention_mask"], batch["input_ids"]).cpu().numpy()
+                    for row, i in enumerate(idx):
+                        out["colbert"][i] = vecs[row][keep[row]]
+        return out
 
     def encode(self, texts: list[str], kind: str = "passage", batch_size: int = 32, progress=None) -> np.ndarray:
         """Vectors (float32, one row per text, input order). Batches are length-sorted, longest first, so an
@@ -241,10 +284,14 @@ class Encoder(torch.nn.Module):
         loading.write_st_dir(out, self.config, modules, st)
         if self.sparse is not None:
             self.sparse.save_settings(out)
+        if self.colbert is not None:
+            self.colbert.save_module(out)
 
     def describe(self) -> dict:
         """Settings recorded in index manifests and run headers."""
         desc = {"model": self.source, **dataclasses.asdict(self.config), "dim": self.dim}
         if self.sparse is not None:
             desc["sparse"] = self.sparse.settings()
+        if self.colbert is not None:
+            desc["colbert"] = {"dim": self.colbert.out_dim}
         return desc

@@ -14,8 +14,14 @@ Queries: ``query="tokens"`` (LightRetriever's asymmetric mode) — a query's vec
 tokens, no encoder at all; ``query="encoder"`` (symmetric SPLADE) — queries go through the head like documents.
 Encoded doc vectors keep their ``top_k`` largest terms (0 = all).
 
-The head has no weights of its own (the projection is the backbone's embedding matrix, saved with it); its
-settings are ``sparse/config.json`` in the model dir, which stock sentence-transformers loading ignores.
+``weights="lexical"``: BGE-M3's lexical head (arXiv:2402.03216, Eq. 2) instead of SPLADE's: each real, non-special
+token i gets one weight w_i = ReLU(W_lex^T h_i) (``Linear(hidden, 1)``), placed at its own token id, the max kept
+when a term repeats; s_lex = Σ over shared terms of w_qt·w_pt. No vocabulary projection, no expansion; queries go
+through the head too (symmetric). Same rows, index and search as SPLADE's weights.
+
+The SPLADE head has no weights of its own (the projection is the backbone's embedding matrix, saved with it); the
+lexical head's ``Linear`` is ``sparse/lexical.safetensors``. Settings are ``sparse/config.json`` in the model dir,
+which stock sentence-transformers loading ignores.
 """
 
 from __future__ import annotations
@@ -31,16 +37,25 @@ from retrctl.models.heads import Head
 
 SPARSE_DIR = "sparse"
 QUERY_MODES = ("tokens", "encoder")
+WEIGHTS = ("splade", "lexical")
+LEXICAL_FILE = "lexical.safetensors"
 
 
 class SparseHead(Head):
     name = "sparse"
 
     def __init__(self, config: EncoderConfig, embeddings: torch.nn.Embedding, special_ids, *, top_k: int = 256,
-                 query: str = "tokens", chunk: int = 8192):
+                 query: str = "tokens", chunk: int = 8192, weights: str = "splade"):
         super().__init__(config)
         if query not in QUERY_MODES:
             raise ValueError(f"sparse query mode must be one of {', '.join(QUERY_MODES)}, got {query!r}")
+        if weights not in WEIGHTS:
+            raise ValueError(f"sparse weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+        self.weights = weights
+        if weights == "lexical":  # BGE-M3's sparse_linear; zero bias, small weights: every term starts near 0
+            self.linear = torch.nn.Linear(embeddings.weight.size(1), 1)
+            torch.nn.init.normal_(self.linear.weight, std=embeddings.weight.size(1) ** -0.5)
+            torch.nn.init.constant_(self.linear.bias, 0.0)
         if top_k < 0:
             raise ValueError(f"sparse top-k must be 0 (all terms) or positive, got {top_k}")
         self._embeddings = [embeddings]  # a list: the backbone owns (and saves) these weights, not the head
@@ -59,6 +74,8 @@ class SparseHead(Head):
         return self.vocab
 
     def settings(self) -> dict:
+        if self.weights == "lexical":
+            return {"top_k": self.top_k, "query": self.query, "weights": "lexical"}
         return {"top_k": self.top_k, "query": self.query, "projection": "input-embeddings"}
 
     def term_mask(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -71,6 +88,8 @@ class SparseHead(Head):
     def forward(self, hidden_states, attention_mask, input_ids=None):
         """[B, vocab] float32 term weights, with gradients; the projection one vocabulary slice at a time."""
         keep = self.term_mask(input_ids, attention_mask) if input_ids is not None else attention_mask.bool()
+        if self.weights == "lexical":
+            return self.lexical(hidden_states, keep, input_ids)
         h = hidden_states.to(self.weight.dtype)
         empty = ~keep.any(1)
         out = []
@@ -84,6 +103,12 @@ class SparseHead(Head):
         if self.special_ids:
             weights = weights.index_fill(1, torch.tensor(self.special_ids, device=weights.device), 0.0)
         return weights
+
+    def lexical(self, hidden_states, keep, input_ids):
+        """BGE-M3: ReLU(W_lex^T h_i) per kept token, scattered to its token id, max over repeats ([B, vocab])."""
+        w = torch.relu(self.linear(hidden_states.to(self.linear.weight.dtype))).squeeze(-1).float() * keep
+        out = torch.zeros((w.size(0), self.vocab), dtype=w.dtype, device=w.device)
+        return out.scatter_reduce(1, input_ids, w, reduce="amax", include_self=True)
 
     def naive(self, hidden_states, attention_mask, input_ids):
         """The textbook formula, [B, T, vocab] at once: what ``forward`` must equal (tests)."""
@@ -112,6 +137,18 @@ class SparseHead(Head):
     def save_settings(self, out: Path) -> None:
         (out / SPARSE_DIR).mkdir(parents=True, exist_ok=True)
         (out / SPARSE_DIR / "config.json").write_text(json.dumps(self.settings(), indent=2) + "\n")
+        if self.weights == "lexical":
+            from safetensors.torch import save_file
+
+            save_file({k: v.detach().float().cpu().contiguous() for k, v in self.linear.state_dict().items()},
+                      str(out / SPARSE_DIR / LEXICAL_FILE))
+
+    def load_weights(self, root: Path) -> None:
+        """The lexical head's ``Linear`` from a saved model dir."""
+        if self.weights == "lexical":
+            from safetensors.torch import load_file
+
+            self.linear.load_state_dict(load_file(str(Path(root) / SPARSE_DIR / LEXICAL_FILE)))
 
     @staticmethod
     def read_saved(root: Path) -> dict | None:
@@ -119,7 +156,7 @@ class SparseHead(Head):
         if not path.exists():
             return None
         saved = json.loads(path.read_text())
-        return {k: saved[k] for k in ("top_k", "query") if k in saved}
+        return {k: saved[k] for k in ("top_k", "query", "weights") if k in saved}
 
 
 def token_counts(tokenizer, texts: list[str], max_len: int, special_ids) -> tuple[np.ndarray, np.ndarray]:
