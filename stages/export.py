@@ -10,6 +10,7 @@ check leaves no DIST):
 | ``onnx`` | ``DIST/onnx/model.onnx``: token ids → pooled, truncated, normalised vector | min cosine ≥ 0.9999 |
 | ``onnx-int8`` | ``DIST/onnx/model_int8.onnx``: dynamic int8, MatMul weights per channel | mean cosine ≥ 0.99 |
 | ``sparse-encoder`` | ``DIST/sparse-encoder``: an encoder's symmetric sparse head as stock ``SparseEncoder`` (retrctl/export/sparse_st.py) | max abs diff of a term weight ≤ 1e-4 |
+| ``multi-vector-encoder`` | ``DIST/multi-vector-encoder``: an encoder's colbert head as stock ``MultiVectorEncoder`` (retrctl/export/multivector_st.py) | max abs diff of a token vector ≤ 1e-4 |
 
 plus ``export.json`` (the figures) and a model card (README.md). A model's sparse head (``sparse/config.json``)
 ships with the ``st`` dir. ``retrctl export IDX -o DIST --format json-vectors`` writes a *sparse index*'s docs as
@@ -42,9 +43,10 @@ from retrctl.stage import encoder_overrides, options, stage
 
 log = logging.getLogger("retrctl.export")
 
-FORMATS = ("st", "onnx", "onnx-int8", "sparse-encoder")
+FORMATS = ("st", "onnx", "onnx-int8", "sparse-encoder", "multi-vector-encoder")
 BOUNDS = {"st": ("max_abs_diff", 1e-5), "onnx": ("min_cos", 0.9999), "onnx-int8": ("mean_cos", 0.99),
           "sparse-encoder": ("max_abs_diff", 1e-4),  # term weights reach ~10: float32 rounding of the logits
+          "multi-vector-encoder": ("max_abs_diff", 1e-4),  # unit token vectors
           # a cast st export against the fp32 model: fp16 keeps 10 mantissa bits, bf16 7 (its range is fp32's)
           "st-fp16": ("min_cos", 0.999), "st-bf16": ("min_cos", 0.99)}
 
@@ -118,7 +120,7 @@ def _checked(source, name: str, figures: dict) -> str:
 def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | None = None, force: bool = False,
            eval_results=(), encoder_settings: dict | None = None) -> Path:
     """Export ``source`` to ``output`` (see the module docstring). Returns the output dir."""
-    from retrctl.export import SAMPLE_TEXTS, card, lora, require_runtime, sparse_st, st
+    from retrctl.export import SAMPLE_TEXTS, card, lora, multivector_st, require_runtime, sparse_st, st
     from retrctl.hashing import weights_fingerprint
     from retrctl.models import Encoder, lookup, resolve
 
@@ -148,6 +150,8 @@ def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | Non
         enc.config.dims = dim
     if "sparse-encoder" in names:
         sparse_st.check(enc)
+    if "multi-vector-encoder" in names:
+        multivector_st.check(enc)
     report = {"source": str(source), "source_fingerprint": weights_fingerprint(root), "retrctl": records.versions().get("retrctl"),
               "encoder": {k: v for k, v in enc.describe().items() if k not in ("model", "dim")}, "dim": enc.dim,
               "sample_texts": len(texts), "formats": {}, "notes": [], "lora": merged, "versions": records.versions()}
@@ -178,6 +182,12 @@ def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | Non
             figures = sparse_st.stock_parity(enc, d, texts)
             report["formats"]["sparse-encoder"] = {"path": sparse_st.SUBDIR, "bytes": _size(d),
                                                    "parity": _checked(source, "sparse-encoder", figures), **figures}
+        if "multi-vector-encoder" in names:
+            d = tmp / multivector_st.SUBDIR
+            multivector_st.write(enc, d)
+            figures = multivector_st.stock_parity(enc, d, texts)
+            report["formats"]["multi-vector-encoder"] = {"path": multivector_st.SUBDIR, "bytes": _size(d),
+                                                         "parity": _checked(source, "multi-vector-encoder", figures), **figures}
         report["notes"] += notes(enc)
         (tmp / "export.json").write_text(json.dumps(report, indent=2, default=str))
         report["eval"] = evals
@@ -236,6 +246,9 @@ def notes(enc) -> list[str]:
         out.append("the sparse head ships as sparse/config.json (its projection is the input embeddings, saved with the "
                    "model): `retrctl index --method sparse --model DIST`; the ONNX graphs carry the dense head only; "
                    "`--format sparse-encoder` writes an encoder's symmetric head as a stock SparseEncoder dir.")
+    if getattr(enc, "colbert", None) is not None:
+        out.append("the colbert head ships as colbert/ (a stock Dense module dir): `retrctl index --model DIST` builds its "
+                   "multi-vector index; `--format multi-vector-encoder` writes a stock MultiVectorEncoder dir.")
     return out
 
 
@@ -243,7 +256,8 @@ def notes(enc) -> list[str]:
 @click.argument("source", metavar="MODEL")
 @click.option("--format", "formats", default="st,onnx,onnx-int8", show_default=True,
               help="Comma-separated: st (sentence-transformers dir), onnx (fp32), onnx-int8 (dynamic int8), sparse-encoder "
-              "(an encoder's sparse head as stock SparseEncoder); or, "
+              "(an encoder's sparse head as stock SparseEncoder), multi-vector-encoder (its colbert head as stock "
+              "MultiVectorEncoder); or, "
               "with a sparse index as MODEL, json-vectors (Anserini's JsonVectorCollection).")
 @click.option("--dim", type=click.IntRange(min=1), help="Matryoshka: truncate to the first N dims, then renormalise.")
 @click.option("--force", is_flag=True, help="With --dim: allow a dim the model was not trained with.")

@@ -21,6 +21,7 @@ LoRA (Hu et al. 2021, arXiv:2106.09685); ZeRO (Rajbhandari et al. 2020, arXiv:19
 | distillation from reranker scores | ``--distill-weight --teacher-temperature`` |
 | LightRetriever's token-lookup query encoder | ``--query-encoder token-lookup --lookup-kl-weight`` |
 | SPLADE sparse head (FLOPS λ, quadratic warm-up) | ``--heads dense,sparse --flops-weight --flops-warmup --sparse-query --sparse-top-k`` |
+| BGE-M3: lexical + multi-vector heads, self-knowledge distillation | ``--heads dense,lexical,colbert --self-distill/--no-self-distill --ensemble-weights --head-loss-weights --colbert-dim`` |
 | pooling, bidirectional attention, prompts, lengths | the shared encoder flags |
 
 Defaults (τ 0.05, group size 2 = one hard negative, 3 epochs, batch 32) are the recipe that reached SciFact test
@@ -87,7 +88,7 @@ import click
 from retrctl import records
 from retrctl.stage import ENCODER_FLAGS, SHARED_TYPES, Size, options, stage
 from retrctl.train.checkpoint import check_output
-from retrctl.train.config import HEADS, QUERY_ENCODERS, SPARSE_QUERIES, TrainConfig
+from retrctl.train.config import QUERY_ENCODERS, SPARSE_QUERIES, TrainConfig
 from retrctl.train.loop import Trainer
 
 
@@ -110,7 +111,7 @@ def train(groups, *, output, corpus=None, config: TrainConfig | None = None, on_
 # where train defines them: a step of query groups per process, and a seed that also seeds LoRA init.
 SHARED = {"model", *ENCODER_FLAGS}
 INTERNAL = {"plan"}  # written by train into train_config.json, not set by users
-CHOICES = {"query_encoder": QUERY_ENCODERS, "heads": HEADS, "sparse_query": SPARSE_QUERIES}
+CHOICES = {"query_encoder": QUERY_ENCODERS, "sparse_query": SPARSE_QUERIES}
 
 
 def config_options(f):

@@ -80,3 +80,140 @@ def test_heads_save_and_load_give_the_same_outputs(m3, tmp_path):
     q = torch.from_numpy(np.stack([np.pad(v, ((0, 20 - len(v)), (0, 0))) for v in again.encode_colbert(TEXTS, "query")]))
     p = torch.from_numpy(np.stack([np.pad(v, ((0, 20 - len(v)), (0, 0))) for v in after["colbert"]]))
     np.testing.assert_allclose(again.colbert.similarity(q, p).numpy()[1, 1], 1.0, atol=1e-5)  # itself
+
+
+# ---------------------------------------------------------------- the objective
+
+
+def _ce(logits, label):
+    return -(logits[label] - np.log(np.exp(logits).sum()))
+
+
+def test_m3_loss_matches_a_hand_computation():
+    """Two queries, group size 2: dense (2 dims), term weights (vocab 3), colbert blocks (cap 2 × dim 2)."""
+    from retrctl.train import losses
+
+    g = torch.Generator().manual_seed(3)
+    unit = lambda *s: torch.nn.functional.normalize(torch.randn(*s, generator=g), dim=-1)  # noqa: E731
+    qd, pd = torch.randn(2, 2, generator=g), torch.randn(4, 2, generator=g)
+    qs, ps = torch.rand(2, 3, generator=g), torch.rand(4, 3, generator=g)
+    qc, pc = unit(2, 2, 2), unit(4, 2, 2)
+    qc[1, 1] = 0  # the second query has one token
+    q = torch.cat([qd, qs, qc.flatten(1)], 1)
+    p = torch.cat([pd, ps, pc.flatten(1)], 1)
+    tau, w, lam = 0.5, (1.0, 0.3, 1.0), (1.0, 0.1, 1.0)
+    dense = lambda a, b: losses.group_loss(a, b, group_size=2, temperature=tau)  # noqa: E731
+    got, parts = losses.m3_loss(q, p, loss=dense, group_size=2, temperature=tau, vocab=3, colbert_dim=2, caps=(2, 2),
+                                weights=w, lambdas=lam, self_distill=True)
+    # by hand, one query and one candidate at a time
+    n = lambda v: v / np.linalg.norm(v)  # noqa: E731
+    total_l, total_d = 0.0, 0.0
+    for i in range(2):
+        sd = np.array([n(qd[i].numpy()) @ n(pd[j].numpy()) for j in range(4)]) / tau
+        sl = np.array([qs[i].numpy() @ ps[j].numpy() for j in range(4)]) / tau
+        toks = qc[i].numpy()[: 2 - i]
+        sm = np.array([np.mean([max(t @ pc[j, k].numpy() for k in range(2)) for t in toks]) for j in range(4)]) / tau
+        inter = w[0] * sd + w[1] * sl + w[2] * sm
+        label = 2 * i
+        heads = [sd, sl, sm]
+        total_l += (sum(lam[h] * _ce(s, label) for h, s in enumerate(heads)) + _ce(inter, label)) / 4
+        t = np.exp(inter - inter.max()) / np.exp(inter - inter.max()).sum()
+        total_d += sum(lam[h] * -(t * (s - np.log(np.exp(s).sum()))).sum() for h, s in enumerate(heads)) / 3
+    want = (total_l / 2 + total_d / 2) / 2
+    assert float(got) == pytest.approx(want, rel=1e-5)
+    assert {"ce", "ce_sparse", "ce_colbert", "ce_inter", "self_distill"} <= set(parts)
+    plain, _ = losses.m3_loss(q, p, loss=dense, group_size=2, temperature=tau, vocab=3, colbert_dim=2, caps=(2, 2),
+                              weights=w, lambdas=lam, self_distill=False)
+    assert float(plain) == pytest.approx(total_l / 2, rel=1e-5)
+
+
+def test_self_distill_gradients_reach_every_head(tiny_bert):
+    from retrctl.train import TrainConfig
+    from retrctl.train.loop import build_encoder
+
+    cfg = TrainConfig(model=str(tiny_bert), heads="dense,lexical,colbert", colbert_dim=8, device="cpu",
+                      query_max_len=16, passage_max_len=24)
+    cfg.check()
+    enc = build_encoder(cfg, "cpu")
+    assert enc.sparse.weights == "lexical" and enc.sparse.query == "encoder" and enc.train_colbert
+    qb = enc.tokenize(["tea and coffee", "rust memory"], "query")
+    pb = enc.tokenize(["tea coffee water", "a dog", "rust memory safety", "purr"], "passage")
+    from retrctl.train import losses
+
+    q, p = enc(qb, raw=True), enc(pb, raw=True)
+    assert q.shape[1] == 32 + enc.sparse.vocab + 16 * 8 and p.shape[1] == 32 + enc.sparse.vocab + 24 * 8
+    dense = lambda a, b: losses.group_loss(a, b, group_size=2, temperature=0.05)  # noqa: E731
+    loss, _ = losses.m3_loss(q, p, loss=dense, group_size=2, temperature=0.05, vocab=enc.sparse.vocab, colbert_dim=8,
+                             caps=(16, 24), self_distill=True)
+    loss.backward()
+    for name, param in (("lexical", enc.sparse.linear.weight), ("colbert", enc.colbert.linear.weight),
+                        ("backbone", enc.model.embeddings.word_embeddings.weight)):
+        assert param.grad is not None and float(param.grad.abs().sum()) > 0, name
+
+
+def test_train_three_heads_saves_a_model_that_reloads_them(tiny_bert, tmp_path):
+    from trainkit import FAST, write_jsonl
+    from trainkit import corpus as _corpus
+    from trainkit import groups as _groups
+
+    from retrctl.train import TrainConfig
+    from stages.train import train
+
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", [{"docid": k, **v} for k, v in _corpus().items()])
+    groups = write_jsonl(tmp_path / "groups.jsonl", _groups())
+    runs = {}
+    for cache in ("off", "on"):
+        cfg = TrainConfig(model=str(tiny_bert), **FAST, heads="dense,lexical,colbert", colbert_dim=8, max_steps=3,
+                          grad_cache=cache, chunk_size=3, device="cpu")
+        out = tmp_path / f"m-{cache}"
+        train(str(groups), output=out, corpus=str(corpus), config=cfg)
+        runs[cache] = Encoder.load(out, device="cpu").encode_heads(TEXTS, "passage")
+    enc = Encoder.load(tmp_path / "m-on", device="cpu")
+    assert enc.sparse.weights == "lexical" and enc.colbert.out_dim == 8
+    # GradCache (chunks of 3) trains the same weights as plain steps
+    np.testing.assert_allclose(runs["on"]["dense"], runs["off"]["dense"], atol=2e-4)
+    for a, b in zip(runs["on"]["colbert"], runs["off"]["colbert"], strict=True):
+        np.testing.assert_allclose(a, b, atol=2e-4)
+
+
+@pytest.mark.parametrize("heads, match", [("dense,sparse,lexical", "choose one"), ("lexical,colbert", "dense plus"),
+                                          ("dense,bm25", "dense plus")])
+def test_bad_train_heads_are_refused(heads, match):
+    from retrctl.train import TrainConfig
+
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(model="x", heads=heads).check()
+
+
+def test_colbert_head_exports_as_a_stock_multi_vector_encoder(tiny_bert, tmp_path, runner):
+    import json
+
+    from sentence_transformers import MultiVectorEncoder
+    from trainkit import FAST, write_jsonl
+    from trainkit import corpus as _corpus
+    from trainkit import groups as _groups
+
+    groups = write_jsonl(tmp_path / "g.jsonl", _groups(4, negatives=2))
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"docid": k, **v} for k, v in _corpus().items()])
+    fast = [f"--{k.replace('_', '-')}={v}" for k, v in FAST.items() if k != "train_group_size"]
+    r = runner("train", groups, "--corpus", corpus, "--model", tiny_bert, "-o", tmp_path / "m", "--max-steps", 2,
+               "--train-group-size", 2, "--heads", "dense,lexical,colbert", "--colbert-dim", 8, "--no-self-distill",
+               "--query-prompt", "query: ", "--query-max-len", 12, *fast)
+    assert r.exit_code == 0, r.stderr
+    assert json.loads((tmp_path / "m" / "train_config.json").read_text())["self_distill"] is False
+    r = runner("export", tmp_path / "m", "-o", tmp_path / "dist", "--format", "st,multi-vector-encoder")
+    assert r.exit_code == 0, r.stderr
+    stock = MultiVectorEncoder(str(tmp_path / "dist" / "multi-vector-encoder"), device="cpu")  # no retrctl code
+    enc = Encoder.load(tmp_path / "m", device="cpu")
+    texts = ["rust memory safety without a garbage collector", "cats purr", "a longer passage " * 10]
+    for kind, encode in (("query", stock.encode_query), ("passage", stock.encode_document)):
+        for ours, theirs in zip(enc.encode_colbert(texts, kind), encode(texts), strict=True):
+            assert ours.shape == tuple(theirs.shape)
+            assert np.abs(ours - theirs.float().numpy()).max() <= 1e-4
+    report = json.loads((tmp_path / "dist" / "export.json").read_text())
+    assert report["formats"]["multi-vector-encoder"]["max_abs_diff"] <= 1e-4
+    # the lexical head has no stock module: refused with the reason, nothing written
+    r = runner("export", tmp_path / "m", "-o", tmp_path / "d2", "--format", "sparse-encoder")
+    assert r.exit_code == 2 and "lexical" in r.stderr and not (tmp_path / "d2").exists()
+    r = runner("export", tiny_bert, "-o", tmp_path / "d3", "--format", "multi-vector-encoder")
+    assert r.exit_code == 2 and "no colbert head" in r.stderr and not (tmp_path / "d3").exists()

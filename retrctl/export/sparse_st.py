@@ -41,6 +41,9 @@ def check(enc) -> None:
     if is_decoder(enc.model.config):
         raise UsageError("--format sparse-encoder: sentence-transformers' sparse modules do not fit a decoder (its chat "
                          "template, no masked-LM class); retrctl loads its sparse head: retrctl index --method sparse --model DIST")
+    if enc.sparse.weights == "lexical":
+        raise UsageError("--format sparse-encoder: BGE-M3's lexical head (one learned weight per token, at the token's own "
+                         "id) has no stock sentence-transformers module; retrctl serves it: retrctl index --model DIST")
     if enc.sparse.query != "encoder":
         raise UsageError("--format sparse-encoder: this model's sparse queries are token counts (LightRetriever), which no "
                          "stock SparseEncoder module computes (encode_query would run the model); train with "

@@ -14,8 +14,30 @@ from retrctl import records
 from retrctl.models.config import SETTING_FLAGS, with_encoder_flags
 
 QUERY_ENCODERS = ("full", "token-lookup")
-HEADS = ("dense", "dense,sparse")
+TRAIN_HEADS = ("dense", "sparse", "lexical", "colbert")  # sparse = SPLADE, lexical = BGE-M3's; one of the two
 SPARSE_QUERIES = ("tokens", "encoder")
+
+
+def parse_train_heads(value: str) -> list[str]:
+    """``--heads`` of train: dense first, at most one sparse kind; ValueError naming what is wrong."""
+    got = [h.strip() for h in value.split(",") if h.strip()]
+    bad = [h for h in got if h not in TRAIN_HEADS]
+    if bad or "dense" not in got or len(set(got)) != len(got):
+        raise ValueError(f"--heads {value}: dense plus any of sparse (SPLADE), lexical (BGE-M3) and colbert, "
+                         "comma-separated, e.g. dense,lexical,colbert")
+    if "sparse" in got and "lexical" in got:
+        raise ValueError("--heads: sparse (SPLADE) and lexical (BGE-M3) are two kinds of the one sparse head; choose one")
+    return [h for h in TRAIN_HEADS if h in got]
+
+
+def parse_floats(value: str, n: int, flag: str) -> list[float]:
+    try:
+        out = [float(v) for v in value.split(",")]
+    except ValueError:
+        out = []
+    if len(out) != n or any(v < 0 for v in out):
+        raise ValueError(f"{flag} takes {n} comma-separated non-negative numbers, got {value!r}")
+    return out
 
 
 def _f(default, help: str):
@@ -47,13 +69,20 @@ class TrainConfig:
                                     "query token encoded with the prompt alone, averaged) with a KL term to the full one, "
                                     "and ship its token table in the model dir.")
     lookup_kl_weight: float = _f(1.0, "Weight of KL(full || token-lookup) over the in-batch candidates (--query-encoder token-lookup).")
-    heads: str = _f("dense", "dense, or dense,sparse: also train SPLADE's sparse head (term weights through the tied "
-                             "input embeddings) with its own contrastive loss and the FLOPS regulariser.")
-    sparse_query: str = _f("tokens", "Sparse query side: tokens (LightRetriever: token counts, no encoder) or encoder "
-                                     "(symmetric SPLADE).")
+    heads: str = _f("dense", "dense, plus any of: sparse (SPLADE: term weights through the tied input embeddings, "
+                             "FLOPS-regularised), lexical (BGE-M3: a learned weight per token) and colbert (BGE-M3's "
+                             "multi-vector head), each with its own contrastive loss, e.g. dense,lexical,colbert.")
+    sparse_query: str | None = _f(None, "Sparse query side: tokens (LightRetriever: token counts, no encoder) or "
+                                        "encoder (symmetric). Default: tokens for sparse, encoder for lexical.")
     sparse_top_k: int = _f(256, "Terms kept per encoded doc by the sparse head (0 = all).")
     flops_weight: float = _f(1e-3, "FLOPS regulariser weight on the sparse doc (and encoder-query) weights.")
     flops_warmup: int = _f(4000, "Steps over which the FLOPS weight grows quadratically to --flops-weight (SPLADE).")
+    colbert_dim: int = _f(128, "Width of the colbert head's token vectors (ColBERT's 128).")
+    self_distill: bool = _f(True, "With two or more of dense/lexical/colbert: BGE-M3's self-knowledge distillation "
+                                  "(the weighted sum of the heads' scores teaches each head); --no-self-distill is the "
+                                  "plain multi-objective ablation.")
+    ensemble_weights: str = _f("1,0.3,1", "w_dense,w_sparse,w_colbert of the ensemble score s_inter (BGE-M3).")
+    head_loss_weights: str = _f("1,0.1,1", "λ_dense,λ_sparse,λ_colbert of each head's loss in the multi-head objective (BGE-M3).")
     lora_r: int = _f(0, "LoRA rank (0 = full fine-tuning); adapters are merged on save.")
     lora_alpha: int = _f(32, "LoRA alpha.")
     lora_dropout: float = _f(0.05, "LoRA dropout.")
@@ -103,6 +132,10 @@ class TrainConfig:
         """A copy with the flags that were given (not None) applied."""
         return dataclasses.replace(self, **{k: v for k, v in flags.items() if v is not None})
 
+    def sparse_queries(self) -> str:
+        """The sparse query side: as given, else LightRetriever's token counts for SPLADE, the encoder for lexical."""
+        return self.sparse_query or ("encoder" if "lexical" in self.heads.split(",") else "tokens")
+
     def encoder_overrides(self) -> dict:
         """The encoder settings given (what the saved model records; dtype and device say how to run it)."""
         return {k: getattr(self, k) for k in SETTING_FLAGS if getattr(self, k) is not None}
@@ -133,9 +166,16 @@ class TrainConfig:
             raise ValueError("--zero-stage must be 0, 1, 2 or 3")
         if self.query_encoder not in QUERY_ENCODERS:
             raise ValueError(f"--query-encoder must be one of {', '.join(QUERY_ENCODERS)}, got {self.query_encoder!r}")
-        if self.heads not in HEADS:
-            raise ValueError(f"--heads must be one of {', '.join(HEADS)}, got {self.heads!r}")
-        if self.sparse_query not in SPARSE_QUERIES:
+        heads = parse_train_heads(self.heads)
+        if not any(parse_floats(self.ensemble_weights, 3, "--ensemble-weights")):
+            raise ValueError("--ensemble-weights: at least one weight must be positive")
+        parse_floats(self.head_loss_weights, 3, "--head-loss-weights")
+        if self.colbert_dim < 1:
+            raise ValueError("--colbert-dim must be positive")
+        if "colbert" in heads and self.query_encoder == "token-lookup":
+            raise ValueError("--heads …,colbert with --query-encoder token-lookup: the token-lookup query side has no "
+                             "token vectors for MaxSim; train one or the other")
+        if self.sparse_query is not None and self.sparse_query not in SPARSE_QUERIES:
             raise ValueError(f"--sparse-query must be one of {', '.join(SPARSE_QUERIES)}, got {self.sparse_query!r}")
         if self.sparse_top_k < 0 or self.flops_weight < 0 or self.flops_warmup < 0:
             raise ValueError("--sparse-top-k, --flops-weight and --flops-warmup must not be negative")

@@ -48,7 +48,7 @@ from retrctl.train.checkpoint import (
     rng_state,
     set_rng_state,
 )
-from retrctl.train.config import TrainConfig, resume_conflicts
+from retrctl.train.config import TrainConfig, parse_floats, parse_train_heads, resume_conflicts
 from retrctl.train.data import Batches, Example, GroupSource
 from retrctl.train.engines import DeepSpeedEngine, PlainEngine, import_deepspeed, lora_b_norm, setup_processes
 
@@ -87,11 +87,17 @@ def prepare(enc: Encoder, cfg: TrainConfig, *, for_training: bool = True) -> Enc
                           target_modules="all-linear", exclude_modules=r".*pooler.*", task_type="FEATURE_EXTRACTION")
         enc.model = get_peft_model(enc.model, lora)
     enc.config.temperature = cfg.temperature
-    if cfg.heads == "dense,sparse":
-        if enc.sparse is None:
-            enc.add_sparse_head(top_k=cfg.sparse_top_k, query=cfg.sparse_query)
-        enc.sparse.top_k, enc.sparse.query = cfg.sparse_top_k, cfg.sparse_query
+    heads = parse_train_heads(cfg.heads)
+    kind = "lexical" if "lexical" in heads else "splade" if "sparse" in heads else None
+    if kind is not None:
+        if enc.sparse is None or enc.sparse.weights != kind:
+            enc.add_sparse_head(top_k=cfg.sparse_top_k, query=cfg.sparse_queries(), weights=kind)
+        enc.sparse.top_k, enc.sparse.query = cfg.sparse_top_k, cfg.sparse_queries()
         enc.train_sparse = for_training
+    if "colbert" in heads:
+        if enc.colbert is None or enc.colbert.out_dim != cfg.colbert_dim:
+            enc.add_colbert_head(cfg.colbert_dim)
+        enc.train_colbert = for_training
     enc.train(for_training)
     return enc
 
@@ -233,12 +239,20 @@ class Trainer:
         b, g = cfg.batch_size, cfg.train_group_size
         cost = memory.StepCost(state=memory.optimizer_state(trainable, zero_stage=zero, world=self.dist.world),
                                per_query=per["query"], per_passage=per["passage"], queries=b, passages=b * g,
-                               embeddings=3 * 4 * b * (1 + g) * self.dist.world * (enc.model.config.hidden_size + (enc.sparse.vocab if enc.train_sparse else 0)))
+                               embeddings=3 * 4 * b * (1 + g) * self.dist.world * self._output_width())
         budget = memory.agree(memory.available(dev, cfg.max_memory), dev)
         plan = memory.plan_step(cost, mode=cfg.grad_cache, chunk_size=cfg.chunk_size, budget=budget, batch_size=b, group_size=g)
         if self.dist.rank == 0:
             log.info("%s", plan.line())
         return plan
+
+    def _output_width(self) -> int:
+        """Floats of one text's training output: the dense vector, the sparse head's term weights, the colbert block."""
+        enc = self.enc
+        width = enc.model.config.hidden_size + (enc.sparse.vocab if enc.train_sparse else 0)
+        if enc.train_colbert:
+            width += enc.colbert.out_dim * max(enc.config.query_max_len, enc.config.passage_max_len)
+        return width
 
     # -- one step
 
@@ -263,12 +277,22 @@ class Trainer:
         if cfg.query_encoder == "token-lookup":
             loss_fn = functools.partial(losses.joint_lookup_loss, loss=loss_fn, kl_weight=cfg.lookup_kl_weight,
                                         temperature=cfg.temperature, normalize=self.enc.config.normalize, mask=mask)
-        if self.enc.train_sparse:  # --sparse-query tokens (LightRetriever): the query side is token counts, no encoder
-            terms = self.enc.sparse.counts(self.enc.tokenizer, [e.query for e in local], self.enc.config.query_max_len) \
-                if cfg.sparse_query == "tokens" else None
-            loss_fn = functools.partial(losses.sparse_loss, loss=loss_fn, vocab=self.enc.sparse.vocab, group_size=g,
-                                        query_terms=terms, mask=mask,
-                                        flops_weight=losses.flops_weight_at(self.steps_done, cfg.flops_weight, cfg.flops_warmup))
+        enc = self.enc
+        terms = None
+        if enc.train_sparse and cfg.sparse_queries() == "tokens":  # LightRetriever: the query side is token counts, no encoder
+            terms = enc.sparse.counts(enc.tokenizer, [e.query for e in local], enc.config.query_max_len)
+        flops_weight = losses.flops_weight_at(self.steps_done, cfg.flops_weight, cfg.flops_warmup)
+        if enc.train_colbert or (enc.train_sparse and enc.sparse.weights == "lexical"):  # BGE-M3's objective
+            loss_fn = functools.partial(
+                losses.m3_loss, loss=loss_fn, group_size=g, temperature=cfg.temperature, normalize=enc.config.normalize,
+                vocab=enc.sparse.vocab if enc.train_sparse else 0, colbert_dim=enc.colbert.out_dim if enc.train_colbert else 0,
+                caps=(enc.config.query_max_len, enc.config.passage_max_len), query_terms=terms,
+                weights=parse_floats(cfg.ensemble_weights, 3, "--ensemble-weights"),
+                lambdas=parse_floats(cfg.head_loss_weights, 3, "--head-loss-weights"), self_distill=cfg.self_distill,
+                flops_weight=flops_weight if enc.train_sparse and enc.sparse.weights == "splade" else 0.0, mask=mask)
+        elif enc.train_sparse:
+            loss_fn = functools.partial(losses.sparse_loss, loss=loss_fn, vocab=enc.sparse.vocab, group_size=g,
+                                        query_terms=terms, mask=mask, flops_weight=flops_weight)
         # forward in length-sorted chunks cut to their longest row: padding costs nothing (except at step 1)
         trim = not (first and cfg.first_step_max_len)
         qc, qinv = losses.sorted_chunks(qb, self.plan.chunk_size, trim)

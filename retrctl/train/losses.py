@@ -186,6 +186,71 @@ def sparse_loss(q: torch.Tensor, p: torch.Tensor, *, loss, vocab: int, group_siz
     return total + ce + flops_weight * reg, parts
 
 
+def _soft_ce(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """Mean over rows of −Σ softmax(teacher)·log softmax(student) (BGE-M3's Eq. 5); −inf columns (masked false
+    negatives) carry no probability on either side."""
+    target = F.softmax(teacher, -1)
+    log_s = F.log_softmax(student, -1)
+    return -torch.where(target > 0, target * log_s, torch.zeros_like(log_s)).sum(-1).mean()
+
+
+def m3_loss(q: torch.Tensor, p: torch.Tensor, *, loss, group_size: int, temperature: float, normalize: bool = True,
+            vocab: int = 0, colbert_dim: int = 0, caps: tuple[int, int] = (0, 0), query_terms: torch.Tensor | None = None,
+            weights=(1.0, 0.3, 1.0), lambdas=(1.0, 0.1, 1.0), self_distill: bool = True, flops_weight: float = 0.0,
+            mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """BGE-M3's multi-head objective (Chen et al. 2024, arXiv:2402.03216, Eq. 4–6) over the same in-batch + hard
+    negative candidates. Each row of ``q``/``p`` is [dense | sparse term weights (``vocab``) | colbert block
+    (``caps`` = (query, passage) cap × ``colbert_dim``)], the parts absent when 0; the query's sparse part is
+    ``query_terms`` instead when given (token counts). Scores / ``temperature``: s_dense (cosine), s_lex (dot of term
+    weights), s_mul (MaxSim); s_inter = Σ w·s. L = (Σ λ·L_head + L_inter) / (heads + 1), each L an InfoNCE, the dense
+    one ``loss`` (group_loss with its own settings: Matryoshka, distillation); with ``self_distill``
+    L' = Σ λ·CE(softmax(s_inter), s_head) / heads and the result is (L + L') / 2. ``flops_weight``: SPLADE's FLOPS
+    on encoded sparse weights (0 for the lexical head, as BGE-M3)."""
+    from retrctl.models.colbert import maxsim, unflatten
+    from retrctl.models.sparse import flops
+
+    def split(x, cap, terms=None):
+        parts = {}
+        if colbert_dim:
+            x, parts["colbert"] = x[:, : -cap * colbert_dim], unflatten(x[:, -cap * colbert_dim :], colbert_dim)
+        if vocab and terms is None:
+            x, parts["sparse"] = x[:, :-vocab], x[:, -vocab:]
+        elif vocab:
+            parts["sparse"] = terms.to(x.device, x.dtype)
+        parts["dense"] = x
+        return parts
+
+    qs, ps = split(q, caps[0], query_terms), split(p, caps[1])
+    rank, _ = world()
+    b = q.size(0)
+    labels = (torch.arange(b, device=q.device) + rank * b) * group_size
+    loss_dense, parts = loss(qs["dense"], ps["dense"])
+    s = {"dense": scores(qs["dense"], gather(ps["dense"]), normalize=normalize) / temperature}
+    if "sparse" in qs:
+        s["sparse"] = qs["sparse"] @ gather(ps["sparse"]).T / temperature
+    if "colbert" in qs:
+        s["colbert"] = maxsim(qs["colbert"], gather(ps["colbert"].contiguous())) / temperature
+    w = dict(zip(("dense", "sparse", "colbert"), weights, strict=True))
+    lam = dict(zip(("dense", "sparse", "colbert"), lambdas, strict=True))
+    if mask is not None:
+        s = {h: v.masked_fill(mask.to(v.device), float("-inf")) for h, v in s.items()}
+    head_loss = {"dense": loss_dense, **{h: F.cross_entropy(v, labels) for h, v in s.items() if h != "dense"}}
+    inter = sum(w[h] * v for h, v in s.items() if w[h])  # a zero weight leaves the head out (0 × −inf is nan)
+    l_inter = F.cross_entropy(inter, labels)
+    total = (sum(lam[h] * head_loss[h] for h in s) + l_inter) / (len(s) + 1)
+    parts = {**parts, **{f"ce_{h}": head_loss[h].detach() for h in s if h != "dense"}, "ce_inter": l_inter.detach()}
+    if self_distill:
+        teacher = inter.detach()
+        distill = sum(lam[h] * _soft_ce(v, teacher) for h, v in s.items()) / len(s)
+        total = (total + distill) / 2
+        parts["self_distill"] = distill.detach()
+    if flops_weight and "sparse" in ps:
+        reg = flops(ps["sparse"]) + (flops(qs["sparse"]) if query_terms is None else 0.0)
+        total = total + flops_weight * reg
+        parts["flops"] = reg.detach()
+    return total, parts
+
+
 def flops_weight_at(step: int, weight: float, warmup: int) -> float:
     """SPLADE's schedule: the FLOPS weight grows quadratically to ``weight`` over ``warmup`` steps."""
     return weight if not warmup or step >= warmup else weight * (step / warmup) ** 2
