@@ -217,3 +217,26 @@ def test_colbert_head_exports_as_a_stock_multi_vector_encoder(tiny_bert, tmp_pat
     assert r.exit_code == 2 and "lexical" in r.stderr and not (tmp_path / "d2").exists()
     r = runner("export", tiny_bert, "-o", tmp_path / "d3", "--format", "multi-vector-encoder")
     assert r.exit_code == 2 and "no colbert head" in r.stderr and not (tmp_path / "d3").exists()
+
+
+# ---------------------------------------------------------------- MCLS
+
+
+def test_mcls_inserts_a_cls_every_n_tokens_and_averages_their_states(tiny_bert):
+    text = "one two three four five six seven"
+    enc = Encoder.load(tiny_bert, device="cpu", pooling="cls", mcls=3)
+    cls, sep = enc.tokenizer.cls_token_id, enc.tokenizer.sep_token_id
+    ids = enc.tokenize([text], "passage")["input_ids"][0].tolist()
+    words = enc.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert ids == [cls, *words[:3], cls, *words[3:6], cls, *words[6:], sep]
+    batch = enc.tokenize([text], "passage")
+    with torch.no_grad():
+        hidden = enc.model(**batch).last_hidden_state[0]
+        want = hidden[[0, 4, 8]].mean(0)
+        got = enc(batch, raw=True)[0]
+    torch.testing.assert_close(got, want)
+    # the inserted tokens count in the cap; a text shorter than N is plain CLS pooling
+    enc.config.passage_max_len = 6
+    assert enc.tokenize([text], "passage")["input_ids"].size(1) == 6
+    plain = Encoder.load(tiny_bert, device="cpu", pooling="cls")
+    np.testing.assert_allclose(enc.encode(["one two"]), plain.encode(["one two"]), atol=1e-6)

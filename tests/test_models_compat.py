@@ -68,14 +68,14 @@ def test_the_sides_share_the_backbone_and_read_their_own_settings(tiny_bert):
     enc = Encoder.load(tiny_bert, device="cpu", query_prompt="q: ", query_max_len=5, passage_max_len=9)
     q, p = enc.sides["query"], enc.sides["passage"]
     assert (q.prompt, q.max_len, p.prompt, p.max_len) == ("q: ", 5, "", 9)
-    assert q.head is p.head and isinstance(q.head, DenseHead) and q.head.keys == ("pooling", "normalize", "dims")
+    assert q.head is p.head and isinstance(q.head, DenseHead) and q.head.keys == ("pooling", "normalize", "dims", "mcls")
     enc.config.query_max_len = 7  # a side reads the shared config: a later change applies
     assert q.max_len == 7 and enc.tokenize(["one two three four five six seven eight"], "query")["input_ids"].size(1) == 7
 
 
 def test_a_side_with_its_own_head_is_used_for_that_side(tiny_bert):
     class First(DenseHead):
-        def forward(self, hidden_states, attention_mask):
+        def forward(self, hidden_states, attention_mask, input_ids=None):
             return hidden_states[:, 0].float() * 0 + 1.0
 
     enc = Encoder.load(tiny_bert, device="cpu", normalize=False)
@@ -125,12 +125,12 @@ def test_train_config_and_the_index_keys_derive_from_the_declaration():
 
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     assert all(fields[k].default is None for k in ENCODER_FLAGS)
-    assert list(fields)[:10] == ["model", "pooling", "query_prompt", "passage_prompt", "query_max_len", "passage_max_len",
-                                 "bidirectional", "dtype", "device", "batch_size"]
+    assert list(fields)[:11] == ["model", "pooling", "query_prompt", "passage_prompt", "query_max_len", "passage_max_len",
+                                 "bidirectional", "mcls", "dtype", "device", "batch_size"]
     cfg = TrainConfig(model="m", pooling="cls", query_max_len=9, dtype="bf16")
     assert cfg.encoder_overrides() == {"pooling": "cls", "query_max_len": 9}  # dtype/device say how to run, not what
     opts = {"pooling": "cls", "device": "cpu", "query_prompt": None, "top_k": 3}
     assert encoder_overrides(opts) == {"pooling": "cls", "device": "cpu"} and opts == {"top_k": 3}
     assert dense.ENCODER_KEYS == ("pooling", "normalize", "query_prompt", "passage_prompt", "query_max_len",
-                                  "passage_max_len", "bidirectional", "dims", "temperature")
-    assert dense.PASSAGE_KEYS == ("pooling", "normalize", "passage_prompt", "passage_max_len", "bidirectional", "dims")
+                                  "passage_max_len", "bidirectional", "mcls", "dims", "temperature")
+    assert dense.PASSAGE_KEYS == ("pooling", "normalize", "passage_prompt", "passage_max_len", "bidirectional", "mcls", "dims")

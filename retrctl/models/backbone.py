@@ -60,6 +60,17 @@ class Tokens(dict):
         self.kind = kind
 
 
+def with_cls_every(body: list[int], every: int, cls: int) -> list[int]:
+    """``body`` (starting with CLS, as BERT tokenizes) with another CLS after every ``every`` text tokens."""
+    head, text = (body[:1], body[1:]) if body and body[0] == cls else ([cls], body)
+    out = list(head)
+    for i in range(0, len(text), every):
+        if i:
+            out.append(cls)
+        out.extend(text[i : i + every])
+    return out
+
+
 class Tokenizer:
     """Texts to padded token ids under a prompt and a length cap, cuts counted per side."""
 
@@ -77,9 +88,11 @@ class Tokenizer:
             n += 1
         return ids[len(ids) - n :] if n else []
 
-    def __call__(self, texts: list[str], kind: str, prompt: str, max_len: int, eos: bool, width: int | None = None) -> Tokens:
+    def __call__(self, texts: list[str], kind: str, prompt: str, max_len: int, eos: bool, width: int | None = None,
+                 mcls: int | None = None) -> Tokens:
         """Token ids, cut to ``max_len`` (counted), EOS appended when ``eos``, padded on the tokenizer's side (to the
-        longest text, or to ``width`` when that is longer)."""
+        longest text, or to ``width`` when that is longer). ``mcls``: a CLS token after every ``mcls`` tokens of the
+        text (BGE-M3's MCLS), the inserted ones counted in ``max_len``."""
         suffix = list(self.suffix)
         if eos:
             eos_id = self.tokenizer.eos_token_id
@@ -87,10 +100,15 @@ class Tokenizer:
                 raise ValueError("pooling 'eos' needs a tokenizer with an EOS token")
             if not suffix or suffix[-1] != eos_id:
                 suffix = suffix + [eos_id]
-        enc = self.tokenizer([prompt + t for t in texts], truncation=True, max_length=max_len + 1)
+        cls = self.tokenizer.cls_token_id
+        if mcls and cls is None:
+            raise ValueError("--mcls needs a tokenizer with a CLS token")
+        enc = self.tokenizer([prompt + t for t in texts], truncation=not mcls, max_length=max_len + 1)
         rows = []
         for ids in enc["input_ids"]:
             body = ids[: len(ids) - len(self.suffix)] if self.suffix else ids
+            if mcls:
+                body = with_cls_every(body, mcls, cls)
             if len(body) + len(suffix) > max_len:
                 self.truncated[kind] += 1
                 body = body[: max_len - len(suffix)]

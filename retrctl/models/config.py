@@ -39,6 +39,9 @@ class EncoderConfig:
                                     help="Passage length cap in tokens (default: the model's own).")
     bidirectional: bool = _setting(False, flag="--bidirectional/--causal",
                                    help="Bidirectional attention for decoders (default: the model's own).")
+    mcls: int | None = _setting(None, flag="--mcls", min=1,
+                                help="BGE-M3's MCLS for long texts: a CLS token inserted every N tokens (at inference), "
+                                     "the vector the mean of the CLS tokens' states.")
     dims: int | None = _setting(None)  # Matryoshka: truncate to the first `dims` then renormalize
     temperature: float | None = _setting(None, side=None)  # recorded by train, so similarity scales stay known
 

@@ -52,7 +52,7 @@ class Encoder(torch.nn.Module):
         self.model, self.tokenizer, self.config, self.source = model, tokenizer, config, source
         self._tok = backbone.Tokenizer(tokenizer)
         self.truncated = self._tok.truncated
-        self.head = head or DenseHead(config)
+        self.head = head or DenseHead(config, tokenizer.cls_token_id)
         self.sides = {"query": Side(self, "query", self.head), "passage": Side(self, "passage", self.head)}
         self.joint_lookup = False  # training LightRetriever's token-lookup query encoder beside the full one
         self.sparse = None  # a SparseHead (models/sparse.py) beside the dense one, when the model has or trains one
@@ -145,7 +145,7 @@ class Encoder(torch.nn.Module):
         """Token ids, cut to the side's max length (counted), EOS appended for eos pooling, padded on the
         tokenizer's side (to the longest text, or to ``width`` when that is longer)."""
         side = self.sides[kind]
-        return self._tok(texts, kind, side.prompt, side.max_len, self.config.pooling == "eos", width)
+        return self._tok(texts, kind, side.prompt, side.max_len, self.config.pooling == "eos", width, self.config.mcls)
 
     # -- forward / encode
 
@@ -157,7 +157,7 @@ class Encoder(torch.nn.Module):
         head = self.sides[kind].head
         batch = {k: v.to(self.device) for k, v in batch.items()}
         hidden = backbone.hidden_states(self.model, batch)
-        out = head(hidden, batch["attention_mask"])
+        out = head(hidden, batch["attention_mask"], batch["input_ids"])
         if self.joint_lookup and kind == "query" and raw:
             # [full | token-lookup] side by side: GradCache caches and splits them like one vector (models/lookup.py)
             from retrctl.models import lookup
@@ -212,7 +212,7 @@ class Encoder(torch.nn.Module):
                 hidden = backbone.hidden_states(self.model, batch)
                 if "dense" in out:
                     head = self.sides[kind].head
-                    out["dense"][idx] = head.finish(head(hidden, batch["attention_mask"])).cpu().numpy()
+                    out["dense"][idx] = head.finish(head(hidden, batch["attention_mask"], batch["input_ids"])).cpu().numpy()
                 if "sparse" in out:
                     t, w = self.sparse.keep_top(self.sparse(hidden, batch["attention_mask"], batch["input_ids"]))
                     out["sparse"][0][idx], out["sparse"][1][idx] = t, w

@@ -1,15 +1,16 @@
 """Heads: what turns a backbone's hidden states into the representation that is indexed and scored.
 
 A ``Head`` says which ``EncoderConfig`` keys it reads (``keys``), computes its output with gradients from the hidden
-states and the attention mask (``forward``: the form the training loss takes), turns that into what ``encode``
+states, the attention mask and the token ids (``forward``: the form the training loss takes), turns that into what ``encode``
 returns (``finish``), scores finished query outputs against finished passage outputs (``similarity``), and saves
 and reads its own sub-folders of a saved model (``save`` / ``read_settings``) without breaking stock
 sentence-transformers loading. Training and encoding both run ``backbone → head.forward`` (``Encoder.forward``),
 so the two cannot drift (issue 13: they were written twice).
 
-``DenseHead`` is the one head so far: a pooled vector (cls/mean/eos/last), optionally truncated to its first
+``DenseHead``: a pooled vector (cls/mean/eos/last), optionally truncated to its first
 ``dims`` (Matryoshka) and L2-normalized. Pooling finds the first/last real token from the attention mask, so it is
-right under left and right padding (ST#3208). Its sub-folders are sentence-transformers' own ``1_Pooling`` and
+right under left and right padding (ST#3208); with ``mcls`` set, the mean of the CLS tokens the tokenizer inserted
+(BGE-M3's MCLS). Its sub-folders are sentence-transformers' own ``1_Pooling`` and
 ``2_Normalize``.
 """
 
@@ -47,7 +48,7 @@ class Head(torch.nn.Module):
         super().__init__()
         self.config = config  # shared with the encoder: a changed setting applies at once
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
 
     def finish(self, output: torch.Tensor) -> torch.Tensor:
@@ -76,10 +77,18 @@ class DenseHead(Head):
     """A pooled vector per text (+ Matryoshka truncation, + L2 normalization)."""
 
     name = "dense"
-    keys = ("pooling", "normalize", "dims")
+    keys = ("pooling", "normalize", "dims", "mcls")
 
-    def forward(self, hidden_states, attention_mask):
-        """Pooled float32 vectors, neither truncated nor normalized: the loss does both (per Matryoshka dim)."""
+    def __init__(self, config: EncoderConfig, cls_id: int | None = None):
+        super().__init__(config)
+        self.cls_id = cls_id
+
+    def forward(self, hidden_states, attention_mask, input_ids=None):
+        """Pooled float32 vectors, neither truncated nor normalized: the loss does both (per Matryoshka dim). With
+        ``mcls`` (BGE-M3's MCLS, the tokenizer inserted the CLS tokens): the mean of every CLS token's state."""
+        if self.config.mcls and input_ids is not None:
+            cls = (input_ids == self.cls_id) & attention_mask.bool()
+            return pool(hidden_states, cls.to(attention_mask.dtype), "mean").float()
         return pool(hidden_states, attention_mask, self.config.pooling).float()
 
     def finish(self, output):

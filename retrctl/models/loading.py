@@ -165,6 +165,9 @@ def saved_settings(d: Path) -> tuple[Path, dict]:
     return weights, settings
 
 
+LATER_KEYS = ("mcls",)
+
+
 def write_st_dir(out: Path, config, head_modules: list[dict], st_extra: dict) -> None:
     """modules.json (the transformer at the root, then the head's modules), sentence_bert_config.json,
     config_sentence_transformers.json (prompts, plus the head's keys) and retrctl.json (``config``, all fields)."""
@@ -174,4 +177,8 @@ def write_st_dir(out: Path, config, head_modules: list[dict], st_extra: dict) ->
     (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": config.passage_max_len, "do_lower_case": False}, indent=2))
     st = {"prompts": {"query": config.query_prompt, "document": config.passage_prompt}, "default_prompt_name": None, **st_extra}
     (out / "config_sentence_transformers.json").write_text(json.dumps(st, indent=2))
-    (out / "retrctl.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
+    settings = dataclasses.asdict(config)
+    for key in LATER_KEYS:  # settings added after the layout was fixed: written only when set, so older files stay byte-identical
+        if settings.get(key) is None:
+            settings.pop(key, None)
+    (out / "retrctl.json").write_text(json.dumps(settings, indent=2))
