@@ -14,9 +14,16 @@ arXiv:2407.03618). A doc is "title text" in both (BEIR's convention, Thakur et a
 | BM25 variant (Kamphuis et al. 2020)        | `--bm25-method lucene|robertson|atire|bm25l|bm25+` | lucene |
 | stopwords (bm25s lists)                    | `--stopwords en|none|de|…`              | en |
 | encode batch                               | `--batch-size`                          | 32 |
+| a multi-head model's heads, one sub-index each, one pass (BGE-M3: dense, lexical, colbert) | `--heads dense,sparse,colbert` (`lexical` = `sparse`; dense required) | every head the model has |
+| sparse terms kept per doc                  | `--sparse-top-k`                        | the head's (a lexical head: all) |
 | dense resume checkpoint interval (docs)    | `--checkpoint-every`                    | 4096 |
 | old versions kept (see below)              | `--keep`                                | 2 |
 | shard of the corpus (stable hash of docid) | `--shard-id/--shard-num`, then `--merge` | one shard |
+
+Heads: a model with a sparse head (SPLADE, or BGE-M3's lexical head) or BGE-M3's colbert head is indexed with every
+head by default, in one pass over the corpus, as sub-indexes of one dense index (retrctl/indexes/heads.py): the
+colbert head's token vectors are kept as fp16, one flat array + per-doc offsets (indexes/multivector.py), and go
+through the updates, resume and shard merges below with the vectors; the log gives each head's bytes per doc.
 
 Updates (pyserini#1964, faiss#3339): run again on an existing IDX and it is brought in line with the corpus by
 content hash — new docs are added, changed docs re-encoded, docs no longer in the corpus deleted (`--no-delete`
@@ -236,8 +243,8 @@ def merge(parts: list[str | os.PathLike], output: str | os.PathLike, keep: int =
               "(2: a searcher that opened the previous version is not pulled from under it).")
 @click.option("--checkpoint-every", type=click.IntRange(min=1), help="Dense: save encoded vectors every N docs "
               "under IDX.partial, so a killed run resumes from there.")
-@click.option("--heads", help="Dense: the model's heads to index, each a sub-index built in the same pass (dense or "
-              "dense,sparse). [default: every head the model has]")
+@click.option("--heads", help="Dense: the model's heads to index, each a sub-index built in the same pass, from dense, "
+              "sparse (= lexical), colbert; dense required (e.g. dense,colbert). [default: every head the model has]")
 @click.option("--sparse-top-k", type=click.IntRange(min=1), help="Sparse: terms kept per doc [default: the model's "
               "sparse head's].")
 @click.option("--merge", "merge_", is_flag=True, help="INPUTS are index dirs (e.g. shards) to merge into -o.")

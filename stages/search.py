@@ -14,6 +14,7 @@ recorded in the manifest). The flag vocabulary is Pyserini's (`--hits`, `--batch
 | HNSW search breadth / IVF lists probed           | `--ef-search`, `--nprobe`  | the manifest's (128 / 32) |
 | query encoder: LightRetriever token lookup or the full model | `--query-encoder auto|full|token-lookup` | auto: lookup when the model has a table |
 | heads searched, and how their lists are fused (an index of a dense + sparse model) | `--heads dense,sparse`, `--fusion linear|rrf`, `--norm`, `--weights`, `--rrf-k`, `--depth` | every head the index holds; linear, min-max, 1 each, 60, each head's top 100 |
+| with the colbert head (BGE-M3): candidates re-scored by s_rank = Σ w·raw score | `--heads dense,sparse,colbert`, `--candidates dense,sparse|all`, `--weights`, `--depth` | the other searched heads' top 100 (colbert alone: all docs); 1,0.3,1 |
 | sparse search: exact (scipy CSR) or Seismic (approximate; candidates rescored exactly) | `--sparse-search auto|exact|seismic`, `--query-cut`, `--heap-factor` | auto: Seismic from 100,000 docs; 20; 0.9 |
 | query batch                                      | `--batch-size`             | the manifest's |
 | output                                           | `--output-format trec|jsonl|parquet`, `--run-tag` | by `-o` extension, else TREC |
@@ -22,6 +23,13 @@ recorded in the manifest). The flag vocabulary is Pyserini's (`--hits`, `--batch
 A run written to a file gets `<run>.manifest.json` beside it: the index, its BM25 variant or encoder recipe and
 library versions, the search settings and the run tag (TREC runs have no header; PEER 39: BM25 numbers cannot be
 re-derived without the variant).
+
+Multi-vector (BGE-M3, Chen et al. 2024, arXiv:2402.03216): when the searched heads include colbert, each query's
+candidates (the union of each `--candidates` head's top `--depth`; `all` = every doc, brute force) are re-scored
+exactly as s_rank = w_dense·s_dense + w_sparse·s_lex + w_colbert·s_mul — raw scores: the stored vectors' inner
+product, the sparse dot product, MaxSim averaged over the query's tokens — with `--weights` in dense,sparse,colbert
+order; `--fusion`/`--norm`/`--rrf-k` do not apply. The queries run the model's full encoder. A search without
+colbert fuses as above.
 
 Order: score descending, ties by docid ascending, in every backend. BM25 returns only docs that match at least
 one query term (Lucene's semantics), so a query can get fewer than `--hits` results. Queries are read and
@@ -125,22 +133,27 @@ def _parse_weights(value: str) -> list[float]:
 @click.option("--query-encoder", type=click.Choice(["auto", "full", "token-lookup"]), default="auto", show_default=True,
               help="Dense: auto = by token lookup when the model ships a table (LightRetriever; no transformer loaded), "
                    "else the full model; full or token-lookup to insist.")
-@click.option("--heads", help="An index of a dense + sparse model: the heads to search, fused (dense, sparse or dense,sparse). "
+@click.option("--heads", help="An index of a multi-head model: the heads to search, from dense, sparse (= lexical), colbert "
+              "(comma-separated); without colbert their lists are fused, with it candidates are re-scored. "
               "[default: every head the index holds]")
 @click.option("--fusion", type=click.Choice(list(fusion.METHODS)), help="How the heads' lists are fused. [default: linear]")
 @click.option("--norm", type=click.Choice(list(fusion.NORMS)), help="Per-query normalisation before weighting (linear). [default: minmax]")
 @click.option("--weights", callback=lambda ctx, p, v: None if v is None else _parse_weights(v),
-              help="One weight per head searched, in dense,sparse order. [default: 1 each]")
+              help="One weight per head searched, in dense,sparse,colbert order. [default: 1 each; with colbert "
+                   "BGE-M3's 1,0.3,1]")
 @click.option("--rrf-k", type=click.FloatRange(min=0), help="RRF constant k. [default: 60]")
-@click.option("--depth", type=click.IntRange(min=1), help="Each head's top N fused. [default: 100, or --hits if larger]")
+@click.option("--depth", type=click.IntRange(min=1), help="Each head's top N fused (with colbert: re-scored). "
+              "[default: 100, or --hits if larger]")
+@click.option("--candidates", help="With colbert: the heads whose top --depth are re-scored (dense, sparse, comma-separated), "
+              "or all (every doc, brute force). [default: the other heads searched; colbert alone: all]")
 @click.option("--sparse-search", type=click.Choice(list(SEARCHES)),
               help="Sparse head: exact (scipy CSR) or seismic (approximate inverted index, candidates rescored exactly). "
                    "[default: auto = seismic from 100,000 docs]")
 @click.option("--query-cut", type=click.IntRange(min=1), help="Seismic: the query's largest terms searched. [default: 20]")
 @click.option("--heap-factor", type=click.FloatRange(min=0, max=1, min_open=True), help="Seismic: block-skipping threshold; lower is faster, less exact. [default: 0.9]")
 def command(index_dir, queries, output, input_format, batch_size, corpus, hits, remove_query, output_format, run_tag,
-            with_text, ef_search, nprobe, query_encoder, heads, fusion, norm, weights, rrf_k, depth, sparse_search,
-            query_cut, heap_factor, **opts):
+            with_text, ef_search, nprobe, query_encoder, heads, fusion, norm, weights, rrf_k, depth, candidates,
+            sparse_search, query_cut, heap_factor, **opts):
     """Search an index (from `retrctl index`) with queries (JSONL/Parquet/BEIR folder, '-' = stdin); write a run."""
     from retrctl.indexes import open_index
 
@@ -154,12 +167,12 @@ def command(index_dir, queries, output, input_format, batch_size, corpus, hits, 
         log.warning("encoder flags are ignored by a %s index", idx.name)
     log.info("%s index %s: %s", idx.name, index_dir, idx.describe())
     knobs = {"batch_size": batch_size, "ef_search": ef_search, "nprobe": nprobe, "heads": heads, "fusion": fusion,
-             "norm": norm, "weights": weights, "rrf_k": rrf_k, "depth": depth, "sparse_search": sparse_search,
-             "query_cut": query_cut, "heap_factor": heap_factor}
+             "norm": norm, "weights": weights, "rrf_k": rrf_k, "depth": depth, "candidates": candidates,
+             "sparse_search": sparse_search, "query_cut": query_cut, "heap_factor": heap_factor}
     for name, value in knobs.items():
         if value is not None and name in idx.search_knobs:
             setattr(idx, name, value)
-        elif value is not None and name in ("heads", "fusion", "norm", "weights", "rrf_k", "depth"):
+        elif value is not None and name in ("heads", "fusion", "norm", "weights", "rrf_k", "depth", "candidates"):
             raise click.UsageError(f"--{name.replace('_', '-')}: this {idx.name} index has one head (index it with a "
                                    "model trained with --heads dense,sparse)")
         elif value is not None and name in ("sparse_search", "query_cut", "heap_factor"):

@@ -32,7 +32,7 @@ from retrctl.indexes import base, store
 
 # the encoder settings a manifest records, and those that change the doc vectors (overriding them at search time
 # mismatches the index): declared once, in retrctl/models/config.py
-from retrctl.models.config import PASSAGE_KEYS
+from retrctl.models.config import INDEX_HEADS, PASSAGE_KEYS
 from retrctl.models.config import SETTINGS as ENCODER_KEYS
 
 log = logging.getLogger("retrctl.index")
@@ -45,7 +45,7 @@ class DenseIndex(base.Index):
     needs_encoder = True
     flags = ("index_type", "batch_size", "checkpoint_every", "heads", "sparse_top_k")
     search_knobs = ("batch_size", "ef_search", "nprobe")
-    multi_head: type | None = None  # indexes/heads.py's HeadsIndex registers itself: the vectors + the sparse head
+    multi_head: type | None = None  # indexes/heads.py's HeadsIndex registers itself: the vectors + the other heads
 
     def __init__(self, encoder, index_type: str = "Flat", batch_size: int = 32, *, chunk_size: int = 4096,
                  ef_search: int = 128, nprobe: int = 32, train_size: int = 262144, seed: int = 0):
@@ -73,8 +73,8 @@ class DenseIndex(base.Index):
     @classmethod
     def create(cls, encoder=None, *, index_type: str = "Flat", batch_size: int = 32, checkpoint_every: int = 4096,
                heads: str | None = None, sparse_top_k: int | None = None) -> DenseIndex:
-        """``heads``: None = every head the model has; with the sparse head, the ``multi_head`` class builds it."""
-        if heads is None and getattr(encoder, "sparse", None) is None or heads == "dense":
+        """``heads``: None = every head the model has; with a sparse or colbert head, the ``multi_head`` class builds it."""
+        if heads is None and all(getattr(encoder, h, None) is None for h in INDEX_HEADS[1:]) or heads == "dense":
             return cls(encoder, index_type=index_type, batch_size=batch_size, chunk_size=checkpoint_every)
         return cls.multi_head.for_heads(encoder, heads, index_type=index_type, batch_size=batch_size,
                                     chunk_size=checkpoint_every, top_k=sparse_top_k)
@@ -92,8 +92,10 @@ class DenseIndex(base.Index):
     def content_settings(cls, manifest: dict) -> dict:
         """The faiss structure and every encoder setting (the model included): what the vectors depend on."""
         settings = manifest.get("settings", {})
+        # None is a setting's default: a manifest older than a setting (mcls) lacks it, and must not force a rebuild
+        encoder = {f"encoder.{k}": v for k, v in (manifest.get("encoder") or {}).items() if v is not None}
         return {"index_type": settings.get("index_type"), "heads": settings.get("heads") or ["dense"],
-                "sparse_top_k": settings.get("top_k"), **{f"encoder.{k}": v for k, v in (manifest.get("encoder") or {}).items()}}
+                "sparse_top_k": settings.get("top_k"), **encoder}
 
     @classmethod
     def run_tag(cls, manifest: dict) -> str:
@@ -380,7 +382,7 @@ class DenseIndex(base.Index):
         import faiss
 
         version = store.resolved(directory)
-        if cls is DenseIndex and "sparse" in (version.manifest.get("settings", {}).get("heads") or ()):
+        if cls is DenseIndex and set(version.manifest.get("settings", {}).get("heads") or ()) - {"dense"}:
             return cls.multi_head.load(version, encoder=encoder, device=device, query_encoder=query_encoder, **overrides)
         directory, manifest = version.path, version.manifest
         desc = manifest["encoder"]

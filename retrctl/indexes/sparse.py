@@ -219,8 +219,9 @@ class SparseIndex(SparseSearch, DenseIndex):
 
     @classmethod
     def content_settings(cls, manifest: dict) -> dict:
+        # None is a setting's default: an older manifest lacks the settings added since (as in DenseIndex's)
         return {"top_k": manifest.get("settings", {}).get("top_k"),
-                **{f"encoder.{k}": v for k, v in (manifest.get("encoder") or {}).items()}}
+                **{f"encoder.{k}": v for k, v in (manifest.get("encoder") or {}).items() if v is not None}}
 
     @classmethod
     def run_tag(cls, manifest: dict) -> str:

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from retrctl import memory, records
 from retrctl.models import Encoder, lookup
-from retrctl.train import losses
+from retrctl.train import losses, objective
 from retrctl.train.checkpoint import (
     check_output,
     checkpoints,
@@ -48,7 +48,7 @@ from retrctl.train.checkpoint import (
     rng_state,
     set_rng_state,
 )
-from retrctl.train.config import TrainConfig, parse_floats, parse_train_heads, resume_conflicts
+from retrctl.train.config import TrainConfig, parse_train_heads, resume_conflicts
 from retrctl.train.data import Batches, Example, GroupSource
 from retrctl.train.engines import DeepSpeedEngine, PlainEngine, import_deepspeed, lora_b_norm, setup_processes
 
@@ -239,20 +239,12 @@ class Trainer:
         b, g = cfg.batch_size, cfg.train_group_size
         cost = memory.StepCost(state=memory.optimizer_state(trainable, zero_stage=zero, world=self.dist.world),
                                per_query=per["query"], per_passage=per["passage"], queries=b, passages=b * g,
-                               embeddings=3 * 4 * b * (1 + g) * self.dist.world * self._output_width())
+                               embeddings=3 * 4 * b * (1 + g) * self.dist.world * objective.output_width(enc))
         budget = memory.agree(memory.available(dev, cfg.max_memory), dev)
         plan = memory.plan_step(cost, mode=cfg.grad_cache, chunk_size=cfg.chunk_size, budget=budget, batch_size=b, group_size=g)
         if self.dist.rank == 0:
             log.info("%s", plan.line())
         return plan
-
-    def _output_width(self) -> int:
-        """Floats of one text's training output: the dense vector, the sparse head's term weights, the colbert block."""
-        enc = self.enc
-        width = enc.model.config.hidden_size + (enc.sparse.vocab if enc.train_sparse else 0)
-        if enc.train_colbert:
-            width += enc.colbert.out_dim * max(enc.config.query_max_len, enc.config.passage_max_len)
-        return width
 
     # -- one step
 
@@ -270,29 +262,7 @@ class Trainer:
         elif cfg.distill_weight:
             valid = torch.tensor([e.teacher is not None for e in local])
             teacher = torch.tensor([e.teacher or [0.0] * g for e in local], dtype=torch.float32)
-        loss_fn = functools.partial(
-            losses.group_loss, group_size=g, temperature=cfg.temperature, normalize=self.enc.config.normalize,
-            mrl_dims=cfg.mrl_dims, mask=mask, teacher=teacher, teacher_valid=valid, distill_weight=cfg.distill_weight,
-            teacher_temperature=cfg.teacher_temperature)
-        if cfg.query_encoder == "token-lookup":
-            loss_fn = functools.partial(losses.joint_lookup_loss, loss=loss_fn, kl_weight=cfg.lookup_kl_weight,
-                                        temperature=cfg.temperature, normalize=self.enc.config.normalize, mask=mask)
-        enc = self.enc
-        terms = None
-        if enc.train_sparse and cfg.sparse_queries() == "tokens":  # LightRetriever: the query side is token counts, no encoder
-            terms = enc.sparse.counts(enc.tokenizer, [e.query for e in local], enc.config.query_max_len)
-        flops_weight = losses.flops_weight_at(self.steps_done, cfg.flops_weight, cfg.flops_warmup)
-        if enc.train_colbert or (enc.train_sparse and enc.sparse.weights == "lexical"):  # BGE-M3's objective
-            loss_fn = functools.partial(
-                losses.m3_loss, loss=loss_fn, group_size=g, temperature=cfg.temperature, normalize=enc.config.normalize,
-                vocab=enc.sparse.vocab if enc.train_sparse else 0, colbert_dim=enc.colbert.out_dim if enc.train_colbert else 0,
-                caps=(enc.config.query_max_len, enc.config.passage_max_len), query_terms=terms,
-                weights=parse_floats(cfg.ensemble_weights, 3, "--ensemble-weights"),
-                lambdas=parse_floats(cfg.head_loss_weights, 3, "--head-loss-weights"), self_distill=cfg.self_distill,
-                flops_weight=flops_weight if enc.train_sparse and enc.sparse.weights == "splade" else 0.0, mask=mask)
-        elif enc.train_sparse:
-            loss_fn = functools.partial(losses.sparse_loss, loss=loss_fn, vocab=enc.sparse.vocab, group_size=g,
-                                        query_terms=terms, mask=mask, flops_weight=flops_weight)
+        loss_fn = objective.step_loss(cfg, self.enc, local, mask, teacher, valid, self.steps_done)
         # forward in length-sorted chunks cut to their longest row: padding costs nothing (except at step 1)
         trim = not (first and cfg.first_step_max_len)
         qc, qinv = losses.sorted_chunks(qb, self.plan.chunk_size, trim)
