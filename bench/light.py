@@ -10,9 +10,12 @@ More hybrid rows fuse a dense run with the sparse run or a BM25 run by `retrctl 
 per-query search time of each head, Seismic's recall@10 against exact. Same recipe and groups as
 bench/train_quality.py's minilm task (SciFact train queries, judged positives, BM25-mined negatives, 3 epochs of 32
 groups, τ 0.05, lr 2e-5, query/passage max len 64/256), so the full row can be set beside that benchmark's plain
-training. `--heads dense` leaves the sparse head out (the earlier rows only).
+training. `--heads dense` leaves the sparse head out (the earlier rows only). `--model smollm2` trains it as
+bench/train_quality.py's smollm2 task does: bidirectional attention, mean pooling, GradCache in chunks of 16 (the
+trained model dir keeps pooling and attention, so index and search need no flags); the rest of the recipe is the same.
 
     python bench/light.py                      # minilm, the recipe above (~60 min on the idle 2-core CPU)
+    python bench/light.py --model smollm2      # on a GPU (cuda is every stage's default device when present)
     python bench/light.py --epochs 1 --eval-docs 1000
 """
 
@@ -26,6 +29,12 @@ from pathlib import Path
 
 from _run import DATA, ROOT, retrctl
 from train_quality import slice_beir, train, train_groups
+
+# bench/train_quality.py's smollm2 task: DRAMA's setting, GradCache (its memory note) in chunks of 16
+SMOLLM2 = "--pooling mean --bidirectional --grad-cache --chunk-size 16"
+# LightRetriever encodes each query token under its instruction: SmolLM2's tokenizer adds no BOS, so without one a
+# token sees only itself (retrctl train refuses that); the instruction as E5-Mistral/LightRetriever word it for SciFact
+SMOLLM2_PROMPT = "Instruct: Given a scientific claim, retrieve documents that support or refute the claim\nQuery: "
 
 
 def ndcg(run: Path, data: Path) -> float:
@@ -60,15 +69,16 @@ def index_costs(a, work: Path, scifact: Path, model: Path, idx: Path, caps: list
     one = work / "one-query.jsonl"
     records.write([q for q in records.read(scifact, "query") if q["query_id"] == first], one)
     lat, nq = {}, 0
-    for name, args in (("dense Flat, full queries", ["--heads", "dense", "--query-encoder", "full"]),
-                       ("dense Flat, token lookup", ["--heads", "dense", "--query-encoder", "token-lookup"]),
-                       ("sparse, exact", ["--heads", "sparse", "--sparse-search", "exact"]),
-                       ("sparse, seismic", ["--heads", "sparse", "--sparse-search", "seismic"])):
+    heads = (("dense Flat, full queries", ["--heads", "dense", "--query-encoder", "full"]),
+             ("dense Flat, token lookup", ["--heads", "dense", "--query-encoder", "token-lookup"]),
+             ("sparse, exact", ["--heads", "sparse", "--sparse-search", "exact"]),
+             ("sparse, seismic", ["--heads", "sparse", "--sparse-search", "seismic"]))
+    for name, args in heads[: 3 if a.no_seismic else 4]:
         t0, *_ = retrctl("search", idx, one, *args, "-o", work / "one.trec", "--quiet")
         t1, *_ = retrctl("search", idx, scifact, "--hits", 100, *args, "-o", work / "timed.trec", "--quiet")
         nq = len(top10(work / "timed.trec"))
         lat[name] = 1000 * (t1 - t0) / max(1, nq - 1)
-    exact, approx = top10(runs["sparse-exact"]), top10(runs["sparse-seismic"])
+    exact, approx = top10(runs["sparse-exact"]), top10(runs.get("sparse-seismic", runs["sparse-exact"]))
     recall = sum(len(set(exact[q]) & set(approx.get(q, []))) for q in exact) / sum(len(v) for v in exact.values())
     dense_mb = size.get("index.faiss", 0) / 2**20
     sparse_mb = (size.get("terms.npy", 0) + size.get("weights.npy", 0)) / 2**20
@@ -76,9 +86,10 @@ def index_costs(a, work: Path, scifact: Path, model: Path, idx: Path, caps: list
              f"| dense only (`--heads dense`) | {t_dense:.0f} | {n / t_dense:.1f} | {dense_mb:.1f} |"]
     lines.append(f"| dense + sparse, one pass (default) | {t_both:.0f} | {n / t_both:.1f} | {dense_mb:.1f} + {sparse_mb:.1f} |")
     lines += ["", f"| search ({nq} queries, top 100) | ms/query, model load excluded |", "|---|---|",
-              *[f"| {k} | {v:.1f} |" for k, v in lat.items()], "",
-              f"Seismic recall@10 against exact sparse search: {recall:.3f} (query cut 20, heap factor 0.9; "
-              f"{nq} queries)."]
+              *[f"| {k} | {v:.1f} |" for k, v in lat.items()], ""]
+    if not a.no_seismic:
+        lines.append(f"Seismic recall@10 against exact sparse search: {recall:.3f} (query cut 20, heap factor 0.9; "
+                     f"{nq} queries).")
     return lines
 
 
@@ -103,7 +114,13 @@ def main() -> None:
     p.add_argument("--heads", default="dense,sparse", help="dense, or dense,sparse: also train the SPLADE head and "
                    "add its rows (token-count queries, and fused with each dense query side).")
     p.add_argument("--reuse", action="store_true", help="Reuse the trained model in --work if present.")
+    p.add_argument("--encoder", default=None, help="Encoder and memory flags for train, one string (default: "
+                   "smollm2's of bench/train_quality.py for --model smollm2, none for other models).")
+    p.add_argument("--no-seismic", action="store_true", help="Exact sparse search only (no Seismic rows): where "
+                   "pyseismic-lsr >= 0.5.4 cannot be installed (it has no cp312 wheel).")
     a = p.parse_args()
+    if a.encoder is None:
+        a.encoder = SMOLLM2 if a.model == "smollm2" else ""
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     scifact = slice_beir(DATA / "scifact", work, a.eval_docs, a.eval_queries)
@@ -111,8 +128,9 @@ def main() -> None:
     t_train = float("nan")
     if not (a.reuse and (model / "token_lookup").is_dir()):
         groups = train_groups(a, work)
-        t_train = train(a, groups, a.model, model, ["--query-encoder", "token-lookup", "--heads", a.heads], a.steps, a.lr,
-                        a.batch_size, a.group_size, a.passage_max_len)
+        prompt = ["--query-prompt", SMOLLM2_PROMPT] if a.model == "smollm2" else []
+        how = [*a.encoder.split(), *prompt, "--query-encoder", "token-lookup", "--heads", a.heads]
+        t_train = train(a, groups, a.model, model, how, a.steps, a.lr, a.batch_size, a.group_size, a.passage_max_len)
     table = json.loads((model / "token_lookup" / "config.json").read_text())
     caps = ["--passage-max-len", a.eval_max_len, "--query-max-len", a.eval_max_len]
     # The index is rebuilt even with --reuse: its build time is one of the figures.
@@ -129,7 +147,7 @@ def main() -> None:
     rows.append(("BM25", ndcg(runs["bm25"], scifact), ""))
     lexical, costs = ["bm25"], []
     if "sparse" in a.heads:  # the learned sparse head, in the same index: docs by SPLADE, queries by token counts
-        for search in ("exact", "seismic"):
+        for search in ("exact",) if a.no_seismic else ("exact", "seismic"):
             runs[f"sparse-{search}"] = run = work / f"run-sparse-{search}.trec"
             t, *_ = retrctl("search", idx, scifact, "--hits", 100, "--heads", "sparse", "--sparse-search", search, "-o", run, "--quiet")
             rows.append((f"sparse head, token-count queries ({search})", ndcg(run, scifact), f"{t:.1f}"))
@@ -149,7 +167,7 @@ def main() -> None:
     full = rows[0][1]
     lines = [f"## LightRetriever token lookup, {a.model} on SciFact test ({time.strftime('%Y-%m-%d')})", "",
              f"`python bench/light.py {' '.join(sys.argv[1:])}`: train {t_train / 60:.1f} min "
-             f"(--query-encoder token-lookup --heads {a.heads}), table {table['vocab']}×{table['hidden']} built in {table['seconds']} s, "
+             f"({a.encoder + ' ' if a.encoder else ''}--query-encoder token-lookup --heads {a.heads}), table {table['vocab']}×{table['hidden']} built in {table['seconds']} s, "
              f"index {t_index / 60:.1f} min.", "",
              "| query encoder | nDCG@10 | of full | search s (incl. load) |", "|---|---|---|---|",
              *[f"| {e} | {s:.4f} | {100 * s / full:.1f} % | {t} |" for e, s, t in rows], "", *costs]

@@ -15,8 +15,9 @@ from dense and lexical top-100 each, re-scored by 1·dense + 0.3·lexical + 1·M
 with its paired t-test; ArguAna (8,674 docs, 1,406 queries) as the out-of-domain check (Dense and All). Then index
 size per head (bytes/doc), build docs/s, per-query latency of each search mode (in-process, the index opened and
 warmed first, all queries searched in batches as `retrctl search` does) and peak RSS of each training process. MCLS (the paper's Appendix B.2): the last
-model indexes SciFact at 512 tokens with and without `--mcls N` (a CLS every N tokens, their states averaged),
-scored on the test queries whose judged docs are all among the longest tenth of the corpus.
+model indexes the longest tenth of SciFact's (and ArguAna's) docs at 512 tokens with and without `--mcls N` (a CLS
+every N tokens, their states averaged), scored on the test queries whose judged docs all lie among them
+(`--mcls-only MODEL` runs just that table).
 
     python bench/m3.py                     # ~2 h on the 2-core CPU; minutes on a GPU
     python bench/m3.py --epochs 1 --eval-docs 1000 --no-arguana    # a quick look
@@ -121,9 +122,14 @@ def main() -> None:
     p.add_argument("--arguana", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--mcls", default="64,128", help="MCLS intervals to measure on the longest docs ('' = skip).")
     p.add_argument("--reuse", action="store_true", help="Reuse trained models and indexes in --work.")
+    p.add_argument("--mcls-only", metavar="MODEL", help="Only the MCLS table, for MODEL (e.g. minilm).")
     a = p.parse_args()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
+    if a.mcls_only:
+        data = [DATA / "scifact", *([DATA / "arguana"] if a.arguana else [])]
+        print(mcls_table(a.mcls_only, data, work, [int(n) for n in a.mcls.split(",")], a))
+        return
     names = [s for s in a.settings.split(",") if s]
 
     groups = work / "groups.jsonl"
@@ -203,41 +209,52 @@ def main() -> None:
     print("\n| model | search mode | ms/query (or build) |\n|---|---|---|")
     print("\n".join(speed))
     if a.mcls:
-        print(mcls_table(work / f"model-{names[-1]}", sets["scifact"], work, [int(n) for n in a.mcls.split(",")], a))
+        print(mcls_table(str(work / f"model-{names[-1]}"), list(sets.values()), work, [int(n) for n in a.mcls.split(",")], a))
 
 
-def long_doc_queries(data: Path, work: Path) -> tuple[Path, int, int]:
-    """The test queries whose judged docs all lie in the longest tenth of ``data``'s corpus (by characters)."""
+def long_docs(data: Path, work: Path) -> tuple[Path, int, int, int]:
+    """The longest tenth of ``data``'s corpus (by characters) as a corpus of its own, with the test queries whose
+    judged docs all lie in it: (dir in BEIR layout, docs, queries, the length cut)."""
     from retrctl import records
 
     docs = list(records.read(data, "doc"))
     lengths = sorted(len(records.passage_text(d)) for d in docs)
     cut = lengths[int(0.9 * len(lengths))]
-    long = {d["docid"] for d in docs if len(records.passage_text(d)) >= cut}
+    long = [d for d in docs if len(records.passage_text(d)) >= cut]
+    ids = {d["docid"] for d in long}
     qrels = records.read_qrels(data, "test")
-    keep = {q for q, judged in qrels.items() if judged and all(d in long for d in judged)}
-    out = work / "long-doc-queries.jsonl"
-    records.write([q for q in records.read(data, "query") if q["query_id"] in keep], out)
-    return out, len(keep), cut
+    keep = {q for q, judged in qrels.items() if judged and all(d in ids for d in judged)}
+    out = work / f"{data.name}-long"
+    (out / "qrels").mkdir(parents=True, exist_ok=True)
+    records.write(long, out / "corpus.jsonl")
+    records.write([q for q in records.read(data, "query") if q["query_id"] in keep], out / "queries.jsonl")
+    rows = [f"{q}\t{d}\t{r}" for q in sorted(keep) for d, r in qrels[q].items()]
+    (out / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n")
+    return out, len(long), len(keep), cut
 
 
-def mcls_table(model: Path, data: Path, work: Path, intervals: list[int], a) -> str:
-    queries, n, cut = long_doc_queries(data, work)
-    rows = []
-    for every in [None, *intervals]:
-        tag = f"mcls{every}" if every else "plain"
-        idx, run = work / f"idx-long-{tag}", work / f"run-long-{tag}.trec"
-        how = ["--mcls", every] if every else []
-        retrctl("index", data, "--model", model, "--heads", "dense", "--passage-max-len", 512, *how,
-                "--batch-size", a.eval_batch, "-o", idx, "--rebuild", "--quiet")
-        retrctl("search", idx, queries, "--hits", 100, "-o", run, "--quiet")
-        rows.append((tag, run))
-    res = evaluate([r for _, r in rows], data)
-    out = [f"\nMCLS on long docs ({model.name}, passages cut at 512 tokens; {n} test queries whose judged docs are all "
-           f"≥ {cut} characters; * paired t-test vs plain)\n", "| doc vector | nDCG@10 |", "|---|---|"]
-    for (tag, _), r in zip(rows, res, strict=True):
-        mark = "*" if "nDCG@10" in r.get("significant", []) else ""
-        out.append(f"| {'pooling as trained' if tag == 'plain' else 'MCLS every ' + tag[4:] + ' tokens'} | {r['nDCG@10']:.4f}{mark} |")
+def mcls_table(model: str, sets: list[Path], work: Path, intervals: list[int], a) -> str:
+    """BGE-M3's MCLS on long docs: each set's longest tenth indexed at 512 tokens with the model's own pooling, then
+    with a CLS every N tokens (their states averaged); nDCG@10 of the queries judged on those docs."""
+    out = [f"\nMCLS on long docs ({Path(model).name}; passages cut at 512 tokens; * paired t-test vs the model's pooling)\n",
+           "| data (long docs, queries, cut) | doc vector | nDCG@10 |", "|---|---|---|"]
+    for data in sets:
+        sub, n_docs, n_queries, cut = long_docs(data, work)
+        extra = ["--remove-query"] if "arguana" in data.name else []
+        rows = []
+        for every in [None, *intervals]:
+            tag = f"mcls{every}" if every else "plain"
+            idx, run = work / f"idx-long-{data.name}-{tag}", work / f"run-long-{data.name}-{tag}.trec"
+            how = ["--mcls", every] if every else []
+            retrctl("index", sub, "--model", model, "--heads", "dense", "--passage-max-len", 512, *how,
+                    "--batch-size", a.eval_batch, "-o", idx, "--rebuild", "--quiet")
+            retrctl("search", idx, sub, "--hits", 100, *extra, "-o", run, "--quiet")
+            rows.append((tag, run))
+        res = evaluate([r for _, r in rows], sub)
+        for (tag, _), r in zip(rows, res, strict=True):
+            mark = "*" if "nDCG@10" in r.get("significant", []) else ""
+            how = "pooling as trained" if tag == "plain" else f"MCLS every {tag[4:]} tokens"
+            out.append(f"| {data.name} ({n_docs} docs ≥ {cut} chars, {n_queries} queries) | {how} | {r['nDCG@10']:.4f}{mark} |")
     return "\n".join(out)
 
 

@@ -173,3 +173,26 @@ def test_minilm_table_with_a_prompt_serves_the_masked_forward(tmp_path):
     assert np.abs(got - want).max() < 1e-5
     sims = got @ enc.encode(texts, "query").T
     assert sims[0, 0] > sims[0, 1] and sims[1, 1] > sims[1, 0]
+
+
+def test_token_lookup_training_refuses_queries_with_no_prefix(tiny_llama):
+    """SmolLM2's tokenizer adds no BOS: with no prompt each query token is encoded alone (position 0), which a
+    decoder makes nearly the same vector for every token; training refuses instead of learning a useless table."""
+    enc = Encoder.load(tiny_llama, device="cpu")
+    lookup.check_prefix(enc)  # [CLS] as BOS: a prefix
+
+    class NoSpecials:  # the tokenizer as SmolLM2's behaves: no special tokens around a text
+        def __init__(self, tok):
+            self.tok = tok
+
+        def __call__(self, texts, **kw):
+            return self.tok(texts, add_special_tokens=False, **kw)
+
+        def __getattr__(self, name):
+            return getattr(self.tok, name)
+
+    enc._tok.tokenizer = NoSpecials(enc._tok.tokenizer)
+    with pytest.raises(ValueError, match="no prefix"):
+        lookup.check_prefix(enc)
+    enc.config.query_prompt = "Find documents for: "
+    lookup.check_prefix(enc)

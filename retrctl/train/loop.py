@@ -177,6 +177,8 @@ class Trainer:
             torch.manual_seed(cfg.seed)  # LoRA init identical in every process
             self.enc = prepare(encoder.to(self.dist.device), cfg)
         self.enc.joint_lookup = cfg.query_encoder == "token-lookup"  # both query encoders in one forward (models/lookup.py)
+        if self.enc.joint_lookup:
+            lookup.check_prefix(self.enc)
         legacy_keys(self.enc)  # resume checkpoints written before the Encoder was trained directly
         self.probe = self._probe_texts()
         self.before = self._embed(self.enc, self.probe) if rank == 0 else None
