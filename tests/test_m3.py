@@ -240,3 +240,27 @@ def test_mcls_inserts_a_cls_every_n_tokens_and_averages_their_states(tiny_bert):
     assert enc.tokenize([text], "passage")["input_ids"].size(1) == 6
     plain = Encoder.load(tiny_bert, device="cpu", pooling="cls")
     np.testing.assert_allclose(enc.encode(["one two"]), plain.encode(["one two"]), atol=1e-6)
+
+
+def test_three_heads_under_zero2_grad_cache_and_lora_match_one_plain_process(no_dropout_bert, tmp_path):
+    """ZeRO-2 on 2 gloo processes with GradCache (chunks of 3) and LoRA: the three-head, self-distilled losses of one
+    plain process with the whole batch (the colbert blocks and term weights are gathered across processes)."""
+    from test_train import _files, _free_port, _torchrun
+    from trainkit import losses as _losses
+
+    from stages.train import train
+
+    corpus_file, groups_file = _files(tmp_path, 24)
+    heads = ["--heads", "dense,lexical,colbert", "--colbert-dim", 8]
+    lora = ["--lora-r", 4, "--lora-dropout", 0, "--lora-check-steps", 2]
+    common = [groups_file, "--corpus", corpus_file, "--model", no_dropout_bert, "--train-group-size", 3, "--lr", 1e-3,
+              "--max-steps", 4, "--query-max-len", 16, "--passage-max-len", 24, *heads, *lora]
+    r = _torchrun(2, [*common, "--batch-size", 2, "--zero-stage", 2, "--grad-cache", "--chunk-size", 3, "-o", tmp_path / "two"],
+                  tmp_path, _free_port())
+    assert r.returncode == 0, r.stderr[-3000:]
+    one = train(str(groups_file), corpus=str(corpus_file), output=tmp_path / "one", model=str(no_dropout_bert),
+                train_group_size=3, lr=1e-3, max_steps=4, query_max_len=16, passage_max_len=24, batch_size=4,
+                heads="dense,lexical,colbert", colbert_dim=8, lora_r=4, lora_dropout=0.0, lora_check_steps=2)
+    assert np.allclose(_losses(one), _losses(tmp_path / "two"), atol=1e-3)
+    enc = Encoder.load(tmp_path / "two", device="cpu")
+    assert enc.colbert is not None and enc.sparse.weights == "lexical"
