@@ -123,9 +123,19 @@ def main() -> None:
     p.add_argument("--mcls", default="64,128", help="MCLS intervals to measure on the longest docs ('' = skip).")
     p.add_argument("--reuse", action="store_true", help="Reuse trained models and indexes in --work.")
     p.add_argument("--mcls-only", metavar="MODEL", help="Only the MCLS table, for MODEL (e.g. minilm).")
+    p.add_argument("--memory-only", action="store_true", help="Only GradCache's memory: 2 steps of the recipe with "
+                   "--grad-cache on --chunk-size 8, dense vs three heads, peak RSS of each training process.")
     a = p.parse_args()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
+    if a.memory_only:
+        groups = train_groups(a, work)
+        print("\n| heads (GradCache, chunk 8, batch 32 × 2, caps 64/256) | peak RSS GB | s for 2 steps |\n|---|---|---|")
+        for name in ("dense", "m3-sd"):
+            t, rss = train_measured(groups, work / f"mem-{name}", [*SETTINGS[name], "--grad-cache", "on",
+                                                                     "--chunk-size", 8, "--max-steps", 2], a)
+            print(f"| {name} | {rss:.2f} | {t:.0f} |", flush=True)
+        return
     if a.mcls_only:
         data = [DATA / "scifact", *([DATA / "arguana"] if a.arguana else [])]
         print(mcls_table(a.mcls_only, data, work, [int(n) for n in a.mcls.split(",")], a))
