@@ -93,24 +93,29 @@ def index_costs(a, work: Path, scifact: Path, model: Path, idx: Path, caps: list
     return lines
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="minilm")
-    p.add_argument("--work", default=str(ROOT / "bench" / "work" / "light"))
+def recipe_options(p: argparse.ArgumentParser) -> None:
+    """The training recipe and evaluation slice shared with bench/m3.py (bench/train_quality.py's minilm task)."""
     p.add_argument("--mine-retriever", default="bm25")
     p.add_argument("--train-queries", type=int, default=None)
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--steps", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--group-size", type=int, default=2)
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--temperature", type=float, default=0.05)
     p.add_argument("--query-max-len", type=int, default=64)
     p.add_argument("--passage-max-len", type=int, default=256)
-    p.add_argument("--eval-max-len", type=int, default=256)
     p.add_argument("--eval-docs", type=int, default=None)
     p.add_argument("--eval-queries", type=int, default=None)
     p.add_argument("--eval-batch", type=int, default=64)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="minilm")
+    p.add_argument("--work", default=str(ROOT / "bench" / "work" / "light"))
+    recipe_options(p)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--eval-max-len", type=int, default=256)
     p.add_argument("--heads", default="dense,sparse", help="dense, or dense,sparse: also train the SPLADE head and "
                    "add its rows (token-count queries, and fused with each dense query side).")
     p.add_argument("--reuse", action="store_true", help="Reuse the trained model in --work if present.")

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from _run import DATA, ROOT, retrctl
+from light import recipe_options
 from train_quality import crop_groups, slice_beir, train_groups
 
 SETTINGS = {"dense": [], "m3-plain": ["--heads", "dense,lexical,colbert", "--no-self-distill"],
@@ -106,19 +107,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", default=str(ROOT / "bench" / "work" / "m3"))
     p.add_argument("--settings", default=",".join(SETTINGS))
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--group-size", type=int, default=2)
-    p.add_argument("--lr", type=float, default=2e-5)
-    p.add_argument("--temperature", type=float, default=0.05)
-    p.add_argument("--query-max-len", type=int, default=64)
-    p.add_argument("--passage-max-len", type=int, default=256)
-    p.add_argument("--eval-docs", type=int, default=None)
-    p.add_argument("--eval-queries", type=int, default=None)
-    p.add_argument("--eval-batch", type=int, default=64)
-    p.add_argument("--train-queries", type=int, default=None)
+    recipe_options(p)
     p.add_argument("--crop-docs", type=int, default=None)
-    p.add_argument("--mine-retriever", default="bm25")
     p.add_argument("--arguana", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--mcls", default="64,128", help="MCLS intervals to measure on the longest docs ('' = skip).")
     p.add_argument("--reuse", action="store_true", help="Reuse trained models and indexes in --work.")

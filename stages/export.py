@@ -148,10 +148,9 @@ def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | Non
     if dim is not None:
         check_dim(enc, root, dim, force)
         enc.config.dims = dim
-    if "sparse-encoder" in names:
-        sparse_st.check(enc)
-    if "multi-vector-encoder" in names:
-        multivector_st.check(enc)
+    heads = [(n, f) for n, f in (("sparse-encoder", sparse_st), ("multi-vector-encoder", multivector_st)) if n in names]
+    for _, head_format in heads:
+        head_format.check(enc)
     report = {"source": str(source), "source_fingerprint": weights_fingerprint(root), "retrctl": records.versions().get("retrctl"),
               "encoder": {k: v for k, v in enc.describe().items() if k not in ("model", "dim")}, "dim": enc.dim,
               "sample_texts": len(texts), "formats": {}, "notes": [], "lora": merged, "versions": records.versions()}
@@ -176,18 +175,12 @@ def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | Non
                                                  "parity": "copied from the source model (built from its fp32 weights)"}
         if any(n.startswith("onnx") for n in names):
             _export_onnx(enc, tmp / "onnx", names, ref, texts, source, report)
-        if "sparse-encoder" in names:
-            d = tmp / sparse_st.SUBDIR
-            sparse_st.write(enc, d)
-            figures = sparse_st.stock_parity(enc, d, texts)
-            report["formats"]["sparse-encoder"] = {"path": sparse_st.SUBDIR, "bytes": _size(d),
-                                                   "parity": _checked(source, "sparse-encoder", figures), **figures}
-        if "multi-vector-encoder" in names:
-            d = tmp / multivector_st.SUBDIR
-            multivector_st.write(enc, d)
-            figures = multivector_st.stock_parity(enc, d, texts)
-            report["formats"]["multi-vector-encoder"] = {"path": multivector_st.SUBDIR, "bytes": _size(d),
-                                                         "parity": _checked(source, "multi-vector-encoder", figures), **figures}
+        for name, head_format in heads:  # a head as a stock sentence-transformers model of its kind
+            d = tmp / head_format.SUBDIR
+            head_format.write(enc, d)
+            figures = head_format.stock_parity(enc, d, texts)
+            report["formats"][name] = {"path": head_format.SUBDIR, "bytes": _size(d),
+                                       "parity": _checked(source, name, figures), **figures}
         report["notes"] += notes(enc)
         (tmp / "export.json").write_text(json.dumps(report, indent=2, default=str))
         report["eval"] = evals

@@ -42,32 +42,20 @@ def check(enc) -> None:
 
 def write(enc, out: Path) -> None:
     """The MultiVectorEncoder dir ``out`` (see the module docstring)."""
-    import tempfile
-
     import torch
     from sentence_transformers import MultiVectorEncoder
-    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.base.modules import Normalize
     from sentence_transformers.base.modules.dense import Dense
-    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
 
-    from retrctl.export.st import write_lengths
+    from retrctl.export.st import write_token_model
 
-    head, cfg = enc.colbert, enc.config
+    head = enc.colbert
     lin = head.linear
     dense = Dense(lin.in_features, lin.out_features, bias=True, activation_function=torch.nn.Identity(),
                   init_weight=lin.weight.detach().float().cpu().clone(), init_bias=lin.bias.detach().float().cpu().clone(),
                   module_input_name="token_embeddings")
-    special = enc.tokenizer.convert_ids_to_tokens(head.special_ids)
-    mask = MultiVectorMask(skiplist_words=special, skiplist_tasks=["query", "document"])
-    prompts = {k: v for k, v in (("query", cfg.prompt("query")), ("document", cfg.prompt("passage"))) if v}
-    with tempfile.TemporaryDirectory() as backbone:
-        enc.model.save_pretrained(backbone)
-        enc.tokenizer.save_pretrained(backbone)
-        model = MultiVectorEncoder(modules=[Transformer(backbone, max_seq_length=cfg.passage_max_len), dense, mask,
-                                            Normalize(module_input_name="token_embeddings")],
-                                   device="cpu", prompts=prompts or None)
-        model.save(str(out))
-    write_lengths(cfg, out)
+    write_token_model(enc, out, MultiVectorEncoder, [dense, Normalize(module_input_name="token_embeddings")],
+                      head.special_ids)
     (out / "retrctl_colbert.json").write_text(json.dumps({"from": "retrctl export --format multi-vector-encoder",
                                                           "dim": head.out_dim}, indent=2) + "\n")
 

@@ -52,33 +52,20 @@ def check(enc) -> None:
 
 def write(enc, out: Path) -> None:
     """The SparseEncoder dir ``out`` (see the module docstring)."""
-    import tempfile
-
     import torch
     from sentence_transformers import SparseEncoder
-    from sentence_transformers.base.modules import Transformer
     from sentence_transformers.base.modules.dense import Dense
-    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
     from sentence_transformers.sparse_encoder.modules import SpladePooling
 
-    from retrctl.export.st import write_lengths
+    from retrctl.export.st import write_token_model
 
-    sp, cfg = enc.sparse, enc.config
+    sp = enc.sparse
     weight = sp.weight.detach().float().cpu()
     bias = torch.zeros(sp.vocab)
     bias[sp.special_ids] = SPECIAL_BIAS
     dense = Dense(weight.shape[1], sp.vocab, bias=True, activation_function=torch.nn.Identity(), init_weight=weight.clone(),
                   init_bias=bias, module_input_name="token_embeddings")
-    special = enc.tokenizer.convert_ids_to_tokens(sp.special_ids)
-    mask = MultiVectorMask(skiplist_words=special, skiplist_tasks=["query", "document"])
-    prompts = {k: v for k, v in (("query", cfg.prompt("query")), ("document", cfg.prompt("passage"))) if v}
-    with tempfile.TemporaryDirectory() as backbone:
-        enc.model.save_pretrained(backbone)
-        enc.tokenizer.save_pretrained(backbone)
-        model = SparseEncoder(modules=[Transformer(backbone, max_seq_length=cfg.passage_max_len), dense, mask,
-                                       SpladePooling("max", "relu")], device="cpu", prompts=prompts or None)
-        model.save(str(out))
-    write_lengths(cfg, out)
+    write_token_model(enc, out, SparseEncoder, [dense, SpladePooling("max", "relu")], sp.special_ids)
     (out / "retrctl_sparse.json").write_text(json.dumps({"from": "retrctl export --format sparse-encoder",
                                                          **sp.settings()}, indent=2) + "\n")
 

@@ -81,3 +81,28 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     na = np.linalg.norm(a, axis=1).clip(1e-12)
     nb = np.linalg.norm(b, axis=1).clip(1e-12)
     return (a * b).sum(1) / (na * nb)
+
+
+def write_token_model(enc, out: Path, model_cls, modules: list, special_ids: list[int]) -> None:
+    """A stock sentence-transformers model of class ``model_cls`` (SparseEncoder, MultiVectorEncoder) saved to ``out``:
+    ``Transformer`` (a copy of the backbone, so the dir stands alone; the model's prompts and caps), then
+    ``modules`` on its token embeddings, each fed through a ``MultiVectorMask`` that leaves ``special_ids`` out on
+    both sides (retrctl's heads give special tokens no term weight and no token vector)."""
+    import tempfile
+
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+
+    cfg = enc.config
+    special = enc.tokenizer.convert_ids_to_tokens(special_ids)
+    mask = MultiVectorMask(skiplist_words=special, skiplist_tasks=["query", "document"])
+    prompts = {k: v for k, v in (("query", cfg.prompt("query")), ("document", cfg.prompt("passage"))) if v}
+    head, *tail = modules
+    with tempfile.TemporaryDirectory() as backbone:
+        enc.model.save_pretrained(backbone)
+        enc.tokenizer.save_pretrained(backbone)
+        model = model_cls(modules=[Transformer(backbone, max_seq_length=cfg.passage_max_len), head, mask, *tail],
+                          device="cpu", prompts=prompts or None)
+        model.save(str(out))
+    write_lengths(cfg, out)
+

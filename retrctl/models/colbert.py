@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from retrctl.models.config import EncoderConfig
-from retrctl.models.heads import Head
+from retrctl.models.heads import Head, real_tokens
 
 COLBERT_DIR = "colbert"
 SETTINGS_FILE = "retrctl_colbert.json"
@@ -51,14 +51,12 @@ class ColbertHead(Head):
         return self.out_dim
 
     def token_mask(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        keep = attention_mask.bool()
-        if self.special_ids:
-            keep &= ~torch.isin(input_ids, torch.tensor(self.special_ids, device=input_ids.device))
-        return keep
+        """Positions that get a token vector: real tokens that are not special tokens."""
+        return real_tokens(input_ids, attention_mask, self.special_ids)
 
     def forward(self, hidden_states, attention_mask, input_ids=None):
         """[B, T, dim] float32 unit token vectors, zero at padding and special tokens."""
-        keep = self.token_mask(input_ids, attention_mask) if input_ids is not None else attention_mask.bool()
+        keep = self.token_mask(input_ids, attention_mask)
         vecs = torch.nn.functional.normalize(self.linear(hidden_states.to(self.linear.weight.dtype)).float(), dim=-1)
         return vecs * keep[:, :, None]
 

@@ -38,6 +38,14 @@ def pool(hidden, mask, mode: str):
     return hidden[rows, last]
 
 
+def real_tokens(input_ids, attention_mask, special_ids: list[int]):
+    """[B, T] bool: positions holding a text token, i.e. neither padding nor a special token (CLS/SEP, BOS/EOS)."""
+    keep = attention_mask.bool()
+    if input_ids is not None and special_ids:
+        keep &= ~torch.isin(input_ids, torch.tensor(special_ids, device=input_ids.device))
+    return keep
+
+
 class Head(torch.nn.Module):
     """The interface every head implements (see the module docstring)."""
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from retrctl.models.config import EncoderConfig
-from retrctl.models.heads import Head
+from retrctl.models.heads import Head, real_tokens
 
 SPARSE_DIR = "sparse"
 QUERY_MODES = ("tokens", "encoder")
@@ -80,14 +80,11 @@ class SparseHead(Head):
 
     def term_mask(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Positions that may give a term weight: real tokens that are not special tokens."""
-        keep = attention_mask.bool()
-        if self.special_ids:
-            keep &= ~torch.isin(input_ids, torch.tensor(self.special_ids, device=input_ids.device))
-        return keep
+        return real_tokens(input_ids, attention_mask, self.special_ids)
 
     def forward(self, hidden_states, attention_mask, input_ids=None):
         """[B, vocab] float32 term weights, with gradients; the projection one vocabulary slice at a time."""
-        keep = self.term_mask(input_ids, attention_mask) if input_ids is not None else attention_mask.bool()
+        keep = self.term_mask(input_ids, attention_mask)
         if self.weights == "lexical":
             return self.lexical(hidden_states, keep, input_ids)
         h = hidden_states.to(self.weight.dtype)
