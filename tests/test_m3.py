@@ -264,3 +264,11 @@ def test_three_heads_under_zero2_grad_cache_and_lora_match_one_plain_process(no_
     assert np.allclose(_losses(one), _losses(tmp_path / "two"), atol=1e-3)
     enc = Encoder.load(tmp_path / "two", device="cpu")
     assert enc.colbert is not None and enc.sparse.weights == "lexical"
+
+
+def test_a_checkpoint_naming_the_old_default_sparse_query_still_resumes():
+    from retrctl.train.config import TrainConfig, resume_conflicts
+
+    assert resume_conflicts({"heads": "dense,sparse", "sparse_query": "tokens"}, TrainConfig(heads="dense,sparse")) == []
+    assert resume_conflicts({"heads": "dense,lexical,colbert"}, TrainConfig(heads="dense,lexical,colbert")) == []
+    assert resume_conflicts({"heads": "dense,sparse", "sparse_query": "encoder"}, TrainConfig(heads="dense,sparse"))

@@ -194,5 +194,8 @@ def resume_conflicts(saved: dict, cfg: TrainConfig) -> list[str]:
     """The settings of ``cfg`` that differ from a checkpoint's train_config.json, as 'key (checkpoint X, now Y)'."""
     now = dataclasses.asdict(cfg)
     then = {**dataclasses.asdict(TrainConfig()), **saved}  # a field added since the checkpoint: its default
+    # the sparse query side as it applies (a checkpoint from before its default became per-kind names it)
+    now["sparse_query"] = cfg.sparse_queries()
+    then["sparse_query"] = TrainConfig(heads=then["heads"], sparse_query=then["sparse_query"]).sparse_queries()
     return [f"{k} (checkpoint {then.get(k)!r}, now {now.get(k)!r})" for k in sorted(set(now) | set(then))
             if k not in RESUME_MAY_CHANGE and then.get(k) != now.get(k)]
