@@ -92,15 +92,13 @@ def evaluate(runs: list[Path], data: Path) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
-def head_bytes(idx: Path) -> dict[str, int]:
-    """Bytes on disk of each head's files in the index's current version."""
+def head_bytes(idx: Path) -> dict[str, float]:
+    """Bytes on disk per doc of each head's files in the index's current version (the index's own accounting)."""
     from retrctl.indexes import store
+    from retrctl.indexes.heads import bytes_per_doc
 
-    files = {p.name: p.stat().st_size for p in store.resolve(idx).path.iterdir() if p.is_file()}
-    heads = {"dense": sum(v for k, v in files.items() if k.startswith(("index.faiss", "vectors"))),
-             "sparse": sum(v for k, v in files.items() if k.startswith(("terms", "weights", "sparse."))),
-             "colbert": sum(v for k, v in files.items() if k.startswith("colbert"))}
-    return {k: v for k, v in heads.items() if v}
+    version = store.resolve(idx)
+    return bytes_per_doc(version.path, version.manifest)
 
 
 def main() -> None:
@@ -167,10 +165,9 @@ def main() -> None:
             if data_name == "scifact":
                 for mode, flags in modes.items():
                     speed.append(f"| {name} | {mode} | {latency(idx, data, flags):.2f} |")
-                sizes = head_bytes(idx)
-                speed.append(f"| {name} | index build | {n_docs / t_index:.1f} docs/s | "
-                             + ", ".join(f"{h} {b / n_docs:,.0f} B/doc" for h, b in sizes.items()) + " |"
-                             if t_index else f"| {name} | index (reused) | " + ", ".join(f"{h} {b / n_docs:,.0f} B/doc" for h, b in sizes.items()) + " |")
+                sizes = ", ".join(f"{h} {b:,.0f} B/doc" for h, b in head_bytes(idx).items())
+                built = f"index build | {n_docs / t_index:.1f} docs/s" if t_index else "index (reused)"
+                speed.append(f"| {name} | {built} | {sizes} |")
         for data_name in sets:
             keys = [k for k in runs if k.startswith(data_name + ":")]
             scores = evaluate([runs[k] for k in keys], sets[data_name])

@@ -92,10 +92,8 @@ class DenseIndex(base.Index):
     def content_settings(cls, manifest: dict) -> dict:
         """The faiss structure and every encoder setting (the model included): what the vectors depend on."""
         settings = manifest.get("settings", {})
-        # None is a setting's default: a manifest older than a setting (mcls) lacks it, and must not force a rebuild
-        encoder = {f"encoder.{k}": v for k, v in (manifest.get("encoder") or {}).items() if v is not None}
         return {"index_type": settings.get("index_type"), "heads": settings.get("heads") or ["dense"],
-                "sparse_top_k": settings.get("top_k"), **encoder}
+                "sparse_top_k": settings.get("top_k"), **encoder_content(manifest)}
 
     @classmethod
     def run_tag(cls, manifest: dict) -> str:
@@ -155,10 +153,17 @@ class DenseIndex(base.Index):
 
     def get_vectors(self, docids: Iterable[str]) -> np.ndarray:
         """Vectors of the given docs (KeyError for an unknown id)."""
-        rows = [self._pos[d] for d in docids]
+        return self.vectors_at(np.array([self._pos[d] for d in docids], np.int64))
+
+    def vectors_at(self, rows: np.ndarray) -> np.ndarray:
+        """The stored vectors of the given row positions (exact: an IVF/PQ index keeps them beside its codes)."""
+        if not len(rows):
+            return np.zeros((0, self.dim), np.float32)
         if self._vectors is None and not self._pending:
-            return np.stack([self.index.reconstruct(int(r)) for r in rows]) if rows else np.zeros((0, self.dim), np.float32)
-        return self.vectors()[rows]
+            return self.index.reconstruct_batch(np.asarray(rows, np.int64))
+        if self._vectors is not None and len(self._vectors) == 1:
+            return self._vectors[0][rows]
+        return self.vectors()[rows]  # joins the appended chunks (and any vectors waiting for an IVF) first
 
     def _append_vectors(self, vecs: np.ndarray) -> None:
         if self._vectors is not None:
@@ -448,6 +453,12 @@ class DenseIndex(base.Index):
         out._vectors = None if out._lossless() else []
         out._rebuild(vecs)
         return out
+
+
+def encoder_content(manifest: dict) -> dict:
+    """The manifest's encoder settings as content keys. None is a setting's default: a manifest older than a setting
+    (mcls) lacks it, and must not force a rebuild."""
+    return {f"encoder.{k}": v for k, v in (manifest.get("encoder") or {}).items() if v is not None}
 
 
 def encoder_from_manifest(manifest: dict, *, device: str | None = None, warn: Path | None = None,

@@ -176,17 +176,6 @@ class HeadsIndex(SparseSearch, DenseIndex):
             self._tokens.apply({pos: p["colbert"][0] for pos, p in parts.items()}, removed)
         super()._apply({pos: (h, parts[pos]["dense"][0]) for pos, (h, _) in replaced.items()}, removed)
 
-    def _dense_rows(self, rows: np.ndarray) -> np.ndarray:
-        """The stored vectors of rows (exact: an IVF/PQ index keeps them beside its codes)."""
-        self._train_pending()
-        if not len(rows):
-            return np.zeros((0, self.dim), np.float32)
-        if self._vectors is None:
-            return self.index.reconstruct_batch(np.asarray(rows, np.int64))
-        if len(self._vectors) != 1:
-            self.vectors()  # joins the appended chunks into one array
-        return self._vectors[0][rows]
-
     # ------------------------------------------------------------ search
 
     def _sparse_queries(self, queries: list[dict]) -> np.ndarray:
@@ -314,7 +303,7 @@ class HeadsIndex(SparseSearch, DenseIndex):
         total = np.zeros(len(rows), np.float32)
         for head, w in zip(heads, weights, strict=True):
             if head == "dense":
-                total += w * (self._dense_rows(rows) @ part["dense"])
+                total += w * (self.vectors_at(rows) @ part["dense"])
             elif head == "sparse":
                 from retrctl.models.sparse import to_csr
 

@@ -36,7 +36,7 @@ import numpy as np
 from retrctl import records
 from retrctl.errors import UsageError
 from retrctl.indexes import base, store
-from retrctl.indexes.dense import DenseIndex, _describe, _same_encoder, encoder_from_manifest
+from retrctl.indexes.dense import DenseIndex, _describe, _same_encoder, encoder_content, encoder_from_manifest
 
 log = logging.getLogger("retrctl.index")
 QUERY_CHUNK = 64  # queries scored at once: [chunk, N] dense scores
@@ -219,9 +219,7 @@ class SparseIndex(SparseSearch, DenseIndex):
 
     @classmethod
     def content_settings(cls, manifest: dict) -> dict:
-        # None is a setting's default: an older manifest lacks the settings added since (as in DenseIndex's)
-        return {"top_k": manifest.get("settings", {}).get("top_k"),
-                **{f"encoder.{k}": v for k, v in (manifest.get("encoder") or {}).items() if v is not None}}
+        return {"top_k": manifest.get("settings", {}).get("top_k"), **encoder_content(manifest)}
 
     @classmethod
     def run_tag(cls, manifest: dict) -> str:

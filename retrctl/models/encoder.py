@@ -108,23 +108,20 @@ class Encoder(torch.nn.Module):
             raise ValueError(f"{self.source}: its LM head is not tied to the input embeddings; the sparse head "
                              "projects through the input embeddings only")
         self.sparse = SparseHead(self.config, self.model.get_input_embeddings(), self.special_ids(), top_k=top_k,
-                                 query=query, weights=weights).to(self._device_or_cpu())
+                                 query=query, weights=weights).to(self.device)
         return self.sparse
 
     def add_colbert_head(self, dim: int = 128):
         """Attach BGE-M3's multi-vector head (models/colbert.py)."""
         from retrctl.models.colbert import ColbertHead
 
-        self.colbert = ColbertHead(self.config, self.model.config.hidden_size, self.special_ids(), dim).to(self._device_or_cpu())
+        self.colbert = ColbertHead(self.config, self.model.config.hidden_size, self.special_ids(), dim).to(self.device)
         return self.colbert
 
     def special_ids(self) -> list[int]:
         """Token ids that carry no term weight or token vector (CLS/SEP, BOS/EOS, padding)."""
         tok = self.tokenizer
         return [*tok.all_special_ids, tok.bos_token_id, tok.eos_token_id, tok.pad_token_id]
-
-    def _device_or_cpu(self):
-        return next(self.model.parameters()).device
 
     def set_bidirectional(self, on: bool) -> None:
         """Bidirectional attention for decoders (DRAMA, LLM2Vec): transformers reads config.is_causal."""
