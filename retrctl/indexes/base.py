@@ -249,6 +249,12 @@ def write_manifest(directory: Path, manifest: dict) -> None:
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
 
 
+def encoder_content(manifest: dict) -> dict:
+    """The manifest's encoder settings as content keys. None is a setting's default: a manifest older than a setting
+    (mcls) lacks it, and must not force a rebuild."""
+    return {f"encoder.{k}": v for k, v in (manifest.get("encoder") or {}).items() if v is not None}
+
+
 def read_manifest(directory: str | Path) -> dict:
     """The manifest of the version ``directory`` currently points to (or of a flat/version dir itself)."""
     return store.resolve(directory).manifest

@@ -93,7 +93,7 @@ class DenseIndex(base.Index):
         """The faiss structure and every encoder setting (the model included): what the vectors depend on."""
         settings = manifest.get("settings", {})
         return {"index_type": settings.get("index_type"), "heads": settings.get("heads") or ["dense"],
-                "sparse_top_k": settings.get("top_k"), **encoder_content(manifest)}
+                "sparse_top_k": settings.get("top_k"), **base.encoder_content(manifest)}
 
     @classmethod
     def run_tag(cls, manifest: dict) -> str:
@@ -453,12 +453,6 @@ class DenseIndex(base.Index):
         out._vectors = None if out._lossless() else []
         out._rebuild(vecs)
         return out
-
-
-def encoder_content(manifest: dict) -> dict:
-    """The manifest's encoder settings as content keys. None is a setting's default: a manifest older than a setting
-    (mcls) lacks it, and must not force a rebuild."""
-    return {f"encoder.{k}": v for k, v in (manifest.get("encoder") or {}).items() if v is not None}
 
 
 def encoder_from_manifest(manifest: dict, *, device: str | None = None, warn: Path | None = None,

@@ -36,7 +36,7 @@ import numpy as np
 from retrctl import records
 from retrctl.errors import UsageError
 from retrctl.indexes import base, store
-from retrctl.indexes.dense import DenseIndex, _describe, _same_encoder, encoder_content, encoder_from_manifest
+from retrctl.indexes.dense import DenseIndex, _describe, _same_encoder, encoder_from_manifest
 
 log = logging.getLogger("retrctl.index")
 QUERY_CHUNK = 64  # queries scored at once: [chunk, N] dense scores
@@ -219,7 +219,7 @@ class SparseIndex(SparseSearch, DenseIndex):
 
     @classmethod
     def content_settings(cls, manifest: dict) -> dict:
-        return {"top_k": manifest.get("settings", {}).get("top_k"), **encoder_content(manifest)}
+        return {"top_k": manifest.get("settings", {}).get("top_k"), **base.encoder_content(manifest)}
 
     @classmethod
     def run_tag(cls, manifest: dict) -> str:
