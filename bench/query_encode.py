@@ -10,7 +10,7 @@ MODEL is a model dir trained with ``retrctl train --query-encoder token-lookup``
 ``--work`` and the time that took is printed — speed does not depend on what the weights learned.
 
     python bench/query_encode.py minilm
-    python bench/query_encode.py smollm2 --pooling mean --bidirectional
+    python bench/query_encode.py smollm2 --pooling mean --bidirectional --instruction
     python bench/query_encode.py bench/work/light/light-trained
 """
 
@@ -42,8 +42,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--pooling")
     p.add_argument("--bidirectional", action="store_true")
+    p.add_argument("--instruction", action="store_true", help="both sides encode queries under bench/light.py's "
+                   "SciFact instruction (LightRetriever's; a SmolLM2 table is trained with it)")
     a = p.parse_args()
 
+    import light
     import torch
 
     from retrctl import records
@@ -51,7 +54,8 @@ def main() -> None:
 
     qrels = records.read_qrels(DATA / "scifact", "test")
     texts = [q["query_text"] for q in records.read(DATA / "scifact", "query") if q["query_id"] in qrels]
-    settings = {k: v for k, v in (("pooling", a.pooling), ("bidirectional", a.bidirectional or None)) if v is not None}
+    settings = {k: v for k, v in (("pooling", a.pooling), ("bidirectional", a.bidirectional or None),
+                                  ("query_prompt", light.SMOLLM2_PROMPT if a.instruction else None)) if v is not None}
     full = Encoder.load(a.model, device="cpu", inference=True, **settings)
     where, built = Path(a.model), None
     if not lookup.has_table(where):

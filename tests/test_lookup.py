@@ -72,11 +72,40 @@ def test_table_serves_the_vectors_of_the_masked_forward(enc, tmp_path):
     got = served.encode(texts)
     assert got.shape == (5, enc.dim)
     assert np.abs(got - want).max() < 1e-5
-    assert np.allclose(got[2], 0)  # no tokens: a zero vector, not NaN
+    one_by_one = np.vstack([served.encode([t]) for t in texts])  # the single-query path
+    assert np.abs(one_by_one - got).max() < 1e-5
+    assert np.allclose(got[2], 0) and np.allclose(one_by_one[2], 0)  # no tokens: a zero vector, not NaN
     with pytest.raises(ValueError, match="queries only"):
         served.encode(texts, kind="passage")
     with pytest.raises(ValueError, match="built with query prompt"):
         lookup.TokenLookupEncoder.load(tmp_path / "m", query_prompt="search: ")
+
+
+def test_token_ids_read_from_the_rust_tokenizer_equal_the_batch_encoding(tiny_bert):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_bert))
+    texts = ["find: what is a protein", "find: ", "find: [SEP] inside", "find: " + "word " * 40]
+    want = tok(texts, truncation=True, max_length=12)["input_ids"]
+    assert lookup.token_ids(tok, texts, 12) == want  # the first call sets the backend up through __call__
+
+    class Counting:  # then the backend is read directly
+        def __init__(self, backend):
+            self.backend, self.calls = backend, 0
+
+        def encode_batch_fast(self, texts):
+            self.calls += 1
+            return self.backend.encode_batch_fast(texts)
+
+        def __getattr__(self, name):
+            return getattr(self.backend, name)
+
+    tok._tokenizer = spy = Counting(tok._tokenizer)
+    assert lookup.token_ids(tok, texts, 12) == want and spy.calls == 1
+    tok._tokenizer = spy.backend
+    tok(texts, padding=True)  # another caller leaves padding and no truncation set: back through __call__, same ids
+    assert lookup.token_ids(tok, texts, 12) == want
+    assert lookup.token_ids(tok, texts, 7) == tok(texts, truncation=True, max_length=7)["input_ids"]
 
 
 def test_joint_loss_by_hand():

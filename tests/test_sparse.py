@@ -50,9 +50,38 @@ def test_chunked_projection_equals_the_naive_one_with_its_gradient(enc):
     naive = enc.sparse.naive(hidden, batch["attention_mask"], batch["input_ids"])
     assert chunked.shape == (3, enc.tokenizer.vocab_size)
     assert torch.allclose(chunked, naive, atol=1e-6)
-    g1 = torch.autograd.grad(chunked.square().sum(), hidden)[0]
-    g2 = torch.autograd.grad(enc.sparse.naive(hidden, batch["attention_mask"], batch["input_ids"]).square().sum(), hidden)[0]
-    assert torch.allclose(g1, g2, atol=1e-5)
+    weight = enc.sparse.weight
+    g1 = torch.autograd.grad(chunked.square().sum(), (hidden, weight))
+    g2 = torch.autograd.grad(enc.sparse.naive(hidden, batch["attention_mask"], batch["input_ids"]).square().sum(),
+                             (hidden, weight))
+    assert torch.allclose(g1[0], g2[0], atol=1e-5) and torch.allclose(g1[1], g2[1], atol=1e-5)
+    assert float(g1[1].abs().max()) > 0
+
+
+def test_max_over_tokens_gradient_by_finite_differences():
+    torch.manual_seed(0)
+    h = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 4, dtype=torch.float64, requires_grad=True)
+    keep = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.bool)
+    assert torch.autograd.gradcheck(lambda h, w: sp.MaxOverTokens.apply(h, w, keep, 3), (h, w))
+    masked = (h @ w.T).masked_fill(~keep[:, :, None], float("-inf"))
+    assert torch.allclose(sp.MaxOverTokens.apply(h, w, keep, 3), masked.amax(1))
+
+
+def test_backward_keeps_no_logits(enc):
+    """What autograd keeps per text for the projection does not grow with the tokens: [vocab]-sized rows only."""
+    from retrctl import memory
+
+    def kept(head, words: int):
+        batch = enc.tokenize(["retrieval " * words] * 2, "passage")
+        hidden = enc.model(**batch).last_hidden_state.detach().requires_grad_()
+        return memory.probe(lambda b: head(hidden, b["attention_mask"], b["input_ids"]), lambda n: batch, enc)
+
+    vocab, width = enc.sparse.vocab, enc.model.config.hidden_size * 4
+    assert kept(enc.sparse.naive, 60) >= 60 * vocab * 4  # the textbook keeps [T, vocab] float logits per text
+    short, long = kept(enc.sparse, 30), kept(enc.sparse, 60)
+    assert long - short <= 30 * width  # 30 more tokens add their hidden states, nothing × vocab
+    assert long < 16 * vocab  # winners (int64) + a few [vocab] rows of the finish
 
 
 def test_special_tokens_give_no_terms(enc):

@@ -23,6 +23,7 @@ prefix pass is shared by every token of a query and the table needs nothing per 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 from pathlib import Path
@@ -50,12 +51,14 @@ def suffix_len(tok, eos: bool) -> int:
     return n + (1 if eos and eos_id is not None and (not tok.suffix or tok.suffix[-1] != eos_id) else 0)
 
 
-def prefix_and_tokens(tok, prompt: str, max_len: int, eos: bool, texts: list[str]) -> tuple[list[int], list[list[int]]]:
+def prefix_and_tokens(tok, prompt: str, max_len: int, eos: bool, texts: list[str],
+                      prefix: list[int] | None = None) -> tuple[list[int], list[list[int]]]:
     """(prefix ids, each text's query token ids) as the full encoder tokenizes ``prompt + text``
     (``backbone.Tokenizer``: the same cut, counted in ``tok.truncated``) minus the prefix, the suffix and any
-    special token. No tensors: this is the whole of a token-lookup query's tokenization."""
+    special token. No tensors: this is the whole of a token-lookup query's tokenization. ``prefix``: known
+    already (the empty text's tokens), so it is not tokenized again."""
     n_own, n_suffix = len(tok.suffix), suffix_len(tok, eos)
-    ids = tok.tokenizer([prompt + t for t in [*texts, ""]], truncation=True, max_length=max_len + 1)["input_ids"]
+    ids = token_ids(tok.tokenizer, [prompt + t for t in [*texts, *([""] if prefix is None else [])]], max_len + 1)
     bodies = []
     for row in ids:
         body = row[: len(row) - n_own] if n_own else row
@@ -63,8 +66,26 @@ def prefix_and_tokens(tok, prompt: str, max_len: int, eos: bool, texts: list[str
             tok.truncated["query"] += 1
             body = body[: max_len - n_suffix]
         bodies.append(body)
-    prefix = bodies.pop()  # the empty text's
+    if prefix is None:
+        prefix = bodies.pop()  # the empty text's
     return prefix, query_tokens(tok, prefix, bodies)
+
+
+def token_ids(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
+    """``tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]``, read straight from the Rust tokenizer
+    once such a call has left it set up so (that truncation, no padding): on short queries the Python BatchEncoding
+    costs more than the tokenizing itself, and a token-lookup query is little else."""
+    from transformers import PreTrainedTokenizerBase
+
+    backend = getattr(tokenizer, "_tokenizer", None) if isinstance(tokenizer, PreTrainedTokenizerBase) else None
+    fast = getattr(backend, "encode_batch_fast", None)
+    want = {"max_length": max_length, "stride": 0, "strategy": "longest_first",
+            "direction": getattr(tokenizer, "truncation_side", "right")}
+    trunc = getattr(backend, "truncation", None) or {}
+    if (fast is None or backend.padding is not None or {k: trunc.get(k) for k in want} != want
+            or backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False))):
+        return tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+    return [e.ids for e in fast(texts)]
 
 
 def query_tokens(tok, prefix: list[int], bodies: list[list[int]]) -> list[list[int]]:
@@ -200,7 +221,7 @@ class TokenLookupEncoder:
         from retrctl.models import backbone
 
         self.path, self.config, self.table, self.source = path, config, table, source or str(path)
-        self.tokenizer = tokenizer
+        self.tokenizer, self.prefix = tokenizer, None
         self._tok = backbone.Tokenizer(tokenizer)
         self.truncated = self._tok.truncated
 
@@ -221,6 +242,7 @@ class TokenLookupEncoder:
         enc = cls(root, AutoTokenizer.from_pretrained(str(weights)), config, table, source=str(model_dir))
         built = json.loads((root / TABLE_DIR / "config.json").read_text())
         prefix = prefix_and_tokens(enc._tok, config.query_prompt, config.query_max_len, config.pooling == "eos", [])[0]
+        enc.prefix = prefix
         if built.get("prefix_ids") != prefix:  # every token vector was computed under the prompt it was built with
             raise UsageError(f"{model_dir}: its token table was built with query prompt {built.get('query_prompt')!r}, "
                              f"not {config.query_prompt!r} (search with --query-encoder full to use another prompt)")
@@ -234,21 +256,31 @@ class TokenLookupEncoder:
         if kind != "query":
             raise ValueError("a token-lookup encoder encodes queries only (documents need the full model)")
         _, tokens = prefix_and_tokens(self._tok, self.config.query_prompt, self.config.query_max_len,
-                                      self.config.pooling == "eos", list(texts))
-        rows = self.table.shape[0]
-        tokens = [[x for x in t if x < rows] for t in tokens]
-        counts = np.array([len(t) for t in tokens])
-        out = np.zeros((len(tokens), self.table.shape[1]), dtype=np.float32)
-        flat = np.fromiter((x for t in tokens for x in t), dtype=np.int64, count=int(counts.sum()))
-        if flat.size:  # one gather, one segmented sum: no per-query Python work beyond tokenizing
-            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            has = counts > 0
-            out[has] = np.add.reduceat(self.table[flat], starts[has], axis=0) / counts[has, None]
+                                      self.config.pooling == "eos", list(texts), self.prefix)
+        if len(tokens) == 1:  # one online query: a gather and a mean (building a CSR matrix costs more)
+            ids = [t for t in tokens[0] if t < self.table.shape[0]]
+            out = self.table[ids].mean(0, keepdims=True) if ids else np.zeros((1, self.table.shape[1]), np.float32)
+        else:  # one sparse × dense product: 8× numpy's segmented sum at 300 queries
+            out = np.asarray(self.bag(tokens) @ self.table, dtype=np.float32)
         if self.config.dims:
             out = out[:, : self.config.dims]
         if self.config.normalize:
             out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out
+
+    def bag(self, tokens: list[list[int]]):
+        """[queries, vocab] CSR of each query's mean over its tokens (ids past the table, added tokens, left out)."""
+        from scipy import sparse
+
+        rows = self.table.shape[0]
+        counts = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
+        flat = np.fromiter(itertools.chain.from_iterable(tokens), dtype=np.int64, count=int(counts.sum()))
+        row = np.repeat(np.arange(len(tokens)), counts)
+        keep = flat < rows
+        flat, row = flat[keep], row[keep]
+        counts = np.bincount(row, minlength=len(tokens))
+        weights = np.repeat(1.0 / np.maximum(counts, 1), counts).astype(np.float32)
+        return sparse.csr_matrix((weights, flat, np.concatenate([[0], np.cumsum(counts)])), shape=(len(tokens), rows))
 
     def describe(self) -> dict:
         return {"model": self.source, **dataclasses.asdict(self.config), "dim": self.dim, "query_encoder": "token-lookup"}

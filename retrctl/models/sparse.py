@@ -41,6 +41,42 @@ WEIGHTS = ("splade", "lexical")
 LEXICAL_FILE = "lexical.safetensors"
 
 
+class MaxOverTokens(torch.autograd.Function):
+    """``max_t (h @ W.T)[b, t, j]`` over the kept tokens, one vocabulary slice of ``chunk`` terms at a time. Only the
+    winning token of each (text, term) is kept for backward ([B, vocab] indices), where autograd's ``amax`` would
+    keep every slice's [B, T, chunk] logits — the whole [B, T, vocab] again. Backward spreads each term's gradient
+    to its winning token one slice at a time, so neither pass holds more than one slice."""
+
+    @staticmethod
+    def forward(ctx, h, weight, keep, chunk: int):
+        tops, winners = [], []
+        for start in range(0, weight.size(0), chunk):
+            logits = (h @ weight[start : start + chunk].T).masked_fill(~keep[:, :, None], float("-inf"))
+            top, winner = logits.max(dim=1)
+            tops.append(top)
+            winners.append(winner)
+        ctx.save_for_backward(h, weight, torch.cat(winners, dim=1))
+        ctx.chunk = chunk
+        return torch.cat(tops, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, weight, winners = ctx.saved_tensors
+        want_h, want_w = ctx.needs_input_grad[:2]
+        grad_h = torch.zeros_like(h) if want_h else None
+        grad_w = torch.zeros_like(weight) if want_w else None
+        flat_h = h.reshape(-1, h.size(-1))
+        for start in range(0, weight.size(0), ctx.chunk):
+            end = start + ctx.chunk
+            g = grad[:, start:end].to(h.dtype)  # each (text, term)'s gradient, placed at its winning token
+            spread = h.new_zeros(h.size(0), h.size(1), g.size(1)).scatter_(1, winners[:, None, start:end], g[:, None, :])
+            if want_h:
+                grad_h += spread @ weight[start:end]
+            if want_w:
+                grad_w[start:end] = spread.reshape(-1, g.size(1)).T @ flat_h
+        return grad_h, grad_w, None, None
+
+
 class SparseHead(Head):
     name = "sparse"
 
@@ -87,14 +123,8 @@ class SparseHead(Head):
         keep = self.term_mask(input_ids, attention_mask)
         if self.weights == "lexical":
             return self.lexical(hidden_states, keep, input_ids)
-        h = hidden_states.to(self.weight.dtype)
         empty = ~keep.any(1)
-        out = []
-        for start in range(0, self.vocab, self.chunk):
-            logits = h @ self.weight[start : start + self.chunk].T  # [B, T, chunk]
-            logits = logits.masked_fill(~keep[:, :, None], float("-inf"))
-            out.append(logits.amax(dim=1))
-        top = torch.cat(out, dim=1).float()
+        top = MaxOverTokens.apply(hidden_states.to(self.weight.dtype), self.weight, keep, self.chunk).float()
         top = top.masked_fill(empty[:, None], 0.0)  # a text of special tokens only: no terms
         weights = torch.log1p(torch.relu(top))
         if self.special_ids:
