@@ -238,7 +238,9 @@ class TokenLookupEncoder:
         weights, settings = loading.saved_settings(root)
         settings.update({k: v for k, v in overrides.items() if v is not None})
         config = EncoderConfig.from_settings(settings)
-        table = np.load(root / TABLE_DIR / TABLE_FILE, mmap_mode="r")
+        # read into memory, not mapped: a mapped table is page cache, which a memory-hungry neighbour (a full
+        # encoder's batch) evicts, and every query then pays the disk again
+        table = np.load(root / TABLE_DIR / TABLE_FILE)
         enc = cls(root, AutoTokenizer.from_pretrained(str(weights)), config, table, source=str(model_dir))
         built = json.loads((root / TABLE_DIR / "config.json").read_text())
         prefix = prefix_and_tokens(enc._tok, config.query_prompt, config.query_max_len, config.pooling == "eos", [])[0]
