@@ -221,9 +221,10 @@ class TokenLookupEncoder:
         from retrctl.models import backbone
 
         self.path, self.config, self.table, self.source = path, config, table, source or str(path)
-        self.tokenizer, self.prefix = tokenizer, None
+        self.tokenizer = tokenizer
         self._tok = backbone.Tokenizer(tokenizer)
         self.truncated = self._tok.truncated
+        self.prefix = query_prefix(self)  # tokenized once: every query starts with it
 
     @classmethod
     def load(cls, model_dir, **overrides) -> TokenLookupEncoder:
@@ -243,9 +244,7 @@ class TokenLookupEncoder:
         table = np.load(root / TABLE_DIR / TABLE_FILE)
         enc = cls(root, AutoTokenizer.from_pretrained(str(weights)), config, table, source=str(model_dir))
         built = json.loads((root / TABLE_DIR / "config.json").read_text())
-        prefix = prefix_and_tokens(enc._tok, config.query_prompt, config.query_max_len, config.pooling == "eos", [])[0]
-        enc.prefix = prefix
-        if built.get("prefix_ids") != prefix:  # every token vector was computed under the prompt it was built with
+        if built.get("prefix_ids") != enc.prefix:  # every token vector was computed under the prompt it was built with
             raise UsageError(f"{model_dir}: its token table was built with query prompt {built.get('query_prompt')!r}, "
                              f"not {config.query_prompt!r} (search with --query-encoder full to use another prompt)")
         return enc
