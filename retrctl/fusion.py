@@ -9,7 +9,8 @@ Methods (per query; the queries fused are the union of the runs' queries):
   outperforms Condorcet and individual rank learning methods", SIGIR). Ranks are 1-based, in trec_eval's
   order (score descending, ties by doc id descending: ``records.trec_order``), so the rank a list gives a doc
   is the rank ``retrctl eval`` sees. k = 60 by default (the paper's; with k = 1 or 2, as in
-  getzep/graphiti#1847, one list's top hit beats a doc every list ranks 3rd). Scores are not used, so ``norm`` does not apply.
+  getzep/graphiti#1847, one list's top hit beats a doc every list ranks 3rd). Scores are not used, so
+  ``norm`` does not apply.
 - ``linear``: score(d) = Σ_i w_i · norm_i(s_i(d)), normalised per query over the list's own (depth-cut) hits,
   then weighted, then summed (the order of operations matters, so it is fixed: normalise before weighting, as
   Pyserini's hybrid searcher and ranx do). Norms: ``minmax`` (s − min) / (max − min); ``zscore``

@@ -25,8 +25,8 @@ set).
 
 The permutation parser is total (castorini/rank_llm's receive_permutation and clean_ranking_response;
 FlashRank#33 read `[11]` as `1`; llama_index#11092 raised on prose): `<think>` blocks are dropped, superscript,
-circled and full-width digits are mapped, bracketed ids are preferred over bare numbers, multi-digit ids are read whole,
-duplicates and out-of-range ids are dropped and missing ids appended in their input order; if nothing usable
+circled and full-width digits are mapped, bracketed ids are preferred over bare numbers, multi-digit ids are read
+whole, duplicates and out-of-range ids are dropped and missing ids appended in their input order; if nothing usable
 remains (or anything raises) the window keeps its input order. Windows are counted as ok, repaired or failed, and
 the failure rate goes to stderr with LLM calls and tokens.
 

@@ -1,4 +1,4 @@
-"""Reliability (issue 12): nothing lost, nothing half-written.
+"""Reliability: nothing lost, nothing half-written.
 
 - An output that is, is inside, or contains one of the command's inputs is refused before anything is read
   (exit 2, one line naming both paths) and the input is byte-identical afterwards.
@@ -71,7 +71,7 @@ def bm25_index(tmp_path_factory):
     return out
 
 
-# ---------------------------------------------------------------- output onto its own input (issue 12.3)
+# ---------------------------------------------------------------- output onto its own input
 
 
 def _clash_cases(data, idx):
@@ -356,7 +356,7 @@ def test_bad_input_api_raises_record_error(tmp_path, tiny_bert, stage, case):
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
 
 
-# ---------------------------------------------------------------- flags (issue 12.12)
+# ---------------------------------------------------------------- flags
 
 
 BAD_FLAGS = [
@@ -392,7 +392,7 @@ def test_bad_flag_values_exit_2(runner, data, bm25_index, tmp_path, flag):
     assert not out.exists()
 
 
-# ---------------------------------------------------------------- mine: judgments that match no query (issue 12.13)
+# ---------------------------------------------------------------- mine: judgments that match no query
 
 
 def test_mine_qrels_matching_no_query_is_an_error_unless_allow_empty(runner, data, tmp_path):
@@ -557,7 +557,7 @@ def test_search_run_tag_with_a_space_exits_2_before_writing(runner, data, bm25_i
 @pytest.mark.parametrize("content", [b"my notes\nsecond line\n", b"my notes, no newline", b"\xff\xfe\x00binary\n",
                                      b'{"not": "a checkpoint"}\n'])
 def test_a_file_given_as_qgen_checkpoint_is_refused_not_truncated(runner, data, tmp_path, content):
-    """Checkpoint.resume used to cut a non-checkpoint file to nothing as a 'torn last line'."""
+    """Checkpoint.resume never cuts a file that is not a checkpoint to nothing as a 'torn last line'."""
     notes = tmp_path / "notes.txt"
     notes.write_bytes(content)
     out = tmp_path / "q.jsonl"

@@ -1,5 +1,5 @@
-"""The helpers issue 13 made out of logic that was written several times in different words: one LO-HI range
-parser (mine --negative-range, rerank --negative-ranks), one pad-token fix, one id padder, one stdout guard."""
+"""Helpers written once for logic several stages need: one LO-HI range parser (mine --negative-range, rerank
+--negative-ranks), one pad-token fix, one id padder, one stdout guard."""
 
 import pytest
 
