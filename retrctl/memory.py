@@ -1,6 +1,6 @@
 """Memory: what this process may use, what one training step or one encoding batch costs, and the plan.
 
-On a CPU box an out-of-memory is a SIGKILL from the kernel, not an exception (PEER_LESSONS 26b): HF Trainer's
+On a CPU box an out-of-memory is a SIGKILL from the kernel, not an exception: HF Trainer's
 ``auto_find_batch_size`` halves the batch after an OOM *exception* and never sees a kill, and for a contrastive
 loss a smaller batch is a different objective. So everything here happens before step 1 (or batch 1):
 

@@ -8,11 +8,11 @@ under ZeRO-2 = 1 process × 2B). Checkpoints (``<output>.partial/checkpoints/ste
 optimizer, scheduler), each process's RNG state and the input position; ``resume`` continues from the newest.
 
 The module trained is the ``Encoder`` itself: each step runs ``Encoder.forward(..., raw=True)`` (backbone → head,
-the pass ``encode`` runs), so training and inference cannot drift (issue 13: a separate training tower did).
+the pass ``encode`` runs), so training and inference cannot drift.
 Distillation takes teacher scores from the groups (``positive_scores``/``negative_scores``) or from an online
 ``teacher``: a callable ``(query, passages) -> scores`` or an ``Encoder`` scored with its own similarity.
 
-Nothing lost, nothing executed (issue 12): ``checkpoint.check_output`` runs before any model is loaded. A resume
+Nothing lost, nothing executed: ``checkpoint.check_output`` runs before any model is loaded. A resume
 checks that the data (``GroupSource.fingerprint``) and every setting outside ``RESUME_MAY_CHANGE`` equal the
 checkpoint's, so a run never records one setting and runs another. Checkpoints load with ``weights_only=True``
 (``checkpoint.load_tensors``).
