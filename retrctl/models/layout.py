@@ -100,8 +100,11 @@ class HeadLayout:
         return flat[0] if len(flat) == 1 else torch.cat(flat, dim=-1)
 
     def split(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Each part of ``x`` ([rows, width]) by name, as a view shaped [rows, *shape]."""
+        """Each part of ``x`` ([rows, width]) by name, as a view shaped [rows, *shape] (``x`` itself for a layout
+        of one vector part)."""
         self._check(x)
+        if len(self.parts) == 1 and len(self.parts[0].shape) == 1:
+            return {self.parts[0].name: x}
         return {p.name: x[:, s] if len(p.shape) == 1 else x[:, s].view(x.size(0), *p.shape)
                 for p, s in zip(self.parts, self.slices.values(), strict=True)}
 

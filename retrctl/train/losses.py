@@ -224,10 +224,14 @@ def m3_loss(q: torch.Tensor, p: torch.Tensor, *, loss, group_size: int, temperat
     qs, ps = layout.query.split(q), layout.passage.split(p)
     if query_terms is not None and "sparse" in ps:
         qs["sparse"] = query_terms.to(q.device, q.dtype)
+    # the dense part taken from the dense columns: the dense loss and s_dense then share one tensor, so autograd
+    # sums their gradients there, in the order it always has
+    (qd, pd), inner = dense_columns(layout, q, p), layout.keeping(DENSE_PARTS)
+    qs["dense"], ps["dense"] = inner.query.split(qd)["dense"], inner.passage.split(pd)["dense"]
     rank, _ = world()
     b = q.size(0)
     labels = (torch.arange(b, device=q.device) + rank * b) * group_size
-    loss_dense, parts = loss(*dense_columns(layout, q, p))
+    loss_dense, parts = loss(qd, pd)
     s = {"dense": scores(qs["dense"], gather(ps["dense"]), normalize=normalize) / temperature}
     if "sparse" in qs:
         s["sparse"] = qs["sparse"] @ gather(ps["sparse"]).T / temperature
