@@ -9,7 +9,7 @@ chat LLM with 3 shots for one query per document.
 
 | paper knob                                         | flag                              | default          |
 |----------------------------------------------------|-----------------------------------|------------------|
-| generator LM (InPars: GPT-3 Curie; DRAMA: Llama)   | `--llm`, `--backend`, `--base-url`| smollm2, hf      |
+| generator LM (InPars: GPT-3 Curie; DRAMA: Llama)   | `--llm`, `--llm-backend`, `--base-url`| smollm2, hf (openai with `--base-url`) |
 | prompt: zero-shot / few-shot (InPars 3, DRAMA 3)   | `--examples FILE`, `--shots`      | zero-shot, 3     |
 | chat template (DRAMA) or plain prompt (InPars)     | `--prompt-style auto|chat|plain`  | auto             |
 | queries per document                               | `--per-doc`                       | 1                |
