@@ -288,7 +288,7 @@ def _copy_defaults(cmd: click.Command, func: Callable | None) -> None:
             default = sig[p.name].default
             if default is not inspect.Parameter.empty and default is not None:
                 p.default = default
-                p.show_default = True
+                p.show_default = "[default:" not in (p.help or "")  # a shared flag's help may state it already
 
 
 RECORD_KINDS = ("doc", "query", "group", "run")
