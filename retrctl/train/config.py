@@ -20,14 +20,14 @@ SPARSE_QUERIES = ("tokens", "encoder")
 
 
 def parse_train_heads(value: str) -> list[str]:
-    """``--heads`` of train: dense first, at most one sparse kind; ValueError naming what is wrong."""
+    """``--heads`` of train: dense first, at most one sparse kind; UsageError naming what is wrong."""
     got = [h.strip() for h in value.split(",") if h.strip()]
     bad = [h for h in got if h not in TRAIN_HEADS]
     if bad or "dense" not in got or len(set(got)) != len(got):
-        raise ValueError(f"--heads {value}: dense plus any of sparse (SPLADE), lexical (BGE-M3) and colbert, "
+        raise UsageError(f"--heads {value}: dense plus any of sparse (SPLADE), lexical (BGE-M3) and colbert, "
                          "comma-separated, e.g. dense,lexical,colbert")
     if "sparse" in got and "lexical" in got:
-        raise ValueError("--heads: sparse (SPLADE) and lexical (BGE-M3) are two kinds of the one sparse head; choose one")
+        raise UsageError("--heads: sparse (SPLADE) and lexical (BGE-M3) are two kinds of the one sparse head; choose one")
     return [h for h in TRAIN_HEADS if h in got]
 
 
@@ -37,7 +37,7 @@ def parse_floats(value: str, n: int, flag: str) -> list[float]:
     except ValueError:
         out = []
     if len(out) != n or any(v < 0 for v in out):
-        raise ValueError(f"{flag} takes {n} comma-separated non-negative numbers, got {value!r}")
+        raise UsageError(f"{flag} takes {n} comma-separated non-negative numbers, got {value!r}")
     return out
 
 
