@@ -1,4 +1,4 @@
-"""prune: make a decoder retriever smaller by dropping its least important sub-layers (EffiR coarse step).
+"""prune: make a retriever smaller by dropping its least important sub-layers or layers (EffiR coarse step, ShortGPT).
 
 Method: EffiR (the coarse, layer-dropping step): the importance of an attention or MLP sub-layer is
 1 − cos(x_in, x_out) of the residual stream around it, averaged over calibration passages; attention and MLP are
@@ -6,6 +6,14 @@ ranked as two separate groups and the least important of each are dropped; EffiR
 than attention in a retriever. Whole blocks are dropped by Block Influence, the same measure around a block
 (ShortGPT, Men et al. 2024, arXiv:2403.03853). The model is not trained here: train it afterwards
 (``retrctl prune … -o small/ && retrctl mine … | retrctl train --model small/ …``), as EffiR and DRAMA do.
+
+Encoders (BERT family: all-MiniLM-L6-v2, BGE/E5-small, RoBERTa, ...) lose whole layers only: ``--drop-layers N``
+removes the N layers of least Block Influence, ``--target-params F`` whole layers until the budget is met. Their
+layers are post-LayerNorm (``h = LN(x + Attn(x))``), so an attention or MLP sub-layer cannot be taken out alone
+(its LayerNorm stays on the stream; retrctl/prune/anatomy.py): the per-sub-layer 1 − cos is measured and reported,
+and ``--drop-mlp``, ``--drop-attn``, ``--slim-mlp`` and ``--target-shape`` are refused. The output is a stock
+sentence-transformers dir with fewer layers (``num_hidden_layers`` updated, the pooling and normalisation of the
+source kept): ``SentenceTransformer(dir)`` loads it with no retrctl code.
 
 EffiR's fine step, self-slimming of the MLP width (``--slim-mlp F``, retrctl/prune/slimming.py): a gate per MLP
 neuron trained on retrieval groups with InfoNCE + λ·L0, the top F of all gates kept across layers, the mask frozen
@@ -17,8 +25,8 @@ and the model trained on with InfoNCE (``--heal-steps``); the training is ``retr
 | how many (EffiR: 256 task-agnostic passages) | ``--calibration-size`` | 256, sampled by a stable hash of the docid (``--seed``) |
 | tokens per passage | ``--max-length`` | 256 |
 | MLP / attention sub-layers to drop | ``--drop-mlp N``, ``--drop-attn N`` | 0 |
-| whole blocks to drop (ShortGPT) | ``--drop-layers N`` | 0 |
-| keep this fraction of non-embedding params: MLPs first (at most half), then blocks | ``--target-params F`` | off |
+| whole blocks to drop (ShortGPT; decoders and encoders) | ``--drop-layers N`` | 0 |
+| keep this fraction of non-embedding params: MLPs first (at most half), then blocks (encoders: blocks only) | ``--target-params F`` | off |
 | reuse the scores of an earlier run (its prune.json) | ``--scores FILE`` | compute them |
 | self-slimming: MLP neurons kept, ranked globally | ``--slim-mlp F`` with ``--groups FILE --corpus FILE`` | off |
 | gate training / healing steps, L0 weight, gate learning rate | ``--slim-steps``, ``--heal-steps``, ``--slim-lambda``, ``--gate-lr`` | 20, 20, 1.0, 0.05 |
@@ -49,9 +57,10 @@ phase's checkpoints (``--save-steps``, ``--save-minutes``) and the settings of t
 interrupted run of the same settings; without it, what an earlier run left there is removed first.
 
 Refusals (exit 2, one line, no output dir): nothing to drop, more layers than exist, ``--target-params`` with
-``--drop-*`` or outside (0, 1), ``--slim-mlp`` outside (0, 1) or without ``--groups``, an encoder-only model
-(BERT/MiniLM), ``--scores`` computed on another model, a ``--target-shape`` larger than the model or mixed with
-the other methods.
+``--drop-*`` or outside (0, 1), ``--slim-mlp`` outside (0, 1) or without ``--groups``, a model with neither
+layout, ``--scores`` computed on another model, a ``--target-shape`` larger than the model or mixed with
+the other methods, a sub-layer flag (``--drop-mlp``, ``--drop-attn``, ``--slim-mlp``, ``--target-shape``) for an
+encoder-only model.
 """
 
 from __future__ import annotations
@@ -69,6 +78,7 @@ from retrctl.stage import encoder_overrides, options, progress, stage
 log = logging.getLogger("retrctl.prune")
 
 METHOD = "EffiR coarse step: sub-layer importance 1 - cos(x_in, x_out), attention and MLP ranked apart; blocks by ShortGPT Block Influence"
+ENCODER_METHOD = "ShortGPT Block Influence: whole encoder layers ranked by 1 - cos(x_in, x_out), the least influential removed"
 SHAPE_METHOD = "Sheared-LLaMA targeted structured pruning: hard-concrete masks on layers, hidden dims, heads and MLP neurons with Lagrange multipliers, then removed"
 SLIM_METHOD = "EffiR fine step (self-slimming): MLP neuron gates trained with InfoNCE + L0, kept globally, mask frozen, healed"
 # the reload check always sees these too (a --scores run may have no calibration texts)
@@ -107,7 +117,7 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
     """Prune ``model`` and save it to ``output`` (see the module docstring). Returns the output dir."""
     run = {k: v for k, v in locals().items() if k not in PER_INVOCATION}  # what a --resume must match
     from retrctl.models import Encoder, resolve
-    from retrctl.prune import importance, shaping, slimming, surgery, work
+    from retrctl.prune import anatomy, importance, shaping, slimming, surgery, work
 
     records.check_outputs([output], [model, calibration, scores, groups, corpus], dir_output=True)
     records.check_own_dir(output, "prune.json", "a retrctl prune output")  # an earlier prune output is replaced
@@ -137,10 +147,14 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
         if groups is None:
             raise surgery.PruneError("--slim-mlp trains gates on retrieval groups: give --groups FILE (from retrctl mine) and --corpus")
     enc = Encoder.load(model, **(encoder_settings or {}))
-    surgery.check_decoder(enc.model)
+    blocks = surgery.blocks_of(enc.model)
+    for flag, given in (("--drop-mlp", drop_mlp), ("--drop-attn", drop_attn), ("--slim-mlp", slim_mlp is not None)):
+        if given:
+            surgery.check_decoder(enc.model, flag)
     if slim_mlp is not None:
         slimming.check_gated_mlp(enc.model)
-    n = len(enc.model.layers)
+    n = len(blocks.layers)
+    whole_layers_only = blocks.kind == anatomy.ENCODER
     fingerprint = weights_fingerprint(resolve(model))
     texts = calibration_texts(calibration, calibration_size, seed) if calibration is not None else []
     run = _run_state(run, fingerprint, texts, max_length)
@@ -160,11 +174,13 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
                  "seed": seed, "hash": stable_hex(max_length, *texts)}
     already = getattr(enc.model.config, "retrctl_pruned", None)
     p = surgery.plan(found, surgery.sublayer_params(enc.model), drop_layers=drop_layers, drop_mlp=drop_mlp,
-                     drop_attn=drop_attn, target_params=target_params, already=already) if coarse else surgery.Plan()
+                     drop_attn=drop_attn, target_params=target_params, already=already,
+                     max_mlp_share=0.0 if whole_layers_only else 0.5) if coarse else surgery.Plan()
     before = surgery.non_embedding_params(enc.model)
     surgery.apply(enc.model, p)
     report = {
-        "source": str(model), "source_fingerprint": fingerprint, "method": METHOD if coarse else SLIM_METHOD,
+        "source": str(model), "source_fingerprint": fingerprint, "architecture": blocks.kind,
+        "method": (ENCODER_METHOD if whole_layers_only else METHOD) if coarse else SLIM_METHOD,
         "settings": {"drop_mlp": drop_mlp, "drop_attn": drop_attn, "drop_layers": drop_layers, "target_params": target_params,
                      "slim_mlp": slim_mlp},
         "scores": found, "masks": p.masks(n), "removed": {"blocks": p.blocks, "mlp": p.mlp, "attention": p.attention},
@@ -194,8 +210,7 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
         after = surgery.non_embedding_params(enc.model)
         log.info("removed blocks %s, MLPs %s, attention %s%s: non-embedding params %d -> %d (%.1f%%)", p.blocks, p.mlp,
                  p.attention, f", MLP neurons to {slim_mlp:.0%}" if slim_mlp else "", before, after, 100 * after / before)
-        report["params"] = {"before": before, "after": after,
-                            "embedding": sum(x.numel() for x in enc.model.get_input_embeddings().parameters())}
+        report["params"] = {"before": before, "after": after, "embedding": surgery.embedding_params(enc.model)}
         report["versions"] = records.versions()
         diff = _write(enc, tmp, report, texts, max_length, gates=gates)
     log.info("wrote %s (stock reload matches: max |diff| %.1e)", output, diff)
@@ -239,7 +254,7 @@ def _shape(model, shape, *, output, calibration, calibration_size, max_length, o
     from retrctl.prune import shaping, shearing, surgery, work
 
     enc = Encoder.load(model, **(encoder_settings or {}))
-    surgery.check_decoder(enc.model)
+    surgery.check_decoder(enc.model, "--target-shape")
     target = shaping.check_target(enc.model, shape)
     n = enc.model.config.num_hidden_layers
     fingerprint = weights_fingerprint(resolve(model))
@@ -280,18 +295,18 @@ def _shape(model, shape, *, output, calibration, calibration_size, max_length, o
 @click.option("--calibration", help="Corpus to sample calibration passages from (JSONL/Parquet/BEIR folder).")
 @click.option("--calibration-size", type=click.IntRange(min=1), help="Calibration passages (EffiR: 256).")
 @click.option("--max-length", type=click.IntRange(min=1), help="Tokens per calibration passage.")
-@click.option("--drop-mlp", type=click.IntRange(min=0), help="MLP sub-layers to remove (least important first).")
-@click.option("--drop-attn", type=click.IntRange(min=0), help="Attention sub-layers to remove (least important first).")
-@click.option("--drop-layers", type=click.IntRange(min=0), help="Whole blocks to remove (ShortGPT Block Influence).")
-@click.option("--target-params", type=float, help="Keep this fraction of the non-embedding parameters (MLPs first, then blocks).")
+@click.option("--drop-mlp", type=click.IntRange(min=0), help="MLP sub-layers to remove (least important first; decoders only).")
+@click.option("--drop-attn", type=click.IntRange(min=0), help="Attention sub-layers to remove (least important first; decoders only).")
+@click.option("--drop-layers", type=click.IntRange(min=0), help="Whole blocks (layers) to remove, least Block Influence first (ShortGPT; decoders and BERT-family encoders).")
+@click.option("--target-params", type=float, help="Keep this fraction of the non-embedding parameters (MLPs first, then blocks; encoders: whole layers only).")
 @click.option("--scores", help="prune.json of an earlier run: reuse its importance scores instead of recomputing.")
-@click.option("--slim-mlp", type=float, help="Self-slimming: keep this fraction of all MLP neurons, ranked globally by trained gates.")
+@click.option("--slim-mlp", type=float, help="Self-slimming: keep this fraction of all MLP neurons, ranked globally by trained gates (decoders only).")
 @click.option("--groups", help="Training groups for --slim-mlp (retrctl mine's output; the records train reads).")
 @click.option("--slim-steps", type=click.IntRange(min=1), default=20, show_default=True, help="Steps training the gates (InfoNCE + L0).")
 @click.option("--heal-steps", type=click.IntRange(min=0), default=20, show_default=True, help="Steps of InfoNCE after the mask is frozen.")
 @click.option("--slim-lambda", type=click.FloatRange(min=0), default=1.0, show_default=True, help="Weight of the gates' relaxed L0 norm.")
 @click.option("--gate-lr", type=click.FloatRange(min=0, min_open=True), default=0.05, show_default=True, help="Learning rate of the gates.")
-@click.option("--target-shape", help="Sheared-LLaMA: prune to exactly this shape, e.g. layers=24,hidden=512,heads=6,intermediate=1024.")
+@click.option("--target-shape", help="Sheared-LLaMA: prune to exactly this shape, e.g. layers=24,hidden=512,heads=6,intermediate=1024 (decoders only).")
 @click.option("--objective", type=click.Choice(["lm", "contrastive"]), default="lm", show_default=True,
               help="What --target-shape's masks train on: next-token loss on --calibration, or InfoNCE on --groups.")
 @click.option("--shape-steps", type=click.IntRange(min=1), default=20, show_default=True, help="Steps training the masks (--target-shape).")
@@ -309,7 +324,9 @@ def _shape(model, shape, *, output, calibration, calibration_size, max_length, o
 @options("batch_size", "seed", "encoder", "corpus")
 def command(source, train_batch_size, train_group_size, lr, **opts):
     """Drop the least important sub-layers, blocks (EffiR, ShortGPT) or MLP neurons (EffiR's self-slimming) of a decoder,
-    or cut it to a target shape (Sheared-LLaMA)."""
+    or cut it to a target shape (Sheared-LLaMA); drop the least important whole layers of a BERT-family encoder
+    (--drop-layers N, e.g. all-MiniLM-L6-v2: prune minilm --drop-layers 3 --calibration scifact/ -o small/).
+    Encoder layers are post-LayerNorm, so their attention and MLP cannot be removed one at a time."""
     settings = encoder_overrides(opts)
     train = {"batch_size": train_batch_size, "train_group_size": train_group_size, "lr": lr}
     prune(source, encoder_settings=settings, train_settings=train, **opts)

@@ -5,15 +5,22 @@ sub-layer is ``1 − cos(input, output)`` of the residual stream around it (its 
 calibration tokens: attention ``1 − cos(x, h)``, MLP ``1 − cos(h, y)``. The whole block's ``1 − cos(x, y)`` is
 ShortGPT's Block Influence (Men et al. 2024, arXiv:2403.03853), used to pick whole blocks to drop.
 
+A BERT-family encoder layer is ``h = LN_a(x + Attn(x)); y = LN_m(h + MLP(h))``: the same three gaps are measured
+(each sub-layer's score then includes its LayerNorm, which sits on the stream) and Block Influence ``1 − cos(x, y)``
+ranks whole layers, the only unit an encoder loses (retrctl/prune/anatomy.py); the sub-layer scores are reported
+to show where a layer's change comes from.
+
 Averages are over real tokens only (padding masked out on either side), token-weighted across the set, in
 float32, so a text contributes in proportion to its length and the padding of a batch changes nothing (tested).
-The states are read with forward hooks: the block's input, the input of its ``post_attention_layernorm`` (the
-stream between the two sub-layers, the same module in every Llama-family block) and the block's output.
+The states are read with forward hooks: the block's input, the stream between the two sub-layers (the input of
+a decoder block's ``post_attention_layernorm``, of an encoder layer's ``intermediate``) and the block's output.
 """
 
 from __future__ import annotations
 
 import torch
+
+from retrctl.prune.surgery import blocks_of
 
 KINDS = ("attention", "mlp", "block")
 
@@ -31,15 +38,16 @@ def _cos_gap(a, b, mask):
 @torch.inference_mode()
 def importance(model, tokenizer, texts: list[str], *, max_length: int = 256, batch_size: int = 16, progress=None) -> dict:
     """{"attention": [...], "mlp": [...], "block": [...] (one score per block), "tokens": n} for a Llama-family
-    decoder (``model.layers``) over ``texts`` cut at ``max_length`` tokens."""
-    layers = model.layers
+    decoder or a BERT-family encoder over ``texts`` cut at ``max_length`` tokens."""
+    found = blocks_of(model)
+    layers = found.layers
     sums = {k: [0.0] * len(layers) for k in KINDS}
     state: dict = {}
     hooks = []
     for i, layer in enumerate(layers):
         hooks.append(layer.register_forward_pre_hook(
             lambda m, a, kw, i=i: state.__setitem__(("in", i), _first(a, kw, "hidden_states")), with_kwargs=True))
-        hooks.append(layer.post_attention_layernorm.register_forward_pre_hook(
+        hooks.append(found.middle(layer).register_forward_pre_hook(
             lambda m, a, i=i: state.__setitem__(("mid", i), a[0])))
         hooks.append(layer.register_forward_hook(
             lambda m, a, out, i=i: state.__setitem__(("out", i), out[0] if isinstance(out, tuple) else out)))

@@ -27,8 +27,8 @@ SHAPE_MASKS = "shape_masks.npz"
 
 
 def chart(report: dict, path: Path) -> None:
-    """Attention and MLP importance per block (log scale; removed sub-layers circled, removed blocks shaded) when
-    they were computed, each block's kept MLP width after self-slimming, and the learned masks' keep
+    """Attention and MLP importance per block, and each block's Block Influence (log scale; removed sub-layers
+    circled, removed blocks shaded) when they were computed, each block's kept MLP width after self-slimming, and the learned masks' keep
     probabilities per block after ``--target-shape``."""
     import matplotlib
 
@@ -50,6 +50,7 @@ def chart(report: dict, path: Path) -> None:
                 if gone:
                     ax.scatter(gone, [scores[kind][i] for i in gone], s=90, facecolors="none", edgecolors=color,
                                linewidths=1.5, zorder=3, label=f"{kind} removed")
+            ax.plot(range(n), scores["block"], marker="s", ms=4, color="0.3", ls="--", label="block influence (1 − cos)")
             ax.set_ylabel("importance (log)")
             ax.set_yscale("log")
             ax.set_title(f"{report['source']}: sub-layer importance", fontsize=9)
@@ -91,8 +92,11 @@ def card(report: dict) -> str:
     ]
     if report["scores"]:
         calib = report["calibration"]
-        lines += ["Importance is EffiR's 1 − cos(input, output) of each sub-layer on the residual stream, averaged over "
-                  f"{calib['texts']} calibration passages ({calib['tokens']:,} tokens, at most {calib['max_length']} "
+        measure = ("Importance is ShortGPT's Block Influence, 1 − cos(input, output) of each encoder layer (the "
+                   "per-sub-layer gaps, each with its LayerNorm, are reported beside it), averaged over "
+                   if report.get("architecture") == "encoder" else
+                   "Importance is EffiR's 1 − cos(input, output) of each sub-layer on the residual stream, averaged over ")
+        lines += [measure + f"{calib['texts']} calibration passages ({calib['tokens']:,} tokens, at most {calib['max_length']} "
                   f"each; data hash `{calib['hash']}`). Scores, masks and counts are in `prune.json`; the chart is "
                   "`importance.png`.", ""]
     slim = report.get("slimming")

@@ -1,12 +1,15 @@
-"""What to remove (a plan from importance scores) and removing it from a Llama-family decoder.
+"""What to remove (a plan from importance scores) and removing it from a Llama-family decoder or a BERT-family
+encoder (the two layouts of retrctl/prune/anatomy.py).
 
-Whole blocks (``--drop-layers``, ShortGPT) are taken out of ``model.layers``: the result is a uniform model, a
-stock config with a smaller ``num_hidden_layers`` (and ``layer_types`` cut to match), and each attention
-module's ``layer_idx`` renumbered 0..n-1. Without the renumbering the KV cache is indexed past its end on any
+Whole blocks (``--drop-layers``, ShortGPT) are taken out of the block list (a decoder's ``model.layers``, an
+encoder's ``model.encoder.layer``): the result is a uniform model, a stock config with a smaller
+``num_hidden_layers`` (and ``layer_types`` cut to match), and each attention module's ``layer_idx`` renumbered
+0..n-1. Without the renumbering the KV cache is indexed past its end on any
 forward with the cache on (transformers#28462, ShortGPT#8); ``num_hidden_layers`` must change before a reload,
 or a stock reload builds the removed blocks again with random weights.
 
-Single sub-layers (``--drop-mlp``, ``--drop-attn``: an MLP removed in some blocks only) make a non-uniform model,
+Single sub-layers (``--drop-mlp``, ``--drop-attn``: an MLP removed in some blocks only; decoders only, see
+anatomy.py for why an encoder's cannot be) make a non-uniform model,
 which no stock transformers config expresses for Llama blocks (checked in transformers 5.23):
 - ``LlamaConfig``/``Qwen2Config`` take one ``intermediate_size`` and one head count for every layer.
 - Gemma3n takes a per-layer ``intermediate_size`` list, but its block is not Llama's: four norms per block,
@@ -36,6 +39,7 @@ import dataclasses
 
 from retrctl.errors import UsageError
 from retrctl.models import skipping
+from retrctl.prune import anatomy
 
 SUBLAYERS = {"attention": "self_attn", "mlp": "mlp"}
 
@@ -45,33 +49,51 @@ class PruneError(UsageError):
 
 
 class NotPrunable(PruneError):
-    """The model is not a Llama-family decoder (e.g. an encoder-only BERT)."""
+    """The model has neither layout prune knows, or the request needs the other one (e.g. an MLP of an encoder)."""
 
 
-def check_decoder(model) -> None:
-    layers = getattr(model, "layers", None)
-    ok = layers is not None and len(layers) > 0 and all(
-        all(hasattr(layer, a) for a in ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")) for layer in layers)
-    if not ok:
-        raise NotPrunable(f"{type(model).__name__} is not a Llama-family decoder (blocks of self_attn + mlp with pre-norms); "
-                          "layer dropping needs one (an encoder-only model such as BERT/MiniLM cannot be pruned this way)")
+def blocks_of(model) -> anatomy.Stack:
+    """The model's blocks (either layout), or NotPrunable naming the model."""
+    found = anatomy.stack(model)
+    if found is None:
+        raise NotPrunable(f"{type(model).__name__} has neither Llama-family decoder blocks (self_attn + mlp with "
+                          "pre-norms) nor BERT-family encoder layers (encoder.layer of attention + intermediate + "
+                          "output): prune cannot find its blocks")
+    return found
+
+
+def check_decoder(model, what: str = "this") -> None:
+    """NotPrunable unless the model is a Llama-family decoder; ``what`` names the flag that needs one."""
+    if blocks_of(model).kind != anatomy.DECODER:
+        raise NotPrunable(f"{what} needs a Llama-family decoder; {type(model).__name__} is an encoder-only model "
+                          "(BERT family: post-LayerNorm layers, whose attention and MLP cannot be removed or "
+                          "re-shaped one at a time): use --drop-layers N or --target-params F, which remove whole layers")
 
 
 # ---------------------------------------------------------------- sizes
 
 
 def embedding_ids(model) -> set[int]:
-    return {id(p) for p in model.get_input_embeddings().parameters()}
+    return {id(p) for m in blocks_of(model).embeddings(model) for p in m.parameters()}
+
+
+def embedding_params(model) -> int:
+    return sum(p.numel() for m in blocks_of(model).embeddings(model) for p in m.parameters())
+
+
+def _count(modules) -> int:
+    return sum(p.numel() for m in modules for p in m.parameters())
 
 
 def sublayer_params(model) -> dict:
     """Parameters per block of each kind ("attention", "mlp", "block" = all of the block, norms included) and
     "total": the model's non-embedding count."""
+    found = blocks_of(model)
     out = {"attention": [], "mlp": [], "block": [], "total": non_embedding_params(model)}
-    for layer in model.layers:
-        out["attention"].append(sum(p.numel() for p in layer.self_attn.parameters()))
-        out["mlp"].append(sum(p.numel() for p in layer.mlp.parameters()))
-        out["block"].append(sum(p.numel() for p in layer.parameters()))
+    for layer in found.layers:
+        out["attention"].append(_count(found.attention(layer)))
+        out["mlp"].append(_count(found.mlp(layer)))
+        out["block"].append(_count([layer]))
     return out
 
 
@@ -200,9 +222,10 @@ def drop_blocks(model, blocks: list[int]) -> list[int]:
     """Take whole blocks out; renumber ``layer_idx`` and rewrite the config. Returns the kept source indices."""
     import torch
 
-    kept = [i for i in range(len(model.layers)) if i not in set(blocks)]
-    model.layers = torch.nn.ModuleList(model.layers[i] for i in kept)
-    for new, layer in enumerate(model.layers):
+    found = blocks_of(model)
+    kept = [i for i in range(len(found.layers)) if i not in set(blocks)]
+    found.set_layers(torch.nn.ModuleList(found.layers[i] for i in kept))
+    for new, layer in enumerate(found.layers):
         for m in layer.modules():
             if hasattr(m, "layer_idx"):
                 m.layer_idx = new
@@ -215,12 +238,13 @@ def drop_blocks(model, blocks: list[int]) -> list[int]:
 
 def apply(model, p: Plan) -> None:
     """Remove what the plan says, in the stock form (blocks out, sub-layers zeroed and listed in
-    ``config.retrctl_pruned`` in the new block numbers)."""
-    check_decoder(model)
+    ``config.retrctl_pruned`` in the new block numbers). An encoder takes whole blocks only."""
+    if p.mlp or p.attention:
+        check_decoder(model, "removing single sub-layers")
     zero_sublayers(model, "mlp", p.mlp)
     zero_sublayers(model, "attention", p.attention)
     earlier = getattr(model.config, "retrctl_pruned", None) or {}  # a pruned model pruned again keeps its removals
-    kept = drop_blocks(model, p.blocks) if p.blocks else list(range(len(model.layers)))
+    kept = drop_blocks(model, p.blocks) if p.blocks else list(range(len(blocks_of(model).layers)))
     new = {old: i for i, old in enumerate(kept)}
     pruned = {k: sorted(new[i] for i in {*getattr(p, k), *earlier.get(k, [])} if i in new) for k in ("mlp", "attention")}
     if earlier.get("mlp_width"):  # widths of self-slimmed MLPs follow their blocks
