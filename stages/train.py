@@ -19,6 +19,7 @@ LoRA (Hu et al. 2021, arXiv:2106.09685); ZeRO (Rajbhandari et al. 2020, arXiv:19
 | LoRA r / alpha / dropout | ``--lora-r --lora-alpha --lora-dropout`` |
 | ZeRO stage | ``--zero-stage`` or ``--deepspeed ds.json`` |
 | distillation from reranker scores | ``--distill-weight --teacher-temperature`` |
+| never deliver a worse model: held-out slice, WiSE-FT candidates | ``--guard-fraction --guard-alphas`` |
 | LightRetriever's token-lookup query encoder | ``--query-encoder token-lookup --lookup-kl-weight`` |
 | SPLADE sparse head (FLOPS λ, quadratic warm-up) | ``--heads dense,sparse --flops-weight --flops-warmup --sparse-query --sparse-top-k`` |
 | BGE-M3: lexical + multi-vector heads, self-knowledge distillation | ``--heads dense,lexical,colbert --self-distill/--no-self-distill --ensemble-weights --head-loss-weights --colbert-dim`` |
@@ -80,6 +81,7 @@ Launching (the same flags everywhere; one process without --zero-stage/--deepspe
 from __future__ import annotations
 
 import dataclasses
+import logging
 import typing
 from pathlib import Path
 
@@ -88,8 +90,10 @@ import click
 from retrctl import records
 from retrctl.stage import ENCODER_FLAGS, SHARED_TYPES, Size, options, stage
 from retrctl.train.checkpoint import check_output
-from retrctl.train.config import QUERY_ENCODERS, SPARSE_QUERIES, TrainConfig
+from retrctl.train.config import QUERY_ENCODERS, SPARSE_QUERIES, TrainConfig, parse_alphas
 from retrctl.train.loop import Trainer
+
+log = logging.getLogger("retrctl.train")
 
 
 def train(groups, *, output, corpus=None, config: TrainConfig | None = None, on_step=None, **settings) -> Path:
@@ -102,7 +106,25 @@ def train(groups, *, output, corpus=None, config: TrainConfig | None = None, on_
         raise ValueError("a model is required (--model)")
     check_output(output, cfg)  # before the corpus is read (Trainer checks again for other callers)
     docs = records.read_corpus(corpus) if isinstance(corpus, (str, Path)) else corpus
-    return Trainer(cfg, groups, docs, output, on_step=on_step).fit()
+    after_export = None
+    if cfg.guard_fraction:
+        groups, after_export = _guarded(groups, docs, cfg)
+    return Trainer(cfg, groups, docs, output, on_step=on_step, after_export=after_export).fit()
+
+
+def _guarded(groups, docs, cfg: TrainConfig):
+    """The groups to train on, and the guard that chooses what to deliver from the held-out rest."""
+    from retrctl import guard
+
+    if not docs:
+        raise ValueError("--guard-fraction needs --corpus: held-out queries are searched among corpus documents")
+    kept, dev = guard.hold_out(records.read(groups, "group") if isinstance(groups, (str, Path)) else groups,
+                               cfg.guard_fraction, cfg.seed)
+    log.info("guard: %d groups held out (their positives are %.0f%% of the corpus), %d trained on",
+             len(dev), 100 * cfg.guard_fraction, len(kept))
+    alphas = parse_alphas(cfg.guard_alphas)
+    return kept, lambda model_dir: guard.select(model_dir, cfg.model, dev, docs, alphas=alphas, seed=cfg.seed,
+                                                batch_size=cfg.chunk_size)
 
 
 # ---------------------------------------------------------------- command line

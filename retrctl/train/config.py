@@ -40,6 +40,17 @@ def parse_floats(value: str, n: int, flag: str) -> list[float]:
     return out
 
 
+def parse_alphas(value: str) -> list[float]:
+    """'0.5,1' -> [0.5, 1.0]: the guard's interpolation weights of the trained model, tried beside the base."""
+    try:
+        alphas = sorted({float(v) for v in str(value).split(",") if v.strip()})
+    except ValueError:
+        alphas = []
+    if not alphas or any(not 0 < a <= 1 for a in alphas):
+        raise ValueError(f"--guard-alphas must be comma-separated numbers in (0, 1], got {value!r}")
+    return alphas
+
+
 def _f(default, help: str):
     return dataclasses.field(default=default, metadata={"help": help})
 
@@ -83,6 +94,11 @@ class TrainConfig:
                                   "plain multi-objective ablation.")
     ensemble_weights: str = _f("1,0.3,1", "w_dense,w_sparse,w_colbert of the ensemble score s_inter (BGE-M3).")
     head_loss_weights: str = _f("1,0.1,1", "λ_dense,λ_sparse,λ_colbert of each head's loss in the multi-head objective (BGE-M3).")
+    guard_fraction: float = _f(0.0, "Hold out the groups whose positive is this fraction of the corpus (a stable hash of the "
+                               "doc id) and keep the base model unless the trained one, or a weight interpolation of the "
+                               "two, beats it there beyond noise (retrctl/guard.py); 0 = off.")
+    guard_alphas: str = _f("0.5,1", "With --guard-fraction: weights α of the trained model in α·trained + (1-α)·base tried "
+                           "beside the base (WiSE-FT).")
     lora_r: int = _f(0, "LoRA rank (0 = full fine-tuning); adapters are merged on save.")
     lora_alpha: int = _f(32, "LoRA alpha.")
     lora_dropout: float = _f(0.05, "LoRA dropout.")
@@ -170,6 +186,10 @@ class TrainConfig:
         if not any(parse_floats(self.ensemble_weights, 3, "--ensemble-weights")):
             raise ValueError("--ensemble-weights: at least one weight must be positive")
         parse_floats(self.head_loss_weights, 3, "--head-loss-weights")
+        if not 0 <= self.guard_fraction <= 0.5:
+            raise ValueError(f"--guard-fraction must be in [0, 0.5], got {self.guard_fraction}")
+        if self.guard_fraction:
+            parse_alphas(self.guard_alphas)
         if self.colbert_dim < 1:
             raise ValueError("--colbert-dim must be positive")
         if "colbert" in heads and self.query_encoder == "token-lookup":

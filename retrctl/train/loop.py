@@ -140,19 +140,20 @@ class Trainer:
     For a stage that trains extra parameters inside the encoder (prune's self-slimming gates): ``penalty``, a
     term of the parameters alone added to every step's loss (reported as ``penalty``); ``finish``, applied to the
     trained encoder before it is saved (folding the extras into stock weights); a parameter carrying an ``lr``
-    attribute gets that learning rate (same schedule).
+    attribute gets that learning rate (same schedule). ``after_export``: called with the saved model's directory
+    before it is published (the guard's choice of what to deliver), on rank 0.
     """
 
     def __init__(self, cfg: TrainConfig, groups, corpus: dict | None, output, *,
                  on_step: Callable[[int, dict], None] | None = None, encoder: Encoder | None = None,
                  teacher: Teacher | Encoder | None = None, penalty: Callable[[], torch.Tensor] | None = None,
-                 finish: Callable[[Encoder], None] | None = None):
+                 finish: Callable[[Encoder], None] | None = None, after_export: Callable[[Path], None] | None = None):
         cfg.check()
         if encoder is None and not cfg.model:
             raise ValueError("a model is required (--model)")
         check_output(output, cfg)
         self.cfg, self.output, self.on_step, self.teacher = cfg, Path(output), on_step, teacher
-        self.penalty, self.finish = penalty, finish
+        self.penalty, self.finish, self.after_export = penalty, finish, after_export
         self.dist = setup_processes(cfg)
         if self.dist.world > 1 and groups == "-":
             raise ValueError("with several processes read groups from a file, not stdin (every process reads them)")
@@ -380,6 +381,8 @@ class Trainer:
                 pos = self.load_checkpoint() if self.cfg.resume else Position()
                 self._loop(pos)
                 self._export()
+                if self.dist.rank == 0 and self.after_export is not None:
+                    self.after_export(self.partial)
                 self.dist.barrier()
         finally:  # also on failure; DeepSpeed's own call also drops its group handles, so this process can train again
             if self.dist.deepspeed and dist.is_initialized():
