@@ -4,8 +4,9 @@ Training on pseudo-queries (crops, generated queries) labelled by a teacher can 
 corpus (Tamber et al. 2025; users of GPL report it: UKPLab/gpl#38). Without judgements the only evidence is a
 held-out slice of the same pseudo-data, so:
 
-1. ``hold_out`` sets aside the groups whose first positive is a held-out document (a stable hash of its id, a
-   ``fraction`` of the corpus): training never sees those documents as positives, nor their queries.
+1. ``hold_out`` sets aside the groups whose first positive is a held-out document: shard 0 of ``shards`` by a
+   stable hash of its id, the documents that ``--shard-id 0 --shard-num N`` gives crop and qgen, so a pipeline can
+   make more queries for exactly that slice. Training never sees those documents as positives, nor their queries.
 2. After training, ``select`` scores candidates on the held-out queries: the base model (α = 0, its weights
    exactly), the trained model (α = 1) and WiSE-FT interpolations α·trained + (1 − α)·base between them
    (Wortsman et al. 2022, "Robust fine-tuning of zero-shot models", arXiv:2109.01903), each by nDCG@10 of a
@@ -27,6 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from retrctl.hashing import stable_int
+from retrctl.stage import in_shard
 
 log = logging.getLogger("retrctl.guard")
 
@@ -36,17 +38,12 @@ DEPTH = 100  # retrieval depth of the held-out queries in the pool
 MAX_QUERIES = 300  # held-out queries scored (the first by hash): the cost is one encode of their pool per candidate
 
 
-def held_out(docid: str, fraction: float, seed: int) -> bool:
-    """Whether a document belongs to the held-out slice: the same answer in every run and process."""
-    return stable_int("guard", seed, docid) % 1_000_000 < fraction * 1_000_000
-
-
-def hold_out(groups: Iterable[dict], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """(training groups, held-out groups): a group is held out when its first positive is a held-out doc."""
+def hold_out(groups: Iterable[dict], shards: int) -> tuple[list[dict], list[dict]]:
+    """(training groups, held-out groups): a group is held out when its first positive is in shard 0 of ``shards``."""
     train, dev = [], []
     for g in groups:
         pos = g.get("positive_document_ids") or []
-        (dev if pos and held_out(pos[0], fraction, seed) else train).append(g)
+        (dev if pos and in_shard(pos[0], 0, shards) else train).append(g)
     return train, dev
 
 
@@ -133,7 +130,7 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
 
     queries, qrels = queries_and_qrels(dev)
     if len(queries) < 2:
-        raise ValueError(f"the guard needs at least 2 held-out queries, got {len(queries)}: raise the guard fraction "
+        raise ValueError(f"the guard needs at least 2 held-out queries, got {len(queries)}: use fewer --guard-shards "
                          "or give more groups")
     docs = pool(dev, corpus, seed)
     enc = Encoder.load(model_dir, device="cpu")

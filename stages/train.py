@@ -19,7 +19,7 @@ LoRA (Hu et al. 2021, arXiv:2106.09685); ZeRO (Rajbhandari et al. 2020, arXiv:19
 | LoRA r / alpha / dropout | ``--lora-r --lora-alpha --lora-dropout`` |
 | ZeRO stage | ``--zero-stage`` or ``--deepspeed ds.json`` |
 | distillation from reranker scores | ``--distill-weight --teacher-temperature`` |
-| never deliver a worse model: held-out slice, WiSE-FT candidates | ``--guard-fraction --guard-alphas`` |
+| never deliver a worse model: held-out slice, WiSE-FT candidates | ``--guard-shards --guard-alphas`` |
 | LightRetriever's token-lookup query encoder | ``--query-encoder token-lookup --lookup-kl-weight`` |
 | SPLADE sparse head (FLOPS λ, quadratic warm-up) | ``--heads dense,sparse --flops-weight --flops-warmup --sparse-query --sparse-top-k`` |
 | BGE-M3: lexical + multi-vector heads, self-knowledge distillation | ``--heads dense,lexical,colbert --self-distill/--no-self-distill --ensemble-weights --head-loss-weights --colbert-dim`` |
@@ -88,6 +88,7 @@ from pathlib import Path
 import click
 
 from retrctl import records
+from retrctl.errors import UsageError
 from retrctl.stage import ENCODER_FLAGS, SHARED_TYPES, Size, options, stage
 from retrctl.train.checkpoint import check_output
 from retrctl.train.config import QUERY_ENCODERS, SPARSE_QUERIES, TrainConfig, parse_alphas
@@ -107,7 +108,7 @@ def train(groups, *, output, corpus=None, config: TrainConfig | None = None, on_
     check_output(output, cfg)  # before the corpus is read (Trainer checks again for other callers)
     docs = records.read_corpus(corpus) if isinstance(corpus, (str, Path)) else corpus
     after_export = None
-    if cfg.guard_fraction:
+    if cfg.guard_shards:
         groups, after_export = _guarded(groups, docs, cfg)
     return Trainer(cfg, groups, docs, output, on_step=on_step, after_export=after_export).fit()
 
@@ -117,11 +118,12 @@ def _guarded(groups, docs, cfg: TrainConfig):
     from retrctl import guard
 
     if not docs:
-        raise ValueError("--guard-fraction needs --corpus: held-out queries are searched among corpus documents")
-    kept, dev = guard.hold_out(records.read(groups, "group") if isinstance(groups, (str, Path)) else groups,
-                               cfg.guard_fraction, cfg.seed)
-    log.info("guard: %d groups held out (their positives are %.0f%% of the corpus), %d trained on",
-             len(dev), 100 * cfg.guard_fraction, len(kept))
+        raise UsageError("--guard-shards needs --corpus: held-out queries are searched among corpus documents")
+    kept, dev = guard.hold_out(records.read(groups, "group") if isinstance(groups, (str, Path)) else groups, cfg.guard_shards)
+    log.info("guard: %d groups held out (positives in shard 0 of %d), %d trained on", len(dev), cfg.guard_shards, len(kept))
+    if len(dev) < 2:
+        raise UsageError(f"--guard-shards {cfg.guard_shards}: {len(dev)} of the groups are held out, the guard needs at least 2 "
+                         "(use fewer shards or more groups)")
     alphas = parse_alphas(cfg.guard_alphas)
     return kept, lambda model_dir: guard.select(model_dir, cfg.model, dev, docs, alphas=alphas, seed=cfg.seed,
                                                 batch_size=cfg.chunk_size)

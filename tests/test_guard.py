@@ -1,5 +1,5 @@
 """The guard (retrctl/guard.py): the held-out split, WiSE-FT interpolation, the decision rule, and train
---guard-fraction end to end on a tiny model."""
+--guard-shards end to end on a tiny model."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ from trainkit import FAST, corpus, groups, write_jsonl
 
 from retrctl import guard
 from retrctl.metrics import Result
+from retrctl.stage import shard
 from retrctl.train.config import parse_alphas
 
 
-def test_hold_out_is_stable_and_close_to_the_fraction():
+def test_hold_out_is_shard_zero_of_the_documents():
     gs = [{"query_id": f"q{i}", "query_text": "t", "positive_document_ids": [f"d{i}"]} for i in range(4000)]
-    train, dev = guard.hold_out(gs, 0.1, seed=3)
+    train, dev = guard.hold_out(gs, 10)
     assert len(train) + len(dev) == 4000 and 300 < len(dev) < 500
-    assert guard.hold_out(gs, 0.1, seed=3) == (train, dev)
-    assert {g["query_id"] for g in dev} != {g["query_id"] for g in guard.hold_out(gs, 0.1, seed=4)[1]}
-    held = {g["positive_document_ids"][0] for g in dev}
-    assert all(guard.held_out(d, 0.1, 3) for d in held)  # a doc is held out in every group that names it first
+    assert guard.hold_out(gs, 10) == (train, dev)
+    docs = [{"docid": f"d{i}"} for i in range(4000)]  # the docs crop/qgen read with --shard-id 0 --shard-num 10
+    assert {g["positive_document_ids"][0] for g in dev} == {d["docid"] for d in shard(docs, 0, 10, "docid")}
 
 
 def test_interpolation_is_exact_at_the_ends():
@@ -71,7 +71,7 @@ def test_train_with_the_guard_delivers_its_pick_and_records_it(tiny_bert, tmp_pa
     out = tmp_path / "m"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in FAST.items()]
     r = runner("train", groups_file, "--corpus", corpus_file, "--model", tiny_bert, "-o", out, "--max-steps", 3,
-               "--guard-fraction", 0.3, "--guard-alphas", "0.5,1", *flags)
+               "--guard-shards", 3, "--guard-alphas", "0.5,1", *flags)
     assert r.exit_code == 0, r.output
     record = json.loads((out / "guard.json").read_text())
     assert [c["alpha"] for c in record["candidates"]] == [0.0, 0.5, 1.0]
@@ -105,8 +105,10 @@ def test_select_writes_the_picks_weights(tiny_bert, tmp_path, monkeypatch):
     assert json.loads((trained_dir / "guard.json").read_text())["pick"] == 0.5
 
 
-def test_guard_needs_a_corpus_and_a_sane_fraction(tiny_bert, tmp_path, runner):
+def test_guard_needs_a_corpus_and_two_shards(tiny_bert, tmp_path, runner):
     groups_file = write_jsonl(tmp_path / "groups.jsonl", groups(16))
-    r = runner("train", groups_file, "--model", tiny_bert, "-o", tmp_path / "m", "--guard-fraction", 0.7)
-    assert r.exit_code == 2 and "--guard-fraction" in r.stderr
+    r = runner("train", groups_file, "--model", tiny_bert, "-o", tmp_path / "m", "--guard-shards", 1)
+    assert r.exit_code == 2 and "--guard-shards" in r.stderr
+    r = runner("train", groups_file, "--model", tiny_bert, "-o", tmp_path / "m", "--guard-shards", 3)
+    assert r.exit_code == 2 and "needs --corpus" in r.stderr
     assert not (tmp_path / "m").exists()

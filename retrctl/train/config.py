@@ -94,10 +94,10 @@ class TrainConfig:
                                   "plain multi-objective ablation.")
     ensemble_weights: str = _f("1,0.3,1", "w_dense,w_sparse,w_colbert of the ensemble score s_inter (BGE-M3).")
     head_loss_weights: str = _f("1,0.1,1", "λ_dense,λ_sparse,λ_colbert of each head's loss in the multi-head objective (BGE-M3).")
-    guard_fraction: float = _f(0.0, "Hold out the groups whose positive is this fraction of the corpus (a stable hash of the "
-                               "doc id) and keep the base model unless the trained one, or a weight interpolation of the "
-                               "two, beats it there beyond noise (retrctl/guard.py); 0 = off.")
-    guard_alphas: str = _f("0.5,1", "With --guard-fraction: weights α of the trained model in α·trained + (1-α)·base tried "
+    guard_shards: int = _f(0, "Hold out the groups whose positive is in shard 0 of N docs (as --shard-id 0 --shard-num N "
+                           "selects them) and keep the base model unless the trained one, or a weight interpolation of "
+                           "the two, beats it there beyond noise (retrctl/guard.py); 0 = off.")
+    guard_alphas: str = _f("0.5,1", "With --guard-shards: weights α of the trained model in α·trained + (1-α)·base tried "
                            "beside the base (WiSE-FT).")
     lora_r: int = _f(0, "LoRA rank (0 = full fine-tuning); adapters are merged on save.")
     lora_alpha: int = _f(32, "LoRA alpha.")
@@ -186,9 +186,9 @@ class TrainConfig:
         if not any(parse_floats(self.ensemble_weights, 3, "--ensemble-weights")):
             raise ValueError("--ensemble-weights: at least one weight must be positive")
         parse_floats(self.head_loss_weights, 3, "--head-loss-weights")
-        if not 0 <= self.guard_fraction <= 0.5:
-            raise ValueError(f"--guard-fraction must be in [0, 0.5], got {self.guard_fraction}")
-        if self.guard_fraction:
+        if self.guard_shards < 0 or self.guard_shards == 1:
+            raise ValueError(f"--guard-shards must be 0 (off) or at least 2, got {self.guard_shards}")
+        if self.guard_shards:
             parse_alphas(self.guard_alphas)
         if self.colbert_dim < 1:
             raise ValueError("--colbert-dim must be positive")
