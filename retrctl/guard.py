@@ -116,7 +116,7 @@ def describe(decision: dict) -> str:
         verdict = "kept the base model: no candidate beat it beyond the held-out set's noise"
     else:
         verdict = f"delivered α={decision['pick']:g} ({pick[MEASURE] - base[MEASURE]:+.4f} over the base)"
-    return (f"guard: {verdict}; held-out {MEASURE} over {decision['queries']} queries: {evidence}; "
+    return (f"{verdict}; held-out {MEASURE} over {decision['queries']} queries: {evidence}; "
             f"threshold p < {decision['threshold']:.3g}")
 
 
@@ -136,14 +136,14 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     enc = Encoder.load(model_dir, device="cpu")
     trained = {k: v.detach().clone() for k, v in enc.state_dict().items()}
     base_state = Encoder.load(base_model, device="cpu").state_dict()
-    log.info("guard: %d held-out queries, a pool of %d docs, candidates α = 0, %s",
+    log.info("%d held-out queries, a pool of %d docs, candidates α = 0, %s",
              len(queries), len(docs), ", ".join(f"{a:g}" for a in alphas))
     results = {}
     for a in [0.0, *alphas]:
         enc.load_state_dict(interpolate(base_state, trained, a))
         with torch.inference_mode():
             results[a] = score(enc, docs, queries, qrels, batch_size)
-        log.info("guard: α=%g %s %.4f", a, MEASURE, results[a].mean[MEASURE])
+        log.info("α=%g %s %.4f", a, MEASURE, results[a].mean[MEASURE])
     decision = decide(results, level)
     decision.update(alphas=alphas, pool_docs=len(docs), base_model=str(base_model))
     if decision["pick"] != 1.0:

@@ -120,7 +120,7 @@ def _guarded(groups, docs, cfg: TrainConfig):
     if not docs:
         raise UsageError("--guard-shards needs --corpus: held-out queries are searched among corpus documents")
     kept, dev = guard.hold_out(records.read(groups, "group") if isinstance(groups, (str, Path)) else groups, cfg.guard_shards)
-    log.info("guard: %d groups held out (positives in shard 0 of %d), %d trained on", len(dev), cfg.guard_shards, len(kept))
+    log.info("guard holds out %d groups (positives in shard 0 of %d), %d trained on", len(dev), cfg.guard_shards, len(kept))
     if len(dev) < 2:
         raise UsageError(f"--guard-shards {cfg.guard_shards}: {len(dev)} of the groups are held out, the guard needs at least 2 "
                          "(use fewer shards or more groups)")
