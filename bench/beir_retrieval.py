@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _run import ROOT, retrctl
+from _run import ROOT, machine, retrctl
 
 # (dataset, retriever) -> (target nDCG@10, where the target comes from)
 TARGETS = {
@@ -146,15 +144,6 @@ def _timed(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
-
-
-def machine() -> str:
-    cpu = platform.processor() or ""
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, python {platform.python_version()}"
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Benchmark: an exported model (ONNX fp32, ONNX int8) against retrctl's PyTorch fp32 encoder (issue 16).
+"""Benchmark: an exported model (ONNX fp32, ONNX int8) against retrctl's PyTorch fp32 encoder.
 
 One process, the same 1,000 SciFact docs and the same length-sorted batches for every variant (each encoder's
 ``encode``), rounds interleaved (torch, onnx, int8, torch, …) so a change of load on this shared box hits all
@@ -21,11 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from _run import subcorpus
+from _run import ndcg, nearest, subcorpus
 
-from retrctl import metrics, records
+from retrctl import records
 from retrctl.export.runtime import load_encoder
 from retrctl.models import Encoder
 from stages.export import export
@@ -46,12 +45,6 @@ def flops(enc: Encoder, texts: list[str], batch_size: int) -> float:
         b, n = width
         total += 2 * params * b * n + 4 * cfg.num_hidden_layers * b * n * n * cfg.hidden_size
     return total
-
-
-def ndcg(vectors_docs, vectors_queries, docs, qids, qrels) -> float:
-    sims = vectors_queries @ vectors_docs.T
-    run = {q: [(docs[j]["docid"], float(sims[i, j])) for j in np.argsort(-sims[i])[:100]] for i, q in enumerate(qids)}
-    return metrics.evaluate(run, qrels, ["nDCG@10"]).mean["nDCG@10"]
 
 
 def main():
@@ -93,7 +86,8 @@ def main():
     for name, e in encs.items():
         qv = e.encode([queries[q] for q in qids], "query", batch_size=args.batch_size)
         cos = (vecs[name] * vecs["torch fp32"]).sum(1)
-        rows.append((name, best[name], sizes[name], float(cos.mean()), float(cos.min()), ndcg(vecs[name], qv, docs, qids, qrels)))
+        rows.append((name, best[name], sizes[name], float(cos.mean()), float(cos.min()),
+                     ndcg(nearest(qv, vecs[name], qids, [d["docid"] for d in docs]), qrels)))
     base = rows[0]
     print(f"{args.model}: torch threads {torch.get_num_threads()}, onnxruntime default intra-op threads; {len(texts)} docs, batch {args.batch_size}, "
           f"{work / 1e9:.0f} GFLOP per pass (estimate)\n")

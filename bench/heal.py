@@ -1,6 +1,5 @@
-"""Benchmark: pruned SmolLM2-135M retrievers before and after the same short training as the unpruned model
-(issue 14's table): EffiR/ShortGPT dropping and Sheared-LLaMA's target shape, as a bidirectional mean-pooled
-retriever.
+"""Benchmark: pruned SmolLM2-135M retrievers before and after the same short training as the unpruned model:
+EffiR/ShortGPT dropping and Sheared-LLaMA's target shape, as a bidirectional mean-pooled retriever.
 
 1. For each setting, `retrctl prune smollm2 …` as the README runs it: the coarse settings on importance from
    `--calibration-size` SciFact corpus passages (computed by the first, reused by the others with `--scores`);

@@ -1,4 +1,4 @@
-"""Benchmark: `retrctl index --model DIST` against sentence-transformers + faiss on the same docs (issue 16).
+"""Benchmark: `retrctl index --model DIST` against sentence-transformers + faiss on the same docs.
 
 The peer: ``SentenceTransformer(DIST).encode(texts, batch_size=32, normalize_embeddings=True)`` into a faiss
 ``IndexFlatIP`` (what a user writes by hand). retrctl: ``retrctl index DOCS --model M -o IDX`` for M = DIST (torch),

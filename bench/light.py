@@ -1,5 +1,5 @@
 """Benchmark: LightRetriever's token-lookup query encoder after training, against the full query encoder trained
-in the same run, on one corpus index (issue 15).
+in the same run, on one corpus index.
 
 `retrctl train --query-encoder token-lookup --heads dense,sparse` trains one document encoder, two query encoders
 (full and token lookup, KL-tied) and the SPLADE head; `retrctl index` builds one corpus index holding both heads;
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from _run import DATA, ROOT, retrctl
+from _run import DATA, ROOT, ndcg, retrctl
 from train_quality import slice_beir, train, train_groups
 
 # bench/train_quality.py's smollm2 task: DRAMA's setting, GradCache (its memory note) in chunks of 16
@@ -35,11 +35,6 @@ SMOLLM2 = "--pooling mean --bidirectional --grad-cache --chunk-size 16"
 # LightRetriever encodes each query token under its instruction: SmolLM2's tokenizer adds no BOS, so without one a
 # token sees only itself (retrctl train refuses that); the instruction as E5-Mistral/LightRetriever word it for SciFact
 SMOLLM2_PROMPT = "Instruct: Given a scientific claim, retrieve documents that support or refute the claim\nQuery: "
-
-
-def ndcg(run: Path, data: Path) -> float:
-    _, out, _ = retrctl("eval", run, "--qrels", data, "--json", "-m", "nDCG@10", "--quiet")
-    return json.loads(out.splitlines()[0])["nDCG@10"]
 
 
 def top10(run: Path) -> dict[str, list[str]]:

@@ -1,4 +1,4 @@
-"""Benchmark: BGE-M3's three heads on one MiniLM backbone, with and without self-knowledge distillation (issue 17).
+"""Benchmark: BGE-M3's three heads on one MiniLM backbone, with and without self-knowledge distillation.
 
 Three trainings of all-MiniLM-L6-v2 on the same groups (SciFact train queries with judged positives + crop
 pseudo-queries of SciFact docs, BM25-mined negatives; 3 epochs of 32 groups, τ 0.05, lr 2e-5, query/passage caps
@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _run import DATA, ROOT, retrctl
+from _run import DATA, ROOT, retrctl, run_measured
 from light import recipe_options
 from train_quality import crop_groups, slice_beir, train_groups
 
@@ -56,12 +54,8 @@ def train_measured(groups: Path, out: Path, extra: list, a) -> tuple[float, floa
             "--lr", a.lr, "--temperature", a.temperature, "--query-max-len", a.query_max_len,
             "--passage-max-len", a.passage_max_len, "--logging-steps", 10, "--overwrite", *extra]
     print("$ retrctl " + " ".join(map(str, argv[3:])), file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([str(x) for x in argv])
-    _, status, usage = os.wait4(proc.pid, 0)
-    if status:
-        sys.exit(f"training failed ({status}): {' '.join(map(str, argv))}")
-    return time.perf_counter() - t0, usage.ru_maxrss / 2**20
+    ran = run_measured(argv, stdout=None, stderr=None, what="training")
+    return ran.seconds, ran.peak_bytes / 2**30
 
 
 def search(idx: Path, queries: Path, run: Path, flags: list, extra: list) -> None:

@@ -22,13 +22,11 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from _run import DATA, ROOT
+from _run import DATA, ROOT, run_measured
 
 DATA = Path(os.environ.get("RETRCTL_DATA", DATA))  # a copy of the checkout elsewhere still finds ../shared/data
 
@@ -93,29 +91,17 @@ def run(case, groups: Path, work: Path) -> dict:
         args += ["--chunk-size", str(chunk)]
     if model == "smollm2":
         args += ["--pooling", "mean", "--bidirectional"]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    _, status, usage = os.wait4(proc.pid, 0)
-    err = proc.stderr.read()
-    if status != 0:
-        sys.exit(f"failed ({status}): {' '.join(args)}\n{err[-3000:]}")
+    ran = run_measured(args, stdout=None, env={**os.environ, "PYTHONPATH": str(ROOT)})
     plan = json.loads((out / "train_config.json").read_text())["plan"]
-    return {"plan": plan, "measured": usage.ru_maxrss * 1024, "seconds": time.perf_counter() - t0}
+    return {"plan": plan, "measured": ran.peak_bytes, "seconds": ran.seconds}
 
 
 def run_encode(case) -> dict:
     model, batch, length = case
     args = [sys.executable, "-c", ENCODE_CHILD, model, str(batch), str(length), str(DATA / "scifact" / "corpus.jsonl")]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    _, status, usage = os.wait4(proc.pid, 0)
-    out, err = proc.stdout.read(), proc.stderr.read()
-    if status != 0:
-        sys.exit(f"failed ({status}): encode {case}\n{err[-3000:]}")
-    r = json.loads(out.strip().splitlines()[-1])
-    return {**r, "estimate": r["held"] + r["batch"] * r["per_text"], "measured": usage.ru_maxrss * 1024,
-            "seconds": time.perf_counter() - t0}
+    ran = run_measured(args, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, what=f"encode {case}")
+    r = json.loads(ran.stdout.strip().splitlines()[-1])
+    return {**r, "estimate": r["held"] + r["batch"] * r["per_text"], "measured": ran.peak_bytes, "seconds": ran.seconds}
 
 
 def main() -> None:

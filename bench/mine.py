@@ -26,13 +26,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _run import ROOT  # also puts the checkout on sys.path
+from _run import ROOT, machine  # also puts the checkout on sys.path
 
 from retrctl import metrics, records
 from retrctl.records import passage_text
@@ -174,7 +173,7 @@ def main():
     t0 = time.perf_counter()
     recall_rows, fn_rows, peer_rows, n = run(args)
     out = [f"## mine on SciFact train ({n} queries, qrels/train.tsv held out unless stated)", "",
-           f"machine: {platform.machine()} {os.cpu_count()} CPUs, {platform.platform()}; total {time.perf_counter() - t0:.1f} s", "",
+           f"machine: {machine()}; total {time.perf_counter() - t0:.1f} s", "",
            "### Recall of judged positives among mined positives (positives = ranks 1..m, no qrels given)", "",
            "| retriever | m | R@m (ir_measures) | precision of mined positives | positives/group |", "|---|---|---|---|---|"]
     out += [f"| {r} | {m} | {rec:.3f} | {p:.3f} | {pg:.1f} |" for r, m, rec, p, pg in recall_rows]

@@ -1,4 +1,4 @@
-"""Benchmark: EffiR layer dropping on SmolLM2-135M as a bidirectional mean-pooled retriever (issue 14).
+"""Benchmark: EffiR layer dropping on SmolLM2-135M as a bidirectional mean-pooled retriever.
 
 1. The importance table: 1 − cos(x_in, x_out) of each attention and MLP sub-layer (and ShortGPT's block
    influence) on `--calibration-size` SciFact corpus passages (picked as `retrctl prune` picks them: stable hash of
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import platform
 import statistics
 import sys
 import time
@@ -34,16 +33,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _run import DATA, subcorpus
+from _run import DATA, encode_and_search, machine, ndcg, subcorpus
 
-from retrctl import metrics, records
+from retrctl import records
 from retrctl.models import Encoder
 from retrctl.prune import importance, surgery
 from stages.prune import calibration_texts
 
 SETTINGS = {"unpruned": {}, "drop-mlp-8": {"drop_mlp": 8}, "drop-mlp-15": {"drop_mlp": 15}, "drop-layers-10": {"drop_layers": 10}}
 DEFAULT = ",".join(SETTINGS)
-# beyond the issue's table: where ~2x encode speed is
+# beyond the default table: where ~2x encode speed is
 SETTINGS |= {"drop-layers-15": {"drop_layers": 15}, "target-params-0.5": {"target_params": 0.5},
              "drop-mlp-15+layers-5": {"drop_mlp": 15, "drop_layers": 5}}
 
@@ -85,15 +84,6 @@ def throughput(models: dict, texts: list[str], rounds: int, batch_size: int) -> 
                 times[name][1].append(time.process_time() - c0)
                 say(f"round {r + 1}: {name} wall {times[name][0][-1]:.1f}s cpu {times[name][1][-1]:.1f}s")
     return {k: (statistics.median(w), statistics.median(c)) for k, (w, c) in times.items()}
-
-
-def ndcg(e: Encoder, docs, queries, qrels, batch_size: int) -> float:
-    dv = e.encode([records.passage_text(d) for d in docs], batch_size=batch_size)
-    qids = list(queries)
-    qv = e.encode([queries[q] for q in qids], kind="query", batch_size=batch_size)
-    sims = qv @ dv.T
-    run = {q: [(docs[j]["docid"], float(sims[i, j])) for j in np.argsort(-sims[i])[:100]] for i, q in enumerate(qids)}
-    return metrics.evaluate(run, qrels, ["nDCG@10"]).mean["nDCG@10"]
 
 
 def main():
@@ -168,8 +158,7 @@ def importance_section(scores, args):
 
 def speed_table(speed, base, params, removed, args):
     print(f"## Params and encode throughput ({args.docs} SciFact docs at <= {args.max_length} tokens, batch {args.batch_size}, "
-          f"median of {args.rounds} interleaved rounds; {platform.processor() or platform.machine()}, "
-          f"{torch.get_num_threads()} torch threads, box shared with other jobs)\n")
+          f"median of {args.rounds} interleaved rounds; {machine()}, box shared with other jobs)\n")
     print("| model | removed | non-embedding params | docs/s (wall) | vs unpruned (wall) | docs per CPU-s | vs unpruned (CPU) |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for name, (wall, cpu) in speed.items():
@@ -188,7 +177,7 @@ def ndcg_table(models, wanted, args):
     for name in wanted:
         key = name + " (skipped)" if name + " (skipped)" in models else name  # same vectors as the zero form, sooner
         t0 = time.perf_counter()
-        score = ndcg(models[key], docs, queries, qrels, args.batch_size)
+        score = ndcg(encode_and_search(models[key], docs, queries, args.batch_size), qrels)
         print(f"| {name} | {score:.4f} | {time.perf_counter() - t0:.0f} |", flush=True)
 
 

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 from pathlib import Path
 
-from _run import ROOT, retrctl
+from _run import ROOT, machine, retrctl
 
 
 def read_jsonl(path) -> list[dict]:
@@ -122,8 +120,7 @@ def main():
     crop = next((r for r in rows if r[0].startswith("crop")), None)
     print(f"qgen on {n_docs} docs of {Path(args.data).name} with {args.llm} (seed {args.seed}, {args.shots} shots from "
           f"train qrels); proxy = source doc in minilm top-10 over the whole corpus")
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared), Python "
-          f"{platform.python_version()}")
+    print(f"machine: {machine()} (shared)")
     if gen_rate and gen_rate[0]:
         print(f"generation: {gen_rate[0]:.2f} docs/s, {gen_rate[1]:.1f} generated tok/s (timed inside qgen, model load excluded)")
     print()

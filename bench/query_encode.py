@@ -1,4 +1,4 @@
-"""Benchmark: query encoding by token lookup vs the full query encoder of the same model (issue 15).
+"""Benchmark: query encoding by token lookup vs the full query encoder of the same model.
 
 The 300 SciFact test queries, text in → normalised vector out (tokenisation included), in one process: the
 full encoder (``Encoder.encode``, torch) and the token table (``TokenLookupEncoder.encode``: tokenize → look up →

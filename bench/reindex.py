@@ -1,4 +1,4 @@
-"""Reindex cost and readers during updates (issue 12): an incremental `retrctl index` vs a full rebuild.
+"""Reindex cost and readers during updates: an incremental `retrctl index` vs a full rebuild.
 
 For each method (dense with --model, and BM25):
 1. full build of corpus B (all docs) — timed with the encoder already loaded (model load excluded), and the
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import shutil
 import statistics
@@ -30,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _run import DATA, ROOT  # also puts the checkout on sys.path
+from _run import DATA, ROOT, machine  # also puts the checkout on sys.path
 
 from retrctl import records
 
@@ -226,7 +225,7 @@ def main() -> None:
     results = [run_method(m, docs_b, docs_a, queries, args, work) for m in args.methods.split(",") if m]
     total = time.time() - t0
 
-    print(f"\nmachine: {platform.machine()} {__import__('os').cpu_count()} CPUs; corpus {len(docs_b)} docs; "
+    print(f"\nmachine: {machine()}; corpus {len(docs_b)} docs; "
           f"{n_change} changed ({args.change:.0%}), {n_add_back} added, {n_gone} deleted; {len(queries)} queries, "
           f"top-{args.hits}; total {total:.0f} s\n")
     print("| method | full build s (model loaded) | reindex s (model loaded) | reindex / full | docs encoded | "

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
 from pathlib import Path
 
-from _run import ROOT, retrctl
+from _run import ROOT, machine, retrctl
 
 
 def main():
@@ -93,8 +91,7 @@ def main():
         if c["ran"] < len(test_ids):
             print(f"{name}: {len(test_ids) - c['ran']} queries resumed from the checkpoint; LLM calls, tokens and s/query "
                   f"are those of the {c['ran']} reranked by this run")
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared), Python "
-          f"{platform.python_version()}")
+    print(f"machine: {machine()} (shared)")
     print()
     print("| run | nDCG@10 | vs first stage | p (paired t) | LLM calls | prompt tok | gen tok | s/query (wall) | windows ok/repaired/failed |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")

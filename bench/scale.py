@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import re
 import subprocess
@@ -31,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _run import ROOT  # also puts the checkout on sys.path
+from _run import ROOT, machine, run_measured  # also puts the checkout on sys.path
 
 PEER = """
 import sys, bm25s, json
@@ -46,13 +44,8 @@ retriever.save(sys.argv[2])
 
 def child(cmd: list[str]) -> tuple[float, float]:
     """(seconds, peak RSS in MiB) of one child process."""
-    t = time.perf_counter()
-    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}")
-    return time.perf_counter() - t, usage.ru_maxrss / 1024
+    ran = run_measured(cmd, stdout=subprocess.DEVNULL, stderr=None)
+    return ran.seconds, ran.peak_bytes / 2**20
 
 
 def du(path: Path) -> float:
@@ -181,9 +174,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp:
         work = a.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), platform.processor())
         lines = [f"## Scale ({time.strftime('%Y-%m-%d')})", "",
-                 f"Machine: {cpu}, {os.cpu_count()} cores, faiss {faiss.__version__} ({faiss.omp_get_max_threads()} threads)", ""]
+                 f"Machine: {machine()}, faiss {faiss.__version__} ({faiss.omp_get_max_threads()} threads)", ""]
         if a.sizes:
             lines += ["BM25 (bm25s lucene k1=0.9 b=0.4, English stopwords), SciFact sentences resampled:", "",
                       *bm25_rows([int(s) for s in a.sizes.split(",")], work, a.peer_max), ""]

@@ -1,5 +1,5 @@
 """Benchmark: EffiR's self-slimming (`retrctl prune --slim-mlp`) on SmolLM2-135M as a bidirectional mean-pooled
-retriever (issue 14), against the unpruned model trained the same number of steps on the same groups.
+retriever, against the unpruned model trained the same number of steps on the same groups.
 
 1. Groups: SciFact train queries, judged positives, BM25-mined negatives (bench/train_quality.py's `train_groups`).
 2. `retrctl prune smollm2 --slim-mlp F --groups … --slim-steps S --heal-steps H` (the README command with this
@@ -23,8 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from _run import DATA, retrctl, subcorpus
-from prune import ndcg, throughput
+from _run import DATA, encode_and_search, ndcg, retrctl, subcorpus
+from prune import throughput
 from train_quality import train_groups
 
 from retrctl import records
@@ -97,7 +97,7 @@ def compare(models: dict, a) -> None:
     print("| model | non-embedding params | encode vs unpruned (wall) | vs unpruned (CPU) | nDCG@10 |")
     print("|---|---:|---:|---:|---:|")
     for name, e in models.items():
-        score = ndcg(e, docs, queries, qrels, 16)
+        score = ndcg(encode_and_search(e, docs, queries, 16), qrels)
         print(f"| {name} | {params[name] / 1e6:.1f}M ({params[name] / params[first]:.0%}) | "
               f"{speed[first][0] / speed[name][0]:.2f}× | {speed[first][1] / speed[name][1]:.2f}× | {score:.4f} |", flush=True)
 

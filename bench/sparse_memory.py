@@ -1,5 +1,5 @@
 """Benchmark: peak memory of the sparse head's projection, chunked over the vocabulary vs the textbook
-[batch, tokens, vocab] one (issue 15), forward and backward, each in a fresh child process (peak RSS over the
+[batch, tokens, vocab] one, forward and backward, each in a fresh child process (peak RSS over the
 process's own baseline after the model is loaded and the backbone has run without gradients), and the bytes autograd
 keeps for backward (``memory.probe``, what the training memory plan counts).
 
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
+
+from _run import peak_bytes  # also puts the checkout on sys.path
 
 
 def child(model: str, mode: str, batch: int, tokens: int, chunk: int) -> dict:
@@ -34,16 +35,16 @@ def child(model: str, mode: str, batch: int, tokens: int, chunk: int) -> dict:
         hidden = enc.model(**b).last_hidden_state
     hidden.requires_grad_()
     head = enc.sparse.naive if mode == "naive" else enc.sparse
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = peak_bytes()
     t = time.perf_counter()
     w = head(hidden, b["attention_mask"], b["input_ids"])
     w.sum().backward()
     seconds = time.perf_counter() - t
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = peak_bytes()
     del w
     hidden.grad = None  # what autograd keeps for backward (the training memory plan's measure), after the peak
     kept = memory.probe(lambda x: head(hidden, x["attention_mask"], x["input_ids"]), lambda n: b, enc, rows=batch) * batch
-    return {"mode": mode, "extra_mb": (peak - base) / 1024, "kept_mb": kept / 2**20, "seconds": seconds,
+    return {"mode": mode, "extra_mb": (peak - base) / 2**20, "kept_mb": kept / 2**20, "seconds": seconds,
             "shape": list(b["input_ids"].shape), "vocab": enc.sparse.vocab}
 
 

@@ -10,7 +10,7 @@ also prove the stages fit together:
 - smollm2: SmolLM2-135M with bidirectional attention and mean pooling (DRAMA's setting), trained on the same
   SciFact train groups plus `retrctl crop` pseudo-queries of the corpus (their source doc the positive, negatives
   mined by BM25), against the same model/pooling untrained (goal: at least double its nDCG@10), within the
-  45 min budget of the issue on the 2-core CPU (--smollm2-steps sets it).
+  45 min budget on the 2-core CPU (--smollm2-steps sets it).
 
 Scores: nDCG@10 by `retrctl eval` (ir_measures); ArguAna drops self-retrieval (BEIR convention).
 
@@ -22,15 +22,12 @@ Scores: nDCG@10 by `retrctl eval` (ir_measures); ArguAna drops self-retrieval (B
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import random
 import sys
 import time
 from pathlib import Path
 
-from _run import DATA, ROOT, retrctl
+from _run import DATA, ROOT, machine, ndcg, retrctl
 
 
 def slice_beir(data: Path, work: Path, max_docs: int | None, max_queries: int | None) -> Path:
@@ -53,13 +50,13 @@ def slice_beir(data: Path, work: Path, max_docs: int | None, max_queries: int | 
     return out
 
 
-def ndcg(model: str, data: Path, work: Path, tag: str, encoder: list, batch_size: int) -> float:
+def index_and_search(model: str, data: Path, work: Path, tag: str, encoder: list, batch_size: int) -> Path:
+    """`retrctl index` of ``data``'s corpus with ``model``, then `retrctl search` of its queries: the run file."""
     idx, run = work / f"idx-{tag}", work / f"run-{tag}.trec"
     retrctl("index", data, "--model", model, *encoder, "--batch-size", batch_size, "-o", idx, "--quiet", "--rebuild")
     extra = ["--remove-query"] if "arguana" in data.name else []
     retrctl("search", idx, data, "--hits", 100, *extra, "-o", run, "--quiet")
-    _, out, _ = retrctl("eval", run, "--qrels", data, "--json", "-m", "nDCG@10", "--quiet")
-    return json.loads(out.splitlines()[-1])["nDCG@10"]
+    return run
 
 
 def train_groups(a, work: Path) -> Path:
@@ -109,8 +106,8 @@ def task_minilm(a, work: Path) -> list[str]:
     enc = ["--passage-max-len", a.eval_max_len, "--query-max-len", a.eval_max_len]  # the same caps before and after
     rows = []
     for name, data, goal in (("SciFact test", scifact, "≥ 0.68"), ("ArguAna", arguana, "≥ untrained − 0.01")):
-        before = ndcg("minilm", data, work, f"{data.name}-base", enc, a.eval_batch)
-        after = ndcg(str(model), data, work, f"{data.name}-trained", enc, a.eval_batch)
+        before = ndcg(index_and_search("minilm", data, work, f"{data.name}-base", enc, a.eval_batch), data)
+        after = ndcg(index_and_search(str(model), data, work, f"{data.name}-trained", enc, a.eval_batch), data)
         rows.append(f"| minilm | {name} | {before:.4f} | {after:.4f} | {after - before:+.4f} | {goal} | {t_train / 60:.1f} |")
         print(rows[-1], file=sys.stderr, flush=True)
     return rows
@@ -129,8 +126,8 @@ def task_smollm2(a, work: Path) -> list[str]:
     t_train = train(a, both, "smollm2", model, [*enc, "--grad-cache", "--chunk-size", a.chunk_size], a.smollm2_steps,
                     a.smollm2_lr, a.smollm2_batch_size, a.group_size, a.smollm2_passage_max_len)
     caps = ["--passage-max-len", a.smollm2_eval_max_len, "--query-max-len", a.smollm2_eval_max_len]
-    before = ndcg("smollm2", scifact, work, "smollm2-base", [*enc, *caps], a.eval_batch)
-    after = ndcg(str(model), scifact, work, "smollm2-trained", caps, a.eval_batch)
+    before = ndcg(index_and_search("smollm2", scifact, work, "smollm2-base", [*enc, *caps], a.eval_batch), scifact)
+    after = ndcg(index_and_search(str(model), scifact, work, "smollm2-trained", caps, a.eval_batch), scifact)
     row = f"| smollm2 (bidirectional, mean) | SciFact test | {before:.4f} | {after:.4f} | {after / max(before, 1e-9):.2f}x | ≥ 2x | {t_train / 60:.1f} |"
     print(row, file=sys.stderr, flush=True)
     return [row]
@@ -178,7 +175,6 @@ def main() -> None:
         rows += task_minilm(a, work)
     if a.task in ("smollm2", "all"):
         rows += task_smollm2(a, work)
-    import torch
 
     settings = [f"group {a.group_size}, τ {a.temperature}"]
     if a.task in ("minilm", "all"):
@@ -188,7 +184,7 @@ def main() -> None:
         settings.append(f"smollm2 batch {a.smollm2_batch_size}, lr {a.smollm2_lr}, {a.smollm2_steps} steps, "
                         f"passage len {a.smollm2_passage_max_len}, eval max len {a.smollm2_eval_max_len}")
     lines = [f"## Training quality ({time.strftime('%Y-%m-%d')}{', --tiny: plumbing only' if a.tiny else ''})", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}. Train: {'; '.join(settings)}. "
+             f"Machine: {machine()}. Train: {'; '.join(settings)}. "
              f"Negatives mined by `retrctl mine --retriever {a.mine_retriever}`; minilm eval max len {a.eval_max_len}. "
              "Peer in the same run: the same model untrained.", "",
              "| model | eval | nDCG@10 untrained | nDCG@10 trained | Δ / ratio | goal | train min |", "|---|---|---|---|---|---|---|", *rows]

@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _run import ROOT  # also puts the checkout on sys.path
+from _run import ROOT, machine, peak_bytes  # also puts the checkout on sys.path
 
 DATA = ROOT.parent / "shared" / "data" / "scifact"
 
@@ -179,13 +176,11 @@ def memory_child(a) -> None:
     Encoder.load(a.model, device=a.device).encode(["warm up"])
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.max_memory_allocated()
-    else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    base = peak_bytes(a.device)
     peak = {}
 
     def on_step(step, m):
-        peak["v"] = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak["v"] = peak_bytes(a.device)
 
     with tempfile.TemporaryDirectory() as tmp:
         train(groups, corpus=corpus, output=Path(tmp) / "m", model=a.model, batch_size=a.batch_size, train_group_size=a.group_size,
@@ -208,13 +203,6 @@ def memory(a) -> list[str]:
             "| step | peak MiB | vs uncached |", "|---|---|---|",
             f"| uncached | {rows[False]:.0f} | 1.00 |",
             f"| --grad-cache --chunk-size {a.chunk_size} | {rows[True]:.0f} | {rows[True] / rows[False]:.2f} |"]
-
-
-def machine(device: str) -> str:
-    import torch
-
-    where = torch.cuda.get_device_name(0) if device.startswith("cuda") else f"{os.cpu_count()} CPU cores"
-    return f"{platform.machine()}, {where}, torch {torch.__version__} ({torch.get_num_threads()} threads)"
 
 
 def main() -> None:

@@ -8,16 +8,17 @@ Methods (per query; the queries fused are the union of the runs' queries):
 - ``rrf``: score(d) = Σ_i w_i / (k + rank_i(d)) (Cormack, Clarke & Büttcher 2009, "Reciprocal rank fusion
   outperforms Condorcet and individual rank learning methods", SIGIR). Ranks are 1-based, in trec_eval's
   order (score descending, ties by doc id descending: ``records.trec_order``), so the rank a list gives a doc
-  is the rank ``retrctl eval`` sees. k = 60 by default (the paper's; PEER 62: tools with k = 1 or 2 let one
-  list's top hit beat a doc every list ranks 3rd). Scores are not used, so ``norm`` does not apply.
+  is the rank ``retrctl eval`` sees. k = 60 by default (the paper's; with k = 1 or 2, as in
+  getzep/graphiti#1847, one list's top hit beats a doc every list ranks 3rd). Scores are not used, so
+  ``norm`` does not apply.
 - ``linear``: score(d) = Σ_i w_i · norm_i(s_i(d)), normalised per query over the list's own (depth-cut) hits,
-  then weighted, then summed (PEER 35: the order of operations is stated, normalise before weighting, as
+  then weighted, then summed (the order of operations matters, so it is fixed: normalise before weighting, as
   Pyserini's hybrid searcher and ranx do). Norms: ``minmax`` (s − min) / (max − min); ``zscore``
-  (s − mean) / std (population std); ``none`` the raw score (PEER 64: raw BM25 dwarfs cosine scores, so
+  (s − mean) / std (population std); ``none`` the raw score (raw BM25 dwarfs cosine scores, so
   ``minmax`` is the default). A list whose scores are all equal (one hit included) has no range: ``minmax``
-  maps its docs to 1.0 and ``zscore`` to 0.0, without dividing by zero (PEER 65).
+  maps its docs to 1.0 and ``zscore`` to 0.0, without dividing by zero.
 
-A doc missing from a list (explicit, PEER 63/65, ranx#32):
+A doc missing from a list (explicit, because each tool guesses differently: AmenRa/ranx#32):
 
 - ``rrf``: the list contributes nothing (no synthetic rank; sentence-transformers#3883 gave absent docs rank
   len(list) and buried a doc both lists found). As ranx's ``rrf`` (its comb_sum adds 0.0 for absent docs).
@@ -32,7 +33,7 @@ Weights default to 1 for every run (RRF as published; linear = CombSUM). ``depth
 is in trec_eval's order, so a fused run written and read back ranks the same.
 
 ranx (AmenRa/ranx) has these methods but compiles them with numba; a hand-written version over a few
-thousand docs per query is fast enough and keeps numba/llvmlite out of the install. tests/test_fusion.py
+thousand docs per query is fast enough and keeps numba/llvmlite out of the install. tests/test_fuse.py
 checks it against hand-computed cases.
 """
 

@@ -1,4 +1,4 @@
-"""Stable hashes and weight fingerprints, written once (issue 13: nine places spelled out the same blake2b recipe).
+"""Stable hashes and weight fingerprints, written once, so every caller derives the same value.
 
 Python's ``hash()`` is salted per process; these are not, so ids, shard assignments, seeds and cache keys are
 the same on any machine and in any run. Parts are joined with the unit separator (\\x1f) so ("ab", "c") and

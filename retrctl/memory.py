@@ -1,6 +1,6 @@
 """Memory: what this process may use, what one training step or one encoding batch costs, and the plan.
 
-On a CPU box an out-of-memory is a SIGKILL from the kernel, not an exception (PEER_LESSONS 26b): HF Trainer's
+On a CPU box an out-of-memory is a SIGKILL from the kernel, not an exception: HF Trainer's
 ``auto_find_batch_size`` halves the batch after an OOM *exception* and never sees a kill, and for a contrastive
 loss a smaller batch is a different objective. So everything here happens before step 1 (or batch 1):
 
@@ -17,6 +17,7 @@ loss a smaller batch is a different objective. So everything here happens before
   GradCache with chunk c (one chunk's graph alive), plus gradients and AdamW state (partitioned under ZeRO).
   ``ACTIVATION_FACTOR`` (what the allocator and backward temporaries add on top of the saved tensors) is
   calibrated against measured peak RSS: ``bench/memory.py`` prints estimate vs measurement (bench/RESULTS.md).
+  GradCache's cached outputs are sized by the run's head layout (``cached_outputs``).
 - ``plan_step``: plain steps when they fit with a margin, else GradCache with the largest chunk that fits (same
   loss and gradient, tests/test_train.py), else ``DoesNotFit`` naming the smallest setting that would fit.
 - ``encode_batch``: the largest inference batch (no graph kept) that fits, for index/mine/search and generation.
@@ -250,6 +251,12 @@ class StepCost:
     def cached(self, chunk: int) -> int:
         alive = max(min(chunk, self.queries) * self.per_query, min(chunk, self.passages) * self.per_passage)
         return self.state + self.embeddings + int(CACHED_FACTOR * alive)
+
+
+def cached_outputs(layout, queries: int, passages: int, world: int = 1) -> int:
+    """GradCache's cache for the global batch: each text's training output (as wide as its side of ``layout``, a
+    ``models.layout.TrainingLayout``) in fp32, three times (the outputs, their gradients, the gathered candidates)."""
+    return 3 * 4 * world * (queries * layout.query.width + passages * layout.passage.width)
 
 
 def optimizer_state(trainable: int, *, zero_stage: int | None = None, world: int = 1, bytes_per: int = 4) -> int:

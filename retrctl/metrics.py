@@ -2,7 +2,7 @@
 
 Nothing here computes a measure by hand and nothing here reads files: the stage reads runs and qrels
 (records.read_run / read_qrels) and passes dicts in. What retrctl owns is the set of queries a measure is
-averaged over and the checks that keep trec_eval's semantics intact (PEER_LESSONS 36-38):
+averaged over and the checks that keep trec_eval's semantics intact:
 
 - ranking within a query: score descending, ties by doc id descending (trec_eval's own order; pytrec_eval#56)
 - judged queries absent from a run score 0 and are counted (``trec_eval -c``; ir_measures#17)

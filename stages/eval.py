@@ -25,7 +25,7 @@ ignore-self, capped-recall and the test. ``--json``: one JSON object per run and
 first when several runs are given), ending with ``all`` rows as trec_eval -q does. Counts of evaluated,
 missing, ignored and skipped queries go to stderr.
 
-Weight sweep (PEER 35: the weight of a hybrid moves nDCG a lot): ``retrctl eval RUN_A RUN_B --qrels Q --sweep
+Weight sweep (the weight of a hybrid moves nDCG a lot): ``retrctl eval RUN_A RUN_B --qrels Q --sweep
 0:1:0.1 [--fusion rrf|linear] [--norm minmax] [--rrf-k 60] [--depth N]`` fuses the two runs at each grid point
 (weight w on RUN_A, 1 - w on RUN_B, as Pyserini's interpolation α·s1 + (1-α)·s2) with retrctl.fusion, as
 ``retrctl fuse --weights w,1-w`` would (its default 1000 hits per query), and prints one row per weight: ``w_a

@@ -17,7 +17,7 @@ anywhere: TREC, JSONL or Parquet, ``.gz``/``.zst``, read by ``records.read_run``
 
 A JSONL or Parquet run also carries ``run_scores`` in each row: the doc's raw score in each input run, in the
 runs' order (null where that run did not retrieve it), so a threshold can be set on what a retriever said
-rather than on a fused score that says little by itself (PEER 66: RRF scores sit in 0.014-0.017 whatever the fit).
+rather than on a fused score that says little by itself (RRF scores sit in 0.014-0.017 whatever the fit).
 
 A run written to a file gets ``<run>.manifest.json`` beside it: the input runs (and the run tag and index of
 each, from their own manifests when present) and the fusion settings, so the numbers can be re-derived.

@@ -31,7 +31,7 @@ keeps them); nothing is rewritten when nothing changed. Changing a setting that 
 (model or its settings, index type, BM25 settings) rebuilds from scratch, with a warning; `--rebuild` forces it
 (also the way out of a damaged index: a missing or truncated file is named, exit 2).
 
-Layout and what is atomic (retrctl.indexes.store; issue 12.4/12.5): IDX/versions/N/ are complete, immutable
+Layout and what is atomic (retrctl.indexes.store): IDX/versions/N/ are complete, immutable
 indexes; IDX/index.json is a pointer naming the current one (plus a copy of its manifest). An update writes
 versions/.N.tmp-PID, renames it to versions/N, then replaces the pointer with os.replace — the one atomic step.
 A searcher resolves the pointer once and reads only that version, so it gets the old or the new index, never a

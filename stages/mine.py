@@ -40,7 +40,7 @@ Judgments none of whose query ids is among the queries are the wrong file for th
 (nothing written) unless `--allow-empty`; some unknown query ids are a counted warning.
 
 Every judged positive of a query is written (not only the first, tevatron#107), so training can mask in-batch
-candidates that share an id or text with any of them (PEER_LESSONS 29).
+candidates that share an id or text with any of them.
 
 Output (`--output-format`): `tevatron` = the canonical group {query_id, query_text, positive_document_ids,
 negative_document_ids, positive_scores, negative_scores}; `tevatron-legacy` ({docid,title,text} passages);

@@ -27,7 +27,7 @@ The score is the mean raw log-prob of the query's tokens given the prompt, taken
 `--shard-id/--shard-num` each shard keeps its own top fraction. The consistency index is `--retriever` (an index
 dir over the whole corpus), or `bm25` / a model built over the docs of this run (of this shard, when sharded).
 
-Resumable (PEER 6): every generated query, with its score, is appended to `<output>.candidates.jsonl` as soon as
+Resumable: every generated query, with its score, is appended to `<output>.candidates.jsonl` as soon as
 its batch is done; a re-run with the same `-o` skips the docs found there and the output is rewritten atomically
 from all candidates. Re-running with other filter settings therefore regenerates nothing; other generation
 settings are refused (the checkpoint records them). Sampling is seeded per (seed, docid, i), so a document's query

@@ -25,16 +25,16 @@ arXiv:2502.18460, §3.1): after reranking a mined group, the top-1 is the positi
 Templates are tied to models (castorini/rank_llm#318: the wrong template made reranking worse than the first
 stage): ``MODEL_TEMPLATES`` maps a model name to its template; an unknown model gets the generic rank_llm
 template with a warning. With `--qrels`, nDCG@10 before and after is printed and a drop is warned about (a probe
-set, PEER 13).
+set).
 
-The permutation parser is total (PEER 12: rank_llm's receive_permutation and clean_ranking_response; FlashRank#33
-read `[11]` as `1`; llama_index#11092 raised on prose): `<think>` blocks are dropped, superscript, circled and
-full-width digits are mapped, bracketed ids are preferred over bare numbers, multi-digit ids are read whole,
-duplicates and out-of-range ids are dropped and missing ids appended in their input order; if nothing usable
+The permutation parser is total (castorini/rank_llm's receive_permutation and clean_ranking_response;
+FlashRank#33 read `[11]` as `1`; llama_index#11092 raised on prose): `<think>` blocks are dropped, superscript,
+circled and full-width digits are mapped, bracketed ids are preferred over bare numbers, multi-digit ids are read
+whole, duplicates and out-of-range ids are dropped and missing ids appended in their input order; if nothing usable
 remains (or anything raises) the window keeps its input order. Windows are counted as ok, repaired or failed, and
 the failure rate goes to stderr with LLM calls and tokens.
 
-Cost (PEER 15): the same window of every query in a batch goes to the LLM together; `--dry-run` prints the
+Cost: the same window of every query in a batch goes to the LLM together; `--dry-run` prints the
 number of windows, LLM calls and prompt tokens (a table on stderr; nothing on stdout) without loading weights.
 Resumable per query: finished queries are appended to `<output>.partial.jsonl` (with their window outcomes, so
 the totals of a resumed run cover every query) and skipped by a re-run; the output is written atomically and the

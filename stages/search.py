@@ -21,7 +21,7 @@ recorded in the manifest). The flag vocabulary is Pyserini's (`--hits`, `--batch
 | doc text in the output (for `rerank` in a pipe)  | `--with-text` (+ `--corpus`) | off   |
 
 A run written to a file gets `<run>.manifest.json` beside it: the index, its BM25 variant or encoder recipe and
-library versions, the search settings and the run tag (TREC runs have no header; PEER 39: BM25 numbers cannot be
+library versions, the search settings and the run tag (TREC runs have no header, and BM25 numbers cannot be
 re-derived without the variant).
 
 Multi-vector (BGE-M3, Chen et al. 2024, arXiv:2402.03216): when the searched heads include colbert, each query's
@@ -99,7 +99,7 @@ def default_tag(manifest: dict) -> str:
 
 
 def provenance(idx, index_dir: str, queries: str, tag: str, rows: int, settings: dict, overrides: dict) -> dict:
-    """The run's manifest (PEER 14, 39): which index version, its BM25 variant or encoder recipe, the search
+    """The run's manifest: which index version, its BM25 variant or encoder recipe, the search
     settings and library versions. Called once the run is written, so the encoder's truncation count is final."""
     if idx.encoder is not None:
         idx.encoder.report_truncation()

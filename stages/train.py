@@ -30,8 +30,8 @@ nDCG@10 0.69 from all-MiniLM's 0.645 on 809 queries in bench/RESULTS.md; τ 0.02
 only 0.675 and needed 4× the memory per step. 3 epochs is HF TrainingArguments' default; τ≈0.05 is what E5 and
 sentence-transformers use for small encoders.
 
-Deviations and additions, each because a peer tool went wrong there (PEER_LESSONS 20-29):
-- Memory is planned before step 1 (PEER_LESSONS 26b: on a CPU an out-of-memory is a SIGKILL, which HF's
+Deviations and additions, each because a peer tool went wrong there:
+- Memory is planned before step 1 (on a CPU an out-of-memory is a SIGKILL, which HF's
   ``auto_find_batch_size`` cannot see, and a smaller batch would change a contrastive objective). ``memory.py``
   measures what one text at the max length keeps for backward, reads what is free (cgroup, MemAvailable,
   ``torch.cuda.mem_get_info``, a per-process share under torchrun; ``--max-memory`` caps it) and picks plain
@@ -53,7 +53,7 @@ Deviations and additions, each because a peer tool went wrong there (PEER_LESSON
 - Groups stream from a file or stdin; stdin is held in memory (ids and query text only), never written to disk,
   so epochs and the step count are known. ``--resume`` restores model, optimizer, scheduler, RNG and position.
 
-Nothing lost, nothing executed (issue 12); each refusal exits 2 with one line (the first three before any model
+Nothing lost, nothing executed; each refusal exits 2 with one line (the first three before any model
 is loaded) and leaves every file as it was:
 - ``-o DIR`` must be new, empty, or a retrctl model (``retrctl.json`` and only the files a saved model holds);
   a model is replaced only with ``--overwrite``, and a directory with anything else in it never is.

@@ -1,4 +1,4 @@
-"""retrctl export (issue 16): every artifact reproduces retrctl's PyTorch encoder, or nothing is written.
+"""retrctl export: every artifact reproduces retrctl's PyTorch encoder, or nothing is written.
 
 Tiny random models (conftest) test plumbing: parity bounds are the export's own (st 1e-5 max abs diff, ONNX fp32
 1e-4, int8 mean cosine ≥ 0.99). The int8 bound holds on tiny_bert because its random weights are small and

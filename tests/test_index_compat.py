@@ -1,6 +1,6 @@
 """Indexes written by an earlier retrctl (tests/fixtures/compat, written at f32c50e: the versioned layout) open,
 search to the run that retrctl wrote from them, and update in place. The flat layout before versions is covered
-by test_index_safety.py."""
+by test_index_store.py."""
 
 import json
 import shutil

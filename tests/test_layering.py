@@ -1,4 +1,4 @@
-"""The layering ARCHITECTURE.md describes (issue 13), checked: no import circle in the core, no core module importing
+"""The layering ARCHITECTURE.md describes, checked: no import circle in the core, no core module importing
 a stage, stages independent of each other, and no core module longer than a newcomer reads in one sitting.
 
 The import rules are import-linter contracts (pyproject.toml, ``[tool.importlinter]``; `lint-imports`, also run by

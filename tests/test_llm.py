@@ -233,3 +233,20 @@ def test_checkpoint_resumes_drops_torn_line_and_refuses_other_settings(tmp_path)
     assert [json.loads(x) for x in path.read_text().splitlines()][1:] == [{"id": 1}, {"id": 2}, {"id": 3}]
     with pytest.raises(CheckpointMismatch, match="seed"):
         Checkpoint(path).resume({"seed": 2})
+
+
+def test_a_checkpoint_damaged_before_its_end_is_refused_and_kept(tmp_path):
+    from retrctl.llm import Checkpoint, CheckpointMismatch
+
+    path = tmp_path / "c.jsonl"
+    cp = Checkpoint(path)
+    cp.resume({"seed": 1})
+    cp.append([{"id": 1}, {"id": 2}, {"id": 3}])
+    cp.close()
+    damaged = path.read_bytes().replace(b'{"id": 2}', b'{"id": 2', 1)
+    path.write_bytes(damaged)
+    with pytest.raises(CheckpointMismatch, match=r"c.jsonl:3: damaged checkpoint line"):
+        Checkpoint(path).resume({"seed": 1})
+    assert path.read_bytes() == damaged  # rows after the damage are not thrown away
+    path.write_bytes(b'{"checkp')  # a header torn by a kill is still cut (nothing was done yet)
+    assert Checkpoint(path).resume({"seed": 1}) == [] and path.read_bytes() == b""

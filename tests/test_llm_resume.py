@@ -1,4 +1,4 @@
-"""The one resumable batch loop qgen and rerank run (retrctl.llm.resume.resumable, issue 13): input order whatever
+"""The one resumable batch loop qgen and rerank run (retrctl.llm.resume.resumable): input order whatever
 the checkpoint holds, only unfinished items reach the LLM, rows written twice collapse, an item with too few rows
 is redone; and through the CLI, an interrupted run resumed (with another batch size, or its input reordered)
 writes what an uninterrupted run writes."""

@@ -1,4 +1,4 @@
-"""BGE-M3's heads on one backbone (issue 17): the colbert (multi-vector) head, the lexical head, their saving and
+"""BGE-M3's heads on one backbone: the colbert (multi-vector) head, the lexical head, their saving and
 loading, and the self-distillation objective. Tiny random BERT and Llama; the real-model numbers are bench/m3.py's."""
 
 from __future__ import annotations

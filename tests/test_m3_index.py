@@ -1,4 +1,4 @@
-"""BGE-M3's index (issue 17): the colbert head's token vectors beside the dense and lexical heads in one index
+"""BGE-M3's index: the colbert head's token vectors beside the dense and lexical heads in one index
 (retrctl/indexes/heads.py, indexes/multivector.py) and the hybrid re-scoring search. Tiny random BERT; the
 real-model numbers are bench/m3.py's."""
 

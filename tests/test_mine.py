@@ -408,7 +408,7 @@ def test_scifact_train_bm25_never_mines_a_judged_positive():
 
 
 def test_qrels_matching_no_query_raise_after_the_last_query_unless_allow_empty():
-    """Issue 12.13: judgments for other queries used to give an empty groups file and exit 0."""
+    """Judgments for other queries are an error, not an empty groups file and exit 0."""
     corpus = {f"x{i}": {"title": "", "text": f"doc {i}"} for i in range(5)}
     run = RunRetriever({"q": [(f"x{i}", 5.0 - i) for i in range(5)]})
     queries = [{"query_id": "q", "query_text": "x"}]

@@ -1,4 +1,4 @@
-"""Models saved before retrctl/models.py became a package (issue 13) load and encode as they did: the fixtures
+"""Models saved by the retrctl whose models.py was one module load and encode as they did: the fixtures
 under tests/fixtures/compat were written by ``Encoder.save`` at commit f32c50e, with their embeddings
 (tests/fixtures/compat/make.py). Also: the package's interfaces (heads, sides, one forward pass)."""
 
@@ -86,7 +86,7 @@ def test_a_side_with_its_own_head_is_used_for_that_side(tiny_bert):
 
 # ---------------------------------------------------------------- settings declared once
 
-OLD_FLAGS = {  # the shared encoder flags as stage.py spelled them out before issue 13: (declaration, type, help)
+OLD_FLAGS = {  # the shared encoder flags as stage.py spelled them out by hand at f32c50e: (declaration, type, help)
     "pooling": ("--pooling", "choice(['mean', 'cls', 'eos', 'last'])", "Pooling (default: the model's own)."),
     "bidirectional": ("--bidirectional", "boolean", "Bidirectional attention for decoders (default: the model's own)."),
     "query_prompt": ("--query-prompt", "text", "Prefix for queries, e.g. 'query: '."),

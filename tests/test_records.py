@@ -401,11 +401,11 @@ def test_atomic_dir_swaps_only_on_success(tmp_path):
     assert (target / "a").read_text() == "3" and sorted(p.name for p in tmp_path.iterdir()) == ["idx"]
 
 
-# ---------------------------------------------------------------- issue 12: corrupt streams, whitespace ids, TSV qrels
+# ---------------------------------------------------------------- corrupt streams, whitespace ids, TSV qrels
 
 
 def test_gzip_corrupt_mid_stream_names_file_and_line(tmp_path):
-    """A damaged deflate block raises zlib.error (not OSError): it must still be a RecordError (issue 12.11)."""
+    """A damaged deflate block raises zlib.error (not OSError): it must still be a RecordError."""
     import zlib
 
     good = gzip.compress(_big_corpus_bytes(), mtime=0)
@@ -469,7 +469,7 @@ SPACEY = ["a b", "a\tb", "a\nb", "trail ", " lead", "nb\u00a0sp", "ideo\u3000sp"
     ],
 )
 def test_ids_with_whitespace_are_rejected_at_read_time(tmp_path, kind, row, field, bad):
-    """TREC runs/qrels (and trec_eval, Pyserini) split on whitespace: such an id cannot survive a run (issue 12.7)."""
+    """TREC runs/qrels (and trec_eval, Pyserini) split on whitespace: such an id cannot survive a run."""
     path = jsonl(tmp_path / "in.jsonl", [row("ok1"), row(bad)])
     with pytest.raises(RecordError) as e:
         if kind == "qrels":
@@ -514,7 +514,7 @@ def test_trec_writer_refuses_whitespace_ids_and_tags(tmp_path):
     ],
 )
 def test_tab_separated_qrels_split_on_tabs_only(tmp_path, text, message):
-    """BEIR TSV with a space in an id was read as 4-column TREC (query 'q'): issue 12.8."""
+    """BEIR TSV with a space in an id is BEIR TSV, not 4-column TREC (query 'q')."""
     path = tmp_path / "qrels.tsv"
     path.write_text(text)
     with pytest.raises(RecordError) as e:
@@ -534,7 +534,7 @@ def test_tab_separated_qrels_variants(tmp_path, text):
     assert records.read_qrels(path) == {"q1": {"d1": 1, "d2": 0}, "q2": {"d3": 2}}
 
 
-# ---------------------------------------------------------------- issue 12.3: an output never overwrites an input
+# ---------------------------------------------------------------- an output never overwrites an input
 
 
 def _clash(outputs, inputs, **kw) -> str:

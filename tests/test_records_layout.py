@@ -1,4 +1,4 @@
-"""The records package's layout (issue 13): every name callers use still comes from ``retrctl.records``, the
+"""The records package's layout: every name callers use still comes from ``retrctl.records``, the
 modules import one way only, each imports on its own, and none pulls a heavy library in at import time."""
 
 import ast

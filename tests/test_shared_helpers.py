@@ -1,5 +1,6 @@
-"""The helpers issue 13 made out of logic that was written several times in different words: one LO-HI range
-parser (mine --negative-range, rerank --negative-ranks), one pad-token fix, one id padder, one stdout guard."""
+"""Helpers written once for logic several stages need: one LO-HI range parser (mine --negative-range, rerank
+--negative-ranks), one pad-token fix, one id padder, one stdout guard; and the measures every benchmark shares
+(bench/_run.py: nDCG@10, exact search, a child's peak RSS, this process's high-water mark, the machine line)."""
 
 import pytest
 
@@ -76,3 +77,91 @@ def test_stdout_to_stderr_keeps_stdout_for_data(capsys):
     print("data")
     out, err = capsys.readouterr()
     assert out == "data\n" and err == "DeepSpeed banner\n"
+
+
+# ---------------------------------------------------------------- bench/_run.py: the measures every benchmark shares
+
+
+@pytest.fixture(scope="module")
+def bench_run():
+    """bench/_run.py, loaded from its path (bench/ is a folder of scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "_run.py"
+    spec = importlib.util.spec_from_file_location("bench_run", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _toy_vectors(n_docs=40, n_queries=6, dim=8, seed=0):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    docs = rng.normal(size=(n_docs, dim)).astype("float32")
+    queries = rng.normal(size=(n_queries, dim)).astype("float32")
+    docids, qids = [f"d{j}" for j in range(n_docs)], [f"q{i}" for i in range(n_queries)]
+    qrels = {q: {docids[(7 * i + k) % n_docs]: 1 + k % 2 for k in range(3)} for i, q in enumerate(qids)}
+    return docs, queries, docids, qids, qrels
+
+
+def test_bench_ndcg_of_nearest_equals_the_exact_search_the_benchmarks_spelled_out(bench_run):
+    """The run ``nearest`` builds and the nDCG@10 ``ndcg`` gives equal an exact top-100 dot-product search scored
+    by retrctl.metrics, written out here as export.py and prune.py each wrote it."""
+    import numpy as np
+
+    from retrctl import metrics
+
+    docs, queries, docids, qids, qrels = _toy_vectors()
+    sims = queries @ docs.T
+    by_hand = {q: [(docids[j], float(sims[i, j])) for j in np.argsort(-sims[i])[:100]] for i, q in enumerate(qids)}
+    run = bench_run.nearest(queries, docs, qids, docids)
+    assert run == by_hand
+    assert bench_run.ndcg(run, qrels) == metrics.evaluate(by_hand, qrels, ["nDCG@10"]).mean["nDCG@10"]
+    assert 0 < bench_run.ndcg(run, qrels) < 1
+
+
+def test_bench_ndcg_of_a_run_file_equals_the_in_memory_score(bench_run, tmp_path):
+    """A TREC run scored by `retrctl eval` (light.py's and train_quality.py's way) gives the in-memory number."""
+    from retrctl import records
+
+    docs, queries, docids, qids, qrels = _toy_vectors(seed=1)
+    run = bench_run.nearest(queries, docs, qids, docids)
+    run_file, qrels_file = tmp_path / "run.trec", tmp_path / "qrels.txt"
+    records.write_run(records.run_rows(run), run_file, tag="toy")
+    qrels_file.write_text("".join(f"{q} 0 {d} {g}\n" for q, judged in qrels.items() for d, g in judged.items()))
+    assert bench_run.ndcg(run_file, qrels_file) == pytest.approx(bench_run.ndcg(run, qrels), abs=1e-4)
+
+
+def test_bench_run_measured_reads_the_childs_own_peak(bench_run):
+    """A child that holds 200 MiB has a peak RSS of at least that, whatever this process holds; its stdout comes
+    back; a failing child ends the benchmark with its stderr."""
+    import sys
+
+    hold = "b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); print('ok')"
+    ran = bench_run.run_measured([sys.executable, "-c", hold])
+    assert ran.stdout.strip() == "ok" and ran.seconds > 0
+    assert ran.peak_bytes >= 200 * 2**20
+    with pytest.raises(SystemExit, match="boom"):
+        bench_run.run_measured([sys.executable, "-c", "import sys; sys.exit('boom')"])
+
+
+def test_bench_peak_bytes_is_this_processes_high_water_mark(bench_run):
+    import resource
+
+    before = bench_run.peak_bytes()
+    held = bytearray(64 * 2**20)
+    held[::4096] = b"x" * len(held[::4096])
+    after = bench_run.peak_bytes()
+    assert after >= before
+    assert after == resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    del held
+
+
+def test_bench_machine_names_cores_and_python(bench_run):
+    import os
+    import platform
+
+    line = bench_run.machine()
+    assert f"{os.cpu_count()} cores" in line and f"python {platform.python_version()}" in line

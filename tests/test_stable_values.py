@@ -1,7 +1,6 @@
-"""Values that live on disk or decide assignments, pinned with the code before the hashing/fingerprint helpers
-were shared (issue 13): ids of passages without one, content hashes (index/embedding caches), shard assignments,
-per-row and per-doc seeds, the LLM weight fingerprint (qgen/rerank manifests and checkpoints), the mine cache's
-weights entry and the GGUF conversion dir. A change here invalidates caches, checkpoints and shard splits."""
+"""Values that live on disk or decide assignments, pinned: ids of passages without one, content hashes
+(index/embedding caches), shard assignments, per-row and per-doc seeds, the LLM weight fingerprint (qgen/rerank
+manifests and checkpoints), the mine cache's weights entry and the GGUF conversion dir. A change here invalidates caches, checkpoints and shard splits."""
 
 import os
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""stage(): what the wrapper does for every stage (issue 13): writes="run" and "dir" write atomically (a failing
+"""stage(): what the wrapper does for every stage: writes="run" and "dir" write atomically (a failing
 body leaves the previous output as it was), the body receives its shard as arguments, an Output's manifest and
 checkpoints, None writes nothing, and a checkpoint made with other settings is a usage error."""
 

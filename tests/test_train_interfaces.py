@@ -1,5 +1,5 @@
 """Trainer's interfaces for stages that train an encoder they built (prune's healing) or distil from a model on
-the fly (LightRetriever's KL term), issue 13: an Encoder instance trains exactly as its saved name does, and an
+the fly (LightRetriever's KL term): an Encoder instance trains exactly as its saved name does, and an
 online teacher gives exactly the loss of the same scores stored in the groups. Old module paths still import."""
 
 import json
@@ -82,7 +82,7 @@ def test_training_has_one_forward_pass_the_encoders():
 
 
 def test_a_checkpoint_of_the_old_training_wrapper_loads_into_the_encoder(tiny_bert):
-    """Checkpoints written before issue 13 name the weights enc.<name> (a wrapper was trained): a resume reads them."""
+    """Checkpoints of earlier retrctl name the weights enc.<name> (it trained a wrapper): a resume reads them."""
     import torch
 
     from retrctl.train.checkpoint import legacy_keys

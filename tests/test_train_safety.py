@@ -1,4 +1,4 @@
-"""train loses no data and runs no code (issue 12): the -o refusals (a user's directory, a file, an existing model
+"""train loses no data and runs no code: the -o refusals (a user's directory, a file, an existing model
 without --overwrite), <output>.partial continued only with --resume, a resume refused when its data or settings
 differ from the checkpoint's, and a pickle planted as each checkpoint file a resume reads (plain torch and
 DeepSpeed) never runs. Every refusal leaves the user's files byte for byte as they were."""
@@ -416,7 +416,7 @@ def test_deepspeed_resume_is_exact_and_never_unpickles_code(no_dropout_bert, fil
 
 def test_resume_may_plan_memory_differently(crashed, tiny_bert, tmp_path, runner):
     """GradCache on or off, any chunk, another --max-memory: the same loss and gradient, so a resume on a busier
-    machine is not refused (issue 19's plan is not part of what a run computes)."""
+    machine is not refused (the memory plan is not part of what a run computes)."""
     corpus, groups = _copy(crashed, tmp_path)
     r = runner("train", groups, "--corpus", corpus, "--model", tiny_bert, "-o", tmp_path / "m", "--resume",
                *_flags({**RUN, "grad_cache": "on", "chunk_size": 2, "save_minutes": 5}), "--max-memory", "64GB")

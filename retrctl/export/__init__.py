@@ -1,7 +1,7 @@
-"""Shipping a retriever (issue 16): artifacts a stack without retrctl loads, each checked against the model.
+"""Shipping a retriever: artifacts a stack without retrctl loads, each checked against the model.
 
 - ``st``: the sentence-transformers dir (what ``Encoder.save`` writes, plus an identity ``Dense`` before
-  ``Normalize`` for ``--dim``, so stock ``SentenceTransformer`` truncates *then* renormalises; PEER_LESSONS 32)
+  ``Normalize`` for ``--dim``, so stock ``SentenceTransformer`` truncates *then* renormalises)
   and its parity check with stock ``SentenceTransformer``.
 - ``onnx``: ``torch.onnx.export`` (TorchScript exporter, opset 17) of backbone + pooling + truncation +
   normalisation in one graph, and onnxruntime's dynamic int8 quantisation (MatMul only, per channel).

@@ -6,7 +6,7 @@ the TorchScript exporter (``dynamo=False``, opset 17; the dynamo exporter needs 
 Llama mask code), dynamic batch and sequence axes; attention runs as "eager" while tracing (sdpa's mask paths do
 not trace to ONNX on every transformers release). Quantisation: onnxruntime's ``quantize_dynamic`` with MatMul
 only and per-channel weights; its defaults (Gather/embeddings too, per tensor) gave 0.96 mean cosine on MiniLM
-against 0.993 for this (issue 16). Keeping each block's FFN output projection in fp32 was tried and dropped: on
+against 0.993 for this. Keeping each block's FFN output projection in fp32 was tried and dropped: on
 MiniLM it raised the mean cosine to fp32 over 1,000 SciFact docs from 0.9950 to 0.9977 but cost speed (1.82× →
 1.41× torch) and did not improve nDCG@10 there (−0.0072 → −0.0122 against torch; bench/RESULTS.md).
 """

@@ -3,7 +3,7 @@
 ``Encoder.save`` already writes a stock-loadable layout (modules.json, 1_Pooling, 2_Normalize, prompts, max
 length, retrctl.json). With Matryoshka ``dims`` an identity ``Dense`` (hidden → dims, no bias, Identity
 activation) goes between pooling and ``Normalize``: stock ``SentenceTransformer`` applies ``truncate_dim`` only
-after its modules, i.e. after normalising, so vectors would come out short of unit norm (PEER_LESSONS 32); with
+after its modules, i.e. after normalising, so vectors would come out short of unit norm; with
 the Dense module it truncates and then renormalises, as retrctl does, and ``truncate_dim`` is a no-op.
 """
 

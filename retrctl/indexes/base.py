@@ -15,7 +15,7 @@ re-processes changed ones, leaves unchanged ones alone and (with ``delete=True``
 longer in the stream — the incremental update peers lack (pyserini#1964, faiss#3339).
 
 A missing, truncated or corrupt file of a version is reported as one ``RecordError`` naming the file and the
-way out (``--rebuild``), never as a bare library exception (issue 12.12).
+way out (``--rebuild``), never as a bare library exception.
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ Layout of an index directory IDX::
     IDX/index.lock          the writer lock (fcntl.flock) with the holder's pid
 
 A reader resolves the pointer once (``resolve``: one read of IDX/index.json) and reads only from that version
-directory, so an update running at the same time can never mix two versions into one reader (issue 12.4: the old
-swap was two renames with a gap, and readers opened files by path). A writer builds ``versions/.N.tmp-<pid>``,
+directory, so an update running at the same time can never mix two versions into one reader (one that
+opened files by path across two renames could). A writer builds ``versions/.N.tmp-<pid>``,
 renames it to ``versions/N`` and then replaces the pointer: the pointer switch is the one atomic step, and a kill
-at any point leaves the previous version current and searchable (12.5). Leftovers of dead writers (temp versions,
+at any point leaves the previous version current and searchable. Leftovers of dead writers (temp versions,
 versions written but never published, the old swap's ``.IDX.tmp-<pid>``/``.IDX.old-<pid>`` siblings) are swept
 by the next writer.
 

@@ -1,4 +1,4 @@
-"""The one model loader and encoder, as a package (issue 13):
+"""The one model loader and encoder:
 
 - ``config``: ``EncoderConfig`` and the load options, each setting declared once (flags derive from it); no torch.
 - ``loading``: shipped names, GGUF conversion, sentence-transformers dirs (read and write), ``resolve``, the cache dir.
@@ -7,8 +7,8 @@
 - ``sparse``: ``SparseHead`` (SPLADE term weights through the input embeddings) and token-count queries.
 - ``encoder``: ``Encoder`` (a query side and a passage side over one backbone) and its ``forward``/``encode``/``save``.
 
-Every name that was importable from the former ``retrctl/models.py`` still is, from here; names are loaded on
-first use, so importing the package (the CLI building its flags) does not import torch.
+Callers import every name from ``retrctl.models`` (models saved by any retrctl load through it); names are
+loaded on first use, so importing the package (the CLI building its flags) does not import torch.
 """
 
 from __future__ import annotations

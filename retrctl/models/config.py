@@ -1,5 +1,5 @@
-"""Encoder settings, declared once (issue 13: they were listed in five places). No torch here: the CLI builds its
-flags from this module and ``retrctl --help`` must not import torch.
+"""Encoder settings, declared once: flags, TrainConfig and saved models derive from here. No torch here: the
+CLI builds its flags from this module and ``retrctl --help`` must not import torch.
 
 ``EncoderConfig`` is what a saved model records (``retrctl.json``, exactly its fields, in this order). Each field's
 metadata says what the rest of the tree derives from it:

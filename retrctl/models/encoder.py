@@ -9,7 +9,8 @@ Each side (``enc.sides["query"]``, ``enc.sides["passage"]``) has its own prompt,
 both share the backbone and one head, and the sides differ only in prompt and length (as today's models do). A
 side with its own head (e.g. LightRetriever's token-lookup query encoder) plugs in there. ``forward`` is the one
 forward pass, backbone → head, used by ``encode`` and by training (``raw=True``: the head's output before
-``finish``), so training and inference cannot drift.
+``finish``; with a ``TrainingLayout``, every trained head's raw output side by side), so training and inference
+cannot drift. An ``Encoder`` holds no training state: what a run trains is its layout (models/layout.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from retrctl.models import backbone, loading, skipping
 from retrctl.models.config import DTYPES, EncoderConfig
 from retrctl.models.heads import DenseHead, Head
+from retrctl.models.layout import HeadLayout, TrainingLayout
 
 log = logging.getLogger("retrctl.models")
 
@@ -54,11 +56,8 @@ class Encoder(torch.nn.Module):
         self.truncated = self._tok.truncated
         self.head = head or DenseHead(config, tokenizer.cls_token_id)
         self.sides = {"query": Side(self, "query", self.head), "passage": Side(self, "passage", self.head)}
-        self.joint_lookup = False  # training LightRetriever's token-lookup query encoder beside the full one
         self.sparse = None  # a SparseHead (models/sparse.py) beside the dense one, when the model has or trains one
-        self.train_sparse = False  # training: raw outputs carry the sparse weights after the dense vector
         self.colbert = None  # a ColbertHead (models/colbert.py): BGE-M3's multi-vector head, beside the dense one
-        self.train_colbert = False  # training: raw outputs end with the [cap × dim] token block
         self.set_bidirectional(config.bidirectional)
 
     # -- construction
@@ -146,28 +145,40 @@ class Encoder(torch.nn.Module):
 
     # -- forward / encode
 
-    def forward(self, batch: dict, kind: str | None = None, raw: bool = False):
+    def forward(self, batch: dict, kind: str | None = None, raw: bool = False, layout: TrainingLayout | None = None):
         """One forward pass, backbone → the side's head, with gradients. ``kind`` defaults to the side the batch
         was tokenized for (passage for a plain dict). ``raw``: the head's output as the training loss takes it
-        (DenseHead: pooled, not yet truncated or normalized); else as ``encode`` returns it."""
+        (DenseHead: pooled, not yet truncated or normalized); else as ``encode`` returns it. ``layout``
+        (training): every part the side's layout names (models/layout.py), side by side in one tensor."""
         kind = kind or getattr(batch, "kind", "passage")
         head = self.sides[kind].head
         batch = {k: v.to(self.device) for k, v in batch.items()}
         hidden = backbone.hidden_states(self.model, batch)
         out = head(hidden, batch["attention_mask"], batch["input_ids"])
-        if self.joint_lookup and kind == "query" and raw:
-            # [full | token-lookup] side by side: GradCache caches and splits them like one vector (models/lookup.py)
-            from retrctl.models import lookup
-
-            out = torch.cat([out, lookup.lookup_forward(self, batch)], dim=-1)
-        if self.train_sparse and raw and (kind == "passage" or self.sparse.query == "encoder"):
-            # [dense | sparse term weights]: one vector to GradCache, split again by the loss (losses.sparse_loss)
-            out = torch.cat([out, self.sparse(hidden, batch["attention_mask"], batch["input_ids"])], dim=-1)
-        if self.train_colbert and raw:
-            # [… | colbert tokens, cap × dim]: fixed width per side, so GradCache's chunks concatenate (losses.m3_loss)
-            tokens = self.colbert(hidden, batch["attention_mask"], batch["input_ids"])
-            out = torch.cat([out, self.colbert.block(tokens, self.config.max_len(kind))], dim=-1)
+        if layout is not None:
+            side = layout.side(kind)
+            return side.join(self.training_parts(side, out, hidden, batch))
         return out if raw else head.finish(out)
+
+    def training_parts(self, layout: HeadLayout, dense: torch.Tensor, hidden: torch.Tensor, batch: dict) -> dict:
+        """The raw output of each head ``layout`` names, in its order (the token-lookup part runs the backbone
+        again, masked: models/lookup.py), from the side's ``dense`` output and the backbone's ``hidden`` states."""
+        mask, ids = batch["attention_mask"], batch["input_ids"]
+        parts = {}
+        for part in layout.parts:
+            if part.name == "dense":
+                parts["dense"] = dense
+            elif part.name == "lookup":
+                from retrctl.models import lookup
+
+                parts["lookup"] = lookup.lookup_forward(self, batch)
+            elif part.name == "sparse":
+                parts["sparse"] = self.sparse(hidden, mask, ids)
+            elif part.name == "colbert":
+                parts["colbert"] = self.colbert.block(self.colbert(hidden, mask, ids), part.shape[0])
+            else:
+                raise ValueError(f"the encoder computes no training part {part.name!r}")
+        return parts
 
     def encode_sparse(self, texts: list[str], kind: str = "passage", batch_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
         """Sparse rows (term ids [N, k] int32, weights [N, k] float32, zero-padded) from the sparse head; queries

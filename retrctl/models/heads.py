@@ -5,7 +5,7 @@ states, the attention mask and the token ids (``forward``: the form the training
 returns (``finish``), scores finished query outputs against finished passage outputs (``similarity``), and saves
 and reads its own sub-folders of a saved model (``save`` / ``read_settings``) without breaking stock
 sentence-transformers loading. Training and encoding both run ``backbone → head.forward`` (``Encoder.forward``),
-so the two cannot drift (issue 13: they were written twice).
+so the two cannot drift.
 
 ``DenseHead``: a pooled vector (cls/mean/eos/last), optionally truncated to its first
 ``dims`` (Matryoshka) and L2-normalized. Pooling finds the first/last real token from the attention mask, so it is

@@ -4,7 +4,7 @@ The dir is what ``Encoder.save`` writes (Hugging Face weights and config, tokeni
 ``modules.json``/pooling, ``retrctl.json``) plus:
 - ``prune.json``: source model, method, every sub-layer's importance score, the masks (1 = kept, per source
   block), what was removed, non-embedding parameter counts before/after, the calibration data's hash. It is also
-  the ``--scores`` input of a later ``retrctl prune`` that prunes differently without recomputing (PEER 19).
+  the ``--scores`` input of a later ``retrctl prune`` that prunes differently without recomputing.
 - ``importance.png``: attention vs MLP importance per block, and each block's MLP width after self-slimming
   (matplotlib, headless Agg).
 - ``slim_gates.npz`` (self-slimming): every MLP neuron's trained gate value, per block.
@@ -13,7 +13,7 @@ The dir is what ``Encoder.save`` writes (Hugging Face weights and config, tokeni
 - ``README.md``: a model card saying what was removed, from what, and how to load it.
 
 ``verify`` reloads the written dir with stock ``AutoModel.from_pretrained`` (no retrctl code, no remote code) and
-compares hidden states with the in-memory pruned model before the dir is swapped into place (PEER 16, 18).
+compares hidden states with the in-memory pruned model before the dir is swapped into place.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Whole blocks (``--drop-layers``, ShortGPT) are taken out of ``model.layers``: the result is a uniform model, a
 stock config with a smaller ``num_hidden_layers`` (and ``layer_types`` cut to match), and each attention
 module's ``layer_idx`` renumbered 0..n-1. Without the renumbering the KV cache is indexed past its end on any
-forward with the cache on (transformers#28462, ShortGPT#8); ``num_hidden_layers`` must change before a reload
-(PEER_LESSONS 16).
+forward with the cache on (transformers#28462, ShortGPT#8); ``num_hidden_layers`` must change before a reload,
+or a stock reload builds the removed blocks again with random weights.
 
 Single sub-layers (``--drop-mlp``, ``--drop-attn``: an MLP removed in some blocks only) make a non-uniform model,
 which no stock transformers config expresses for Llama blocks (checked in transformers 5.23):

@@ -1,8 +1,8 @@
 """Provenance: the versions of retrctl and the libraries that shape its outputs, and the manifest beside an output.
 
 Index and model directories carry their own manifest; a run or query file (TREC and JSONL have no header) gets
-``<output>.manifest.json`` beside it (PEER 14, 39: scores drifted with library versions and BM25 variants,
-and nothing beside the run said which made it).
+``<output>.manifest.json`` beside it: scores move with library versions and BM25 variants, and a run
+file alone cannot say which made it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from retrctl.records.containers import atomic_path
 
 
 def versions() -> dict:
-    """Installed versions of retrctl and the libraries that shape its outputs, for manifests (PEER 14, 39)."""
+    """Installed versions of retrctl and the libraries that shape its outputs, for manifests."""
     import importlib.metadata as md
     import platform
 

@@ -1,4 +1,4 @@
-"""Training an encoder (issue 13: one package instead of trainer/engines/trainset/contrastive, with no import circle):
+"""Training an encoder, one package with no import circle:
 
 - ``config``: ``TrainConfig`` (its encoder settings come from ``retrctl/models/config.py``), what a resume may change.
 - ``data``: groups validated and fingerprinted, seeded per-epoch sampling, length-grouped global batches.

@@ -1,7 +1,7 @@
 """What training keeps on disk: the output directory (what may be replaced), checkpoints (listed, loaded without
 running code), RNG states.
 
-Nothing lost, nothing executed (issue 12). ``check_output`` runs before any model is loaded: ``-o`` must be new,
+Nothing lost, nothing executed. ``check_output`` runs before any model is loaded: ``-o`` must be new,
 empty, or a retrctl model (``retrctl.json`` and only the files ``Encoder.save`` and the trainer write), the latter
 replaced only with ``overwrite``; a ``.partial`` holding anything else is refused, and one holding checkpoints is
 continued with ``resume`` or discarded with ``overwrite``, never silently.
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------- the output directory
 
 # What Encoder.save (transformers' save_pretrained included) and the trainer write into a model directory; a
-# directory with anything else in it is not retrctl's to replace (issue 12: train -o deleted a user's files).
+# directory with anything else in it is not retrctl's to replace: it may hold a user's files.
 MODEL_FILES = ("retrctl.json", "train_config.json", "metrics.jsonl", "guard.json", "modules.json", "sentence_bert_config.json",
                "config_sentence_transformers.json", "config.json", "generation_config.json", "model.safetensors",
                "model-*-of-*.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
@@ -189,8 +189,8 @@ def checkpoints(root: Path) -> list[Path]:
 
 
 def legacy_keys(module: torch.nn.Module) -> None:
-    """Let ``module`` (the Encoder being trained) load checkpoints written when a wrapper around it was trained
-    (before issue 13), whose weights are named ``enc.<name>``."""
+    """Let ``module`` (the Encoder being trained) load checkpoints written by earlier retrctl,
+    which trained a wrapper around it, whose weights are named ``enc.<name>``."""
 
     def hook(state_dict, prefix, *_):
         old = prefix + "enc."

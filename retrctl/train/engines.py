@@ -11,8 +11,9 @@ Both expose forward / backward(loss, last) / step / lr / save / load / full_stat
 ``loop.py`` does not know which one it drives. ``backward(..., last=False)`` marks GradCache's inner chunk
 backwards as not ending the step, which is what lets GradCache run under ZeRO-2/3 (peers: tevatron#206, ST#3173).
 
-The module an engine trains is the ``Encoder`` itself; ``forward(batch, kind)`` runs its one forward pass with
-``raw=True`` (the head's output as the loss takes it). Checkpoint files are read by ``checkpoint.load_tensors``
+The module an engine trains is the ``Encoder`` itself; ``forward(batch, kind, layout)`` runs its one forward pass
+with ``raw=True`` (the head's output as the loss takes it; with the run's ``TrainingLayout``, every trained head's
+part side by side), so checkpoints hold the ``Encoder``'s own state dict. Checkpoint files are read by ``checkpoint.load_tensors``
 (never unpickling code), DeepSpeed's included (see checkpoint.py).
 """
 
@@ -38,6 +39,7 @@ from retrctl.train.checkpoint import _scan, deepspeed_globals, load_tensors
 
 if TYPE_CHECKING:
     from retrctl.models import Encoder
+    from retrctl.models.layout import TrainingLayout
     from retrctl.train.config import TrainConfig
 
 
@@ -147,9 +149,9 @@ class PlainEngine:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, functools.partial(linear_schedule, warmup=warmup, total=total))
         self.device_type = torch.device(enc.device).type
 
-    def forward(self, batch: dict, kind: str = "passage") -> torch.Tensor:
+    def forward(self, batch: dict, kind: str = "passage", layout: TrainingLayout | None = None) -> torch.Tensor:
         with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.cfg.dtype == "bf16"):
-            return self.module(batch, kind, raw=True)
+            return self.module(batch, kind, raw=True, layout=layout)
 
     def backward(self, loss: torch.Tensor, last: bool = True) -> None:
         loss.backward()
@@ -219,8 +221,8 @@ class DeepSpeedEngine:
         self.module = self.engine.module
         self.stage = self.ds_config["zero_optimization"].get("stage", 0)
 
-    def forward(self, batch: dict, kind: str = "passage") -> torch.Tensor:
-        return self.engine(batch, kind, raw=True)
+    def forward(self, batch: dict, kind: str = "passage", layout: TrainingLayout | None = None) -> torch.Tensor:
+        return self.engine(batch, kind, raw=True, layout=layout)
 
     def backward(self, loss: torch.Tensor, last: bool = True) -> None:
         self.engine.set_gradient_accumulation_boundary(last)

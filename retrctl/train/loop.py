@@ -7,12 +7,13 @@ that stock loaders read. Both engines give the same losses for the same global b
 under ZeRO-2 = 1 process × 2B). Checkpoints (``<output>.partial/checkpoints/step-N``) hold the engine state (model,
 optimizer, scheduler), each process's RNG state and the input position; ``resume`` continues from the newest.
 
-The module trained is the ``Encoder`` itself: each step runs ``Encoder.forward(..., raw=True)`` (backbone → head,
-the pass ``encode`` runs), so training and inference cannot drift (issue 13: a separate training tower did).
+The module trained is the ``Encoder`` itself: each step runs ``Encoder.forward(..., layout=...)`` (backbone →
+heads, the pass ``encode`` runs), so training and inference cannot drift; the run's ``TrainingLayout``
+(models/layout.py) names the heads it trains and where each sits in the one tensor a step passes around.
 Distillation takes teacher scores from the groups (``positive_scores``/``negative_scores``) or from an online
 ``teacher``: a callable ``(query, passages) -> scores`` or an ``Encoder`` scored with its own similarity.
 
-Nothing lost, nothing executed (issue 12): ``checkpoint.check_output`` runs before any model is loaded. A resume
+Nothing lost, nothing executed: ``checkpoint.check_output`` runs before any model is loaded. A resume
 checks that the data (``GroupSource.fingerprint``) and every setting outside ``RESUME_MAY_CHANGE`` equal the
 checkpoint's, so a run never records one setting and runs another. Checkpoints load with ``weights_only=True``
 (``checkpoint.load_tensors``).
@@ -38,6 +39,7 @@ import torch.distributed as dist
 
 from retrctl import memory, records
 from retrctl.models import Encoder, lookup
+from retrctl.models.layout import TrainedEncoder, TrainingLayout
 from retrctl.train import losses, objective
 from retrctl.train.checkpoint import (
     check_output,
@@ -60,14 +62,15 @@ Teacher = Callable[[str, Sequence[str]], Sequence[float]]
 # ---------------------------------------------------------------- model
 
 
-def build_encoder(cfg: TrainConfig, device: str, *, for_training: bool = True) -> Encoder:
+def build_encoder(cfg: TrainConfig, device: str, *, for_training: bool = True) -> TrainedEncoder:
     """The encoder ``cfg.model`` names, made ready to train (``prepare``)."""
     torch.manual_seed(cfg.seed)  # LoRA init identical in every process
     return prepare(Encoder.load(cfg.model, device=device, **cfg.encoder_overrides()), cfg, for_training=for_training)
 
 
-def prepare(enc: Encoder, cfg: TrainConfig, *, for_training: bool = True) -> Encoder:
-    """The flags' encoder settings applied, BERT's unused pooler frozen, gradient checkpointing and LoRA set up."""
+def prepare(enc: Encoder, cfg: TrainConfig, *, for_training: bool = True) -> TrainedEncoder:
+    """The flags' encoder settings applied, BERT's unused pooler frozen, gradient checkpointing and LoRA set up, the
+    heads ``cfg`` trains attached; with the layout of what a step computes (models/layout.py)."""
     for key, value in cfg.encoder_overrides().items():
         if key == "bidirectional":
             enc.set_bidirectional(value)
@@ -93,13 +96,13 @@ def prepare(enc: Encoder, cfg: TrainConfig, *, for_training: bool = True) -> Enc
         if enc.sparse is None or enc.sparse.weights != kind:
             enc.add_sparse_head(top_k=cfg.sparse_top_k, query=cfg.sparse_queries(), weights=kind)
         enc.sparse.top_k, enc.sparse.query = cfg.sparse_top_k, cfg.sparse_queries()
-        enc.train_sparse = for_training
     if "colbert" in heads:
         if enc.colbert is None or enc.colbert.out_dim != cfg.colbert_dim:
             enc.add_colbert_head(cfg.colbert_dim)
-        enc.train_colbert = for_training
     enc.train(for_training)
-    return enc
+    layout = TrainingLayout.of(enc, sparse=kind is not None, colbert="colbert" in heads,
+                               lookup=cfg.query_encoder == "token-lookup")
+    return TrainedEncoder(enc, layout)
 
 
 def teacher_scores(teacher: Teacher | Encoder, examples: list[Example]) -> torch.Tensor:
@@ -172,13 +175,13 @@ class Trainer:
                  self.n_groups, self.total, cfg.batch_size * world, cfg.batch_size, world, cfg.train_group_size, self.warmup)
         self.template = None  # what the trained weights are exported into, when the encoder was given
         if encoder is None:
-            self.enc = build_encoder(cfg, self.dist.device)
+            trained = build_encoder(cfg, self.dist.device)
         else:
             self.template = copy.deepcopy(encoder).to("cpu")  # before LoRA wraps it or ZeRO-3 partitions it
             torch.manual_seed(cfg.seed)  # LoRA init identical in every process
-            self.enc = prepare(encoder.to(self.dist.device), cfg)
-        self.enc.joint_lookup = cfg.query_encoder == "token-lookup"  # both query encoders in one forward (models/lookup.py)
-        if self.enc.joint_lookup:
+            trained = prepare(encoder.to(self.dist.device), cfg)
+        self.enc, self.layout = trained.encoder, trained.layout  # the engines train the Encoder's own weights
+        if "lookup" in self.layout:  # both query encoders in one forward (models/lookup.py)
             lookup.check_prefix(self.enc)
         legacy_keys(self.enc)  # resume checkpoints written before the Encoder was trained directly
         self.probe = self._probe_texts()
@@ -225,7 +228,7 @@ class Trainer:
 
         def forward(batch):
             with torch.autocast(torch.device(dev).type, dtype=torch.bfloat16, enabled=cfg.dtype == "bf16"):
-                return enc(batch, raw=True)
+                return enc(batch, raw=True, layout=self.layout)
 
         per: dict[str, int] = {}
         measured: dict[int, int] = {}
@@ -242,7 +245,7 @@ class Trainer:
         b, g = cfg.batch_size, cfg.train_group_size
         cost = memory.StepCost(state=memory.optimizer_state(trainable, zero_stage=zero, world=self.dist.world),
                                per_query=per["query"], per_passage=per["passage"], queries=b, passages=b * g,
-                               embeddings=3 * 4 * b * (1 + g) * self.dist.world * objective.output_width(enc))
+                               embeddings=memory.cached_outputs(self.layout, b, b * g, self.dist.world))
         budget = memory.agree(memory.available(dev, cfg.max_memory), dev)
         plan = memory.plan_step(cost, mode=cfg.grad_cache, chunk_size=cfg.chunk_size, budget=budget, batch_size=b, group_size=g)
         if self.dist.rank == 0:
@@ -265,13 +268,13 @@ class Trainer:
         elif cfg.distill_weight:
             valid = torch.tensor([e.teacher is not None for e in local])
             teacher = torch.tensor([e.teacher or [0.0] * g for e in local], dtype=torch.float32)
-        loss_fn = objective.step_loss(cfg, self.enc, local, mask, teacher, valid, self.steps_done)
+        loss_fn = objective.step_loss(cfg, self.enc, self.layout, local, mask, teacher, valid, self.steps_done)
         # forward in length-sorted chunks cut to their longest row: padding costs nothing (except at step 1)
         trim = not (first and cfg.first_step_max_len)
         qc, qinv = losses.sorted_chunks(qb, self.plan.chunk_size, trim)
         pc, pinv = losses.sorted_chunks(pb, self.plan.chunk_size, trim)
-        embed_q = functools.partial(self.engine.forward, kind="query")
-        embed_p = functools.partial(self.engine.forward, kind="passage")
+        embed_q = functools.partial(self.engine.forward, kind="query", layout=self.layout)
+        embed_p = functools.partial(self.engine.forward, kind="passage", layout=self.layout)
 
         def unsorted_loss(q, p):
             return loss_fn(q[qinv.to(q.device)], p[pinv.to(p.device)])
@@ -471,10 +474,10 @@ class Trainer:
         if self.dist.rank != 0:
             return
         if self.template is None:
-            fresh = build_encoder(self.cfg, "cpu", for_training=False)
+            fresh = build_encoder(self.cfg, "cpu", for_training=False).encoder
         else:
             torch.manual_seed(self.cfg.seed)
-            fresh = prepare(self.template, self.cfg, for_training=False)
+            fresh = prepare(self.template, self.cfg, for_training=False).encoder
         fresh.load_state_dict(state)
         if self.finish is not None:
             self.finish(fresh)

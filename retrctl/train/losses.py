@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from retrctl.models.layout import DENSE_PARTS, TrainingLayout
+
 
 def world() -> tuple[int, int]:
     """(rank, world size); (0, 1) when not distributed."""
@@ -145,13 +147,16 @@ def group_loss(
 
 
 def joint_lookup_loss(q: torch.Tensor, p: torch.Tensor, *, loss, kl_weight: float, temperature: float,
-                      normalize: bool = True, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+                      normalize: bool = True, mask: torch.Tensor | None = None,
+                      layout: TrainingLayout | None = None) -> tuple[torch.Tensor, dict]:
     """LightRetriever's objective: ``q`` holds the full query encoder's vectors and the token-lookup ones side by
-    side ([B, 2H], models/lookup.py). Each gets the contrastive ``loss`` (group_loss with its settings), plus
-    ``kl_weight`` × KL(full || lookup) over the same candidates (in-batch + hard negatives, false negatives
-    masked), the full encoder as the teacher (no gradient through it: it is trained by its own term)."""
-    h = q.size(-1) // 2
-    full, light = q[:, :h], q[:, h:]
+    side (``layout``'s dense and lookup parts; without one, two halves of equal width: models/lookup.py). Each gets
+    the contrastive ``loss`` (group_loss with its settings), plus ``kl_weight`` × KL(full || lookup) over the same
+    candidates (in-batch + hard negatives, false negatives masked), the full encoder as the teacher (no gradient
+    through it: it is trained by its own term)."""
+    layout = layout or TrainingLayout.from_sizes(q.size(-1), p.size(-1), lookup=True)
+    qs, p = layout.query.split(q), layout.passage.split(p)["dense"]
+    full, light = qs["dense"], qs["lookup"]
     l_full, parts = loss(full, p)
     l_light, light_parts = loss(light, p)
     candidates = gather(p)
@@ -165,21 +170,26 @@ def joint_lookup_loss(q: torch.Tensor, p: torch.Tensor, *, loss, kl_weight: floa
     return l_full + l_light + kl_weight * kl, parts
 
 
-def sparse_loss(q: torch.Tensor, p: torch.Tensor, *, loss, vocab: int, group_size: int, flops_weight: float,
-                query_terms: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+def dense_columns(layout: TrainingLayout, q: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The columns the dense objective reads (the dense vector, and the lookup vector beside it): what a loss
+    wrapping it hands on."""
+    return layout.query.columns(q, DENSE_PARTS), layout.passage.columns(p, DENSE_PARTS)
+
+
+def sparse_loss(q: torch.Tensor, p: torch.Tensor, *, loss, group_size: int, flops_weight: float, vocab: int = 0,
+                query_terms: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                layout: TrainingLayout | None = None) -> tuple[torch.Tensor, dict]:
     """SPLADE's sparse head trained beside the dense one (models/sparse.py): ``p`` (and ``q`` unless
-    ``query_terms`` gives LightRetriever's token-count queries) carry ``vocab`` term weights after the dense vector.
-    The dense part gets ``loss`` as usual; the sparse part the same InfoNCE over dot products of term weights at
-    temperature 1 (SPLADE), plus ``flops_weight`` × the FLOPS regulariser of the doc weights (and of encoded query
-    weights), summed over this process's rows."""
+    ``query_terms`` gives LightRetriever's token-count queries) carry a ``sparse`` part (``layout``; without one,
+    ``vocab`` term weights after the dense vector). The dense columns get ``loss`` as usual; the sparse part the same
+    InfoNCE over dot products of term weights at temperature 1 (SPLADE), plus ``flops_weight`` × the FLOPS
+    regulariser of the doc weights (and of encoded query weights), summed over this process's rows."""
     from retrctl.models.sparse import flops
 
-    p_dense, p_sparse = p[:, :-vocab], p[:, -vocab:]
-    if query_terms is None:
-        q, q_sparse = q[:, :-vocab], q[:, -vocab:]
-    else:
-        q_sparse = query_terms.to(p.device, p.dtype)
-    total, parts = loss(q, p_dense)
+    layout = layout or TrainingLayout.from_sizes(q.size(-1), p.size(-1), vocab=vocab, token_queries=query_terms is not None)
+    p_sparse = layout.passage.split(p)["sparse"]
+    q_sparse = layout.query.split(q)["sparse"] if query_terms is None else query_terms.to(p.device, p.dtype)
+    total, parts = loss(*dense_columns(layout, q, p))
     ce, _ = group_loss(q_sparse, p_sparse, group_size=group_size, temperature=1.0, normalize=False, mask=mask)
     reg = flops(p_sparse) + (flops(q_sparse) if query_terms is None else 0.0)
     parts = {**parts, "ce_sparse": ce.detach(), "flops": reg.detach()}
@@ -197,34 +207,31 @@ def _soft_ce(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
 def m3_loss(q: torch.Tensor, p: torch.Tensor, *, loss, group_size: int, temperature: float, normalize: bool = True,
             vocab: int = 0, colbert_dim: int = 0, caps: tuple[int, int] = (0, 0), query_terms: torch.Tensor | None = None,
             weights=(1.0, 0.3, 1.0), lambdas=(1.0, 0.1, 1.0), self_distill: bool = True, flops_weight: float = 0.0,
-            mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+            mask: torch.Tensor | None = None, layout: TrainingLayout | None = None) -> tuple[torch.Tensor, dict]:
     """BGE-M3's multi-head objective (Chen et al. 2024, arXiv:2402.03216, Eq. 4–6) over the same in-batch + hard
-    negative candidates. Each row of ``q``/``p`` is [dense | sparse term weights (``vocab``) | colbert block
-    (``caps`` = (query, passage) cap × ``colbert_dim``)], the parts absent when 0; the query's sparse part is
-    ``query_terms`` instead when given (token counts). Scores / ``temperature``: s_dense (cosine), s_lex (dot of term
-    weights), s_mul (MaxSim); s_inter = Σ w·s. L = (Σ λ·L_head + L_inter) / (heads + 1), each L an InfoNCE, the dense
-    one ``loss`` (group_loss with its own settings: Matryoshka, distillation); with ``self_distill``
-    L' = Σ λ·CE(softmax(s_inter), s_head) / heads and the result is (L + L') / 2. ``flops_weight``: SPLADE's FLOPS
-    on encoded sparse weights (0 for the lexical head, as BGE-M3)."""
-    from retrctl.models.colbert import maxsim, unflatten
+    negative candidates. ``q``/``p`` carry the dense, sparse and colbert parts ``layout`` names (without one: [dense
+    | sparse term weights (``vocab``) | colbert block (``caps`` = (query, passage) cap × ``colbert_dim``)], the parts
+    absent when 0); the query's sparse part is ``query_terms`` instead when given (token counts). Scores /
+    ``temperature``: s_dense (cosine), s_lex (dot of term weights), s_mul (MaxSim); s_inter = Σ w·s. L = (Σ λ·L_head +
+    L_inter) / (heads + 1), each L an InfoNCE, the dense one ``loss`` (group_loss with its own settings: Matryoshka,
+    distillation); with ``self_distill`` L' = Σ λ·CE(softmax(s_inter), s_head) / heads and the result is (L + L') / 2.
+    ``flops_weight``: SPLADE's FLOPS on encoded sparse weights (0 for the lexical head, as BGE-M3)."""
+    from retrctl.models.colbert import maxsim
     from retrctl.models.sparse import flops
 
-    def split(x, cap, terms=None):
-        parts = {}
-        if colbert_dim:
-            x, parts["colbert"] = x[:, : -cap * colbert_dim], unflatten(x[:, -cap * colbert_dim :], colbert_dim)
-        if vocab and terms is None:
-            x, parts["sparse"] = x[:, :-vocab], x[:, -vocab:]
-        elif vocab:
-            parts["sparse"] = terms.to(x.device, x.dtype)
-        parts["dense"] = x
-        return parts
-
-    qs, ps = split(q, caps[0], query_terms), split(p, caps[1])
+    layout = layout or TrainingLayout.from_sizes(q.size(-1), p.size(-1), vocab=vocab, colbert_dim=colbert_dim, caps=caps,
+                                                 token_queries=query_terms is not None)
+    qs, ps = layout.query.split(q), layout.passage.split(p)
+    if query_terms is not None and "sparse" in ps:
+        qs["sparse"] = query_terms.to(q.device, q.dtype)
+    # the dense part taken from the dense columns: the dense loss and s_dense then share one tensor, so autograd
+    # sums their gradients there, in the order it always has
+    (qd, pd), inner = dense_columns(layout, q, p), layout.keeping(DENSE_PARTS)
+    qs["dense"], ps["dense"] = inner.query.split(qd)["dense"], inner.passage.split(pd)["dense"]
     rank, _ = world()
     b = q.size(0)
     labels = (torch.arange(b, device=q.device) + rank * b) * group_size
-    loss_dense, parts = loss(qs["dense"], ps["dense"])
+    loss_dense, parts = loss(qd, pd)
     s = {"dense": scores(qs["dense"], gather(ps["dense"]), normalize=normalize) / temperature}
     if "sparse" in qs:
         s["sparse"] = qs["sparse"] @ gather(ps["sparse"]).T / temperature

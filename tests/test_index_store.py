@@ -1,6 +1,6 @@
-"""Index safety (issue 12): -o recognised positively, versions + one atomic pointer (readers never see a mix),
-the writer lock (exit 75), kill -9 at every step of an update, damaged files named, the flat layout of earlier
-retrctl still opens and updates."""
+"""The index store (retrctl/indexes/store.py) keeps an index safe: -o recognised positively, versions + one atomic
+pointer (readers never see a mix), the writer lock (exit 75), kill -9 at every step of an update, damaged files
+named, the flat layout of earlier retrctl still opens and updates."""
 
 import json
 import os

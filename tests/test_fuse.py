@@ -1,5 +1,5 @@
 """Fusion (retrctl.fusion, `retrctl fuse`, `retrctl eval --sweep`): RRF and linear fusion against hand-computed
-cases (docs missing from one list, ties, weights, each norm, degenerate lists), PEER 62/63/65 reproductions,
+cases (docs missing from one list, ties, weights, each norm, degenerate lists), reproductions of other tools' fusion bugs,
 the CLI round trip on TREC and JSONL runs, bad flags exit 2, and sweep rows equal to evaluating each fused run."""
 
 import json
@@ -44,7 +44,7 @@ def test_rrf_weights_and_k():
 
 
 def test_rrf_agreement_beats_a_single_list_top_hit_at_k60():
-    """PEER 62 (graphiti#1847, Qdrant k=2): with k = 60 a doc ranked 3rd by both lists beats either list's own #1."""
+    """getzep/graphiti#1847 (and Qdrant's k=2): with k = 60 a doc ranked 3rd by both lists beats either list's own #1."""
     l1 = {"q": [("top1", 9.0), ("x", 8.0), ("both", 7.0)]}
     l2 = {"q": [("top2", 9.0), ("y", 8.0), ("both", 7.0)]}
     assert fusion.fuse([l1, l2], "rrf")["q"][0][0] == "both"
@@ -52,7 +52,7 @@ def test_rrf_agreement_beats_a_single_list_top_hit_at_k60():
 
 
 def test_doc_found_by_both_lists_is_not_buried_by_phantom_ranks():
-    """PEER 63, sentence-transformers#3883: absent docs got rank len(list) and the only relevant doc (found by
+    """UKPLab/sentence-transformers#3883: absent docs got rank len(list) and the only relevant doc (found by
     both) fell out of the top 3. Absent means no term here."""
     l1 = {"q": [("a", 5), ("rel", 4), ("b", 3), ("c", 2)]}
     l2 = {"q": [("d", 5), ("rel", 4), ("e", 3)]}
@@ -85,8 +85,8 @@ def test_linear_zscore_by_hand():
 
 
 def test_minmax_all_equal_list_maps_to_one_and_an_empty_list_adds_nothing():
-    """PEER 65: a list whose scores are all equal has no range: 1.0 each, never a NaN; an empty list for a query
-    (one retriever found nothing, PEER 66) leaves the other list's order intact."""
+    """A list whose scores are all equal has no range: 1.0 each, never a NaN; an empty list for a query
+    (one retriever found nothing) leaves the other list's order intact."""
     flat = {"q": [("a", 2.0), ("b", 2.0)], "r": []}
     other = {"q": [("c", 10.0), ("a", 0.0)], "r": [("x", 3.0), ("y", 1.0)]}
     out = fusion.fuse([flat, other], "linear", norm="minmax")
@@ -166,7 +166,7 @@ def test_cli_round_trip_trec_and_jsonl(runner, tmp_path, out_name):
         close(got[q], want[q])
     if out_name.endswith(".trec"):
         assert {line.split()[5] for line in out.read_text().splitlines()} == {"fused-linear"}
-    else:  # PEER 66: each input's own score beside the fused one, null where that run missed the doc
+    else:  # each input's own score beside the fused one, null where that run missed the doc
         rows = {(r["query_id"], r["doc_id"]): r["run_scores"] for r in map(json.loads, out.read_text().splitlines())}
         assert rows[("q1", "c")] == [1.0, 0.9] and rows[("q1", "a")] == [3.0, None] and rows[("q3", "z")] == [None, 0.1]
     manifest = json.loads((tmp_path / f"{out_name}.manifest.json").read_text())

@@ -1,4 +1,4 @@
-"""Index backends: build-save-load-search round trips, incremental updates equal fresh builds, ties, shards."""
+"""The built-in backends (faiss dense, BM25) through the engine: build-save-load-search round trips, incremental updates equal fresh builds, ties, shards."""
 
 import json
 

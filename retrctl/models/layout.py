@@ -1,0 +1,208 @@
+"""What training passes around: each text's raw outputs as named parts side by side in one tensor.
+
+GradCache caches, splits and re-forwards one tensor per text, so a training forward returns every trained head's
+raw output concatenated on the last dimension. A ``HeadLayout`` is the one place that knows the order and the size
+of those parts on one side (query or passage): it joins the parts the encoder computes (``Encoder.forward`` with a
+layout) and splits them again for the losses (``train/losses.py``). A ``TrainingLayout`` holds both sides, built
+from the encoder and what a run trains; its widths size GradCache's cache (``memory.cached_outputs``).
+
+The parts, in order:
+
+- ``dense``: the side's head output before ``finish`` (pooled, neither truncated nor normalized), hidden size wide;
+- ``lookup`` (query side): LightRetriever's token-lookup query vector (``models/lookup.py``), hidden size wide;
+- ``sparse``: the sparse head's term weights, vocabulary wide (absent on the query side when queries are token
+  counts);
+- ``colbert``: the colbert head's unit token vectors, a fixed [side's cap × dim] block (zero rows for padding and
+  special tokens) so chunks of any length concatenate.
+
+A new part (a teacher's vector, an extra projection) is one more entry in ``TrainingLayout.of`` plus where it is
+computed (``Encoder.training_parts``, or by the caller into ``join``'s dict); the losses read it by name from
+``split``, so no other part moves.
+
+``TrainedEncoder`` is the trainer's view of an ``Encoder`` with its layout: calling it with ``raw=True`` gives the
+layout's parts side by side. The ``Encoder`` itself carries no training state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+DENSE_PARTS = ("dense", "lookup")  # what the dense objective reads (the lookup vector is a second dense query)
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One named part of a text's training output: ``shape`` per text, (width,) for a vector, (tokens, dim) for a
+    token block."""
+
+    name: str
+    shape: tuple[int, ...]
+
+    @property
+    def width(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadLayout:
+    """The parts of one side's training output, in the order they sit side by side."""
+
+    parts: tuple[Part, ...]
+
+    def __post_init__(self):
+        names = [p.name for p in self.parts]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a layout names each part once, got {names}")
+
+    @classmethod
+    def of(cls, *parts: tuple[str, int | tuple[int, ...]]) -> HeadLayout:
+        """``HeadLayout.of(("dense", 32), ("colbert", (16, 8)))``; parts of size 0 are left out."""
+        shaped = [Part(name, size if isinstance(size, tuple) else (size,)) for name, size in parts]
+        return cls(tuple(p for p in shaped if p.width))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.parts)
+
+    @property
+    def width(self) -> int:
+        return sum(p.width for p in self.parts)
+
+    @property
+    def slices(self) -> dict[str, slice]:
+        """Each part's columns in the joined tensor."""
+        out, start = {}, 0
+        for p in self.parts:
+            out[p.name] = slice(start, start + p.width)
+            start += p.width
+        return out
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.names
+
+    def keeping(self, names) -> HeadLayout:
+        """The layout of only the parts named (in this layout's order)."""
+        return HeadLayout(tuple(p for p in self.parts if p.name in names))
+
+    def join(self, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[rows, width]: each part's tensor ([rows, *shape], or already flat) put in its place."""
+        if set(outputs) != set(self.names):
+            raise ValueError(f"the layout has the parts {list(self.names)}, got {sorted(outputs)}")
+        flat = []
+        for p in self.parts:
+            t = outputs[p.name].flatten(1)
+            if t.size(1) != p.width:
+                raise ValueError(f"part {p.name!r}: expected {p.width} floats per text ({p.shape}), got {t.size(1)}")
+            flat.append(t)
+        return flat[0] if len(flat) == 1 else torch.cat(flat, dim=-1)
+
+    def split(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each part of ``x`` ([rows, width]) by name, as a view shaped [rows, *shape] (``x`` itself for a layout
+        of one vector part)."""
+        self._check(x)
+        if len(self.parts) == 1 and len(self.parts[0].shape) == 1:
+            return {self.parts[0].name: x}
+        return {p.name: x[:, s] if len(p.shape) == 1 else x[:, s].view(x.size(0), *p.shape)
+                for p, s in zip(self.parts, self.slices.values(), strict=True)}
+
+    def columns(self, x: torch.Tensor, names) -> torch.Tensor:
+        """The columns of the parts named, laid out as ``self.keeping(names)``: a view when they sit together."""
+        self._check(x)
+        spans = [s for p, s in zip(self.parts, self.slices.values(), strict=True) if p.name in names]
+        if not spans:
+            return x[:, :0]
+        if all(a.stop == b.start for a, b in zip(spans, spans[1:], strict=False)):
+            return x[:, spans[0].start : spans[-1].stop]
+        return torch.cat([x[:, s] for s in spans], dim=-1)
+
+    def _check(self, x: torch.Tensor) -> None:
+        if x.size(-1) != self.width:
+            raise ValueError(f"a training output of width {x.size(-1)} does not match the layout {self} ({self.width})")
+
+    def __str__(self) -> str:
+        return " | ".join(f"{p.name} {'×'.join(map(str, p.shape))}" for p in self.parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingLayout:
+    """Both sides' layouts: what one training step computes per query and per passage."""
+
+    query: HeadLayout
+    passage: HeadLayout
+
+    @classmethod
+    def of(cls, enc, *, sparse: bool = False, colbert: bool = False, lookup: bool = False) -> TrainingLayout:
+        """The layout of ``enc`` (an ``Encoder``) training its dense head, plus the sparse head, the colbert head
+        and LightRetriever's token-lookup query encoder where asked. The sparse part sits on the query side only
+        when the sparse head encodes queries (else queries are token counts, computed by the objective)."""
+        hidden = enc.model.config.hidden_size
+        vocab = enc.sparse.vocab if sparse else 0
+        dim = enc.colbert.out_dim if colbert else 0
+        query_vocab = vocab if sparse and enc.sparse.query == "encoder" else 0
+        return cls(
+            query=HeadLayout.of(("dense", hidden), ("lookup", hidden if lookup else 0), ("sparse", query_vocab),
+                               ("colbert", (enc.config.query_max_len, dim) if dim else 0)),
+            passage=HeadLayout.of(("dense", hidden), ("sparse", vocab),
+                                  ("colbert", (enc.config.passage_max_len, dim) if dim else 0)))
+
+    @classmethod
+    def from_sizes(cls, query_width: int, passage_width: int, *, vocab: int = 0, colbert_dim: int = 0,
+                   caps: tuple[int, int] = (0, 0), token_queries: bool = False, lookup: bool = False) -> TrainingLayout:
+        """The layout of outputs known only by their sizes (a loss called on bare tensors): the parts after the
+        dense vector as given, the dense vector (and the lookup vector, as wide) in the columns they leave."""
+        def side(width: int, cap: int, sparse: int, lookup: bool) -> HeadLayout:
+            tail = [("sparse", sparse), ("colbert", (cap, colbert_dim) if colbert_dim else 0)]
+            rest = width - sum(math.prod(s) if isinstance(s, tuple) else s for _, s in tail)
+            head = [("dense", rest // 2), ("lookup", rest // 2)] if lookup else [("dense", rest)]
+            return HeadLayout.of(*head, *tail)
+
+        return cls(query=side(query_width, caps[0], 0 if token_queries else vocab, lookup),
+                   passage=side(passage_width, caps[1], vocab, False))
+
+    def side(self, kind: str) -> HeadLayout:
+        return self.query if kind == "query" else self.passage
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.query or name in self.passage
+
+    def keeping(self, names) -> TrainingLayout:
+        return TrainingLayout(self.query.keeping(names), self.passage.keeping(names))
+
+    @property
+    def token_queries(self) -> bool:
+        """The sparse head is trained and queries are token counts (LightRetriever), not encoded."""
+        return "sparse" in self.passage and "sparse" not in self.query
+
+    @property
+    def width(self) -> int:
+        """The widest side: the most floats one text's training output takes."""
+        return max(self.query.width, self.passage.width)
+
+
+class TrainedEncoder:
+    """An ``Encoder`` with the layout a run trains it with. ``enc(batch, kind, raw=True)`` returns the layout's
+    parts side by side; everything else (tokenize, the heads, the weights) is the encoder's own."""
+
+    def __init__(self, encoder, layout: TrainingLayout):
+        self.encoder, self.layout = encoder, layout
+
+    def __call__(self, batch: dict, kind: str | None = None, raw: bool = False) -> torch.Tensor:
+        return self.encoder(batch, kind, raw=raw, layout=self.layout if raw else None)
+
+    def __getattr__(self, name: str):
+        if name in ("encoder", "layout"):  # not yet set (copying, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.encoder, name)
+
+    @property
+    def train_sparse(self) -> bool:
+        """Whether the run trains the sparse head (the layout has its part)."""
+        return "sparse" in self.layout
+
+    @property
+    def train_colbert(self) -> bool:
+        """Whether the run trains the colbert head."""
+        return "colbert" in self.layout
