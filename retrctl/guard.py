@@ -126,7 +126,7 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     the pick's weights into ``model_dir`` (unless it is the trained model) and guard.json beside them."""
     import torch
 
-    from retrctl.models import Encoder
+    from retrctl.models import Encoder, lookup
 
     queries, qrels = queries_and_qrels(dev)
     if len(queries) < 2:
@@ -149,6 +149,8 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     if decision["pick"] != 1.0:
         enc.load_state_dict(interpolate(base_state, trained, decision["pick"]))
         enc.save(model_dir)
+        if lookup.has_table(model_dir):  # the token-lookup table is computed from the weights it ships with
+            lookup.save_table(Encoder.load(model_dir, device="cpu"), model_dir)
     (Path(model_dir) / FILE).write_text(json.dumps(decision, indent=1, default=_plain) + "\n", encoding="utf-8")
     log.info("%s", describe(decision))
     return decision

@@ -40,6 +40,9 @@ def parse_floats(value: str, n: int, flag: str) -> list[float]:
     return out
 
 
+DISTILL_LOSSES = ("kl", "margin-mse")
+
+
 def parse_alphas(value: str) -> list[float]:
     """'0.5,1' -> [0.5, 1.0]: the guard's interpolation weights of the trained model, tried beside the base."""
     try:
@@ -74,8 +77,11 @@ class TrainConfig:
     max_grad_norm: float = _f(1.0, "Gradient clipping (global norm); 0 = off.")
     seed: int = _f(42, "Seed for sampling, dropout and LoRA init.")
     mrl_dims: list[int] | None = _f(None, "Matryoshka: loss summed over these truncated dims, e.g. 64,128,384.")
-    distill_weight: float = _f(0.0, "Weight of KL(teacher || student) on groups carrying positive/negative_scores.")
-    teacher_temperature: float = _f(1.0, "Temperature applied to teacher scores before the softmax.")
+    distill_weight: float = _f(0.0, "Weight of the distillation term on groups carrying positive/negative_scores.")
+    distill_loss: str = _f("kl", "kl: KL(teacher || student) over each group (RocketQAv2); margin-mse: MSE between the "
+                           "student's and the teacher's positive-minus-negative score margins (GPL's MarginMSE).")
+    teacher_temperature: float = _f(1.0, "Teacher scores are divided by this (before the softmax, or the margins).")
+    contrastive_weight: float = _f(1.0, "Weight of the InfoNCE term (0 = distillation alone, as GPL).")
     query_encoder: str = _f("full", "full, or token-lookup: also train LightRetriever's token-lookup query encoder (each "
                                     "query token encoded with the prompt alone, averaged) with a KL term to the full one, "
                                     "and ship its token table in the model dir.")
@@ -186,6 +192,10 @@ class TrainConfig:
         if not any(parse_floats(self.ensemble_weights, 3, "--ensemble-weights")):
             raise ValueError("--ensemble-weights: at least one weight must be positive")
         parse_floats(self.head_loss_weights, 3, "--head-loss-weights")
+        if self.distill_loss not in DISTILL_LOSSES:
+            raise ValueError(f"--distill-loss must be one of {', '.join(DISTILL_LOSSES)}, got {self.distill_loss!r}")
+        if self.contrastive_weight < 0 or (self.contrastive_weight == 0 and not self.distill_weight):
+            raise ValueError("--contrastive-weight must be >= 0, and above 0 unless --distill-weight is")
         if self.guard_shards < 0 or self.guard_shards == 1:
             raise ValueError(f"--guard-shards must be 0 (off) or at least 2, got {self.guard_shards}")
         if self.guard_shards:

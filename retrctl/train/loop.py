@@ -143,8 +143,7 @@ class Trainer:
     For a stage that trains extra parameters inside the encoder (prune's self-slimming gates): ``penalty``, a
     term of the parameters alone added to every step's loss (reported as ``penalty``); ``finish``, applied to the
     trained encoder before it is saved (folding the extras into stock weights); a parameter carrying an ``lr``
-    attribute gets that learning rate (same schedule). ``after_export``: called with the saved model's directory
-    before it is published (the guard's choice of what to deliver), on rank 0.
+    attribute gets that learning rate (same schedule). ``after_export(dir)`` edits the saved model before publishing.
     """
 
     def __init__(self, cfg: TrainConfig, groups, corpus: dict | None, output, *,
@@ -384,8 +383,6 @@ class Trainer:
                 pos = self.load_checkpoint() if self.cfg.resume else Position()
                 self._loop(pos)
                 self._export()
-                if self.dist.rank == 0 and self.after_export is not None:
-                    self.after_export(self.partial)
                 self.dist.barrier()
         finally:  # also on failure; DeepSpeed's own call also drops its group handles, so this process can train again
             if self.dist.deepspeed and dist.is_initialized():
@@ -500,3 +497,5 @@ class Trainer:
             lookup.save_table(reloaded, self.partial)
         drift = float((after * self.before).sum(1).mean()) if self.before is not None and fresh.config.normalize else float("nan")
         log.info("saved %s (probe cos to the untrained model %.4f; reload parity %.6f)", self.output, drift, cos)
+        if self.after_export is not None:  # rank 0 only, as the save
+            self.after_export(self.partial)
