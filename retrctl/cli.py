@@ -1,10 +1,11 @@
 """The `retrctl` click group.
 
 Stages are referred to by name only and imported on first use (click's lazy-loading group pattern), so
-`retrctl --help` starts without importing torch. Errors are converted here, once: RecordError and usage
-errors exit 2 with one line (the core's own retrctl.errors.UsageError is shown as click shows its usage errors);
-an output locked by another run (BusyError) exits 75 (EX_TEMPFAIL: retry later, cron can skip quietly); anything
-else exits 1 with one line (the traceback with --log-level debug).
+`retrctl --help` starts without importing torch. Each error's exit status is decided here, once: usage errors
+exit 2 as click shows them (the core's retrctl.errors.UsageError arrives as one: the stage's command,
+retrctl.stage.StageCommand, converts it where click's context gives the usage line); RecordError exits 2 with
+one line; an output locked by another run (BusyError) exits 75 (EX_TEMPFAIL: retry later, cron can skip
+quietly); anything else exits 1 with one line (the traceback with --log-level debug).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 import click
 
 from retrctl import __version__
-from retrctl.errors import BusyError, RecordError, UsageError
+from retrctl.errors import BusyError, RecordError
 from retrctl.stage import STATE
 
 EX_TEMPFAIL = 75
@@ -62,13 +63,6 @@ def cli():
     Parquet, TREC) on files or stdin/stdout, so pipelines are built in shell and Make."""
 
 
-def _context(name: str) -> click.Context:
-    """The context click gives subcommand ``name`` (the group's if none): its usage line heads a usage error."""
-    root = click.Context(cli, info_name="retrctl", **cli.context_settings)
-    cmd = cli.get_command(root, name) if name else None
-    return click.Context(cmd, info_name=name, parent=root) if cmd is not None else root
-
-
 def main(argv=None) -> None:
     # `retrctl search … | head` ends quietly instead of raising BrokenPipeError. Only as the program itself
     # (argv None): called in-process (tests, notebooks) it must not change the host's signal handling.
@@ -84,12 +78,9 @@ def main(argv=None) -> None:
     except click.exceptions.Abort as e:  # click turns Ctrl-C into Abort when not standalone
         click.echo("Aborted!", err=True)
         sys.exit(130 if isinstance(e.__cause__, KeyboardInterrupt) else 1)
-    except click.ClickException as e:
+    except click.ClickException as e:  # a usage error (the core's UsageError among them): exit 2
         e.show()
         sys.exit(e.exit_code)
-    except UsageError as e:  # raised by the core, which does not speak click: shown as click's own
-        click.UsageError(str(e), _context(name)).show()
-        sys.exit(2)
     except RecordError as e:
         click.echo(f"{prog}: {e}", err=True)
         sys.exit(2)

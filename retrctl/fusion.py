@@ -28,7 +28,8 @@ A doc missing from a list (explicit, because each tool guesses differently: Amen
   ``HybridSearcher._hybrid_results``: ``dense_score = min_dense_score`` for a doc only the sparse side found).
   With ``minmax`` the two rules agree (the minimum maps to 0.0). A query a run lacks entirely gives 0.0.
 
-Weights default to 1 for every run (RRF as published; linear = CombSUM). ``depth`` keeps each list's top
+The method defaults to ``linear`` with ``minmax`` (``METHOD``, ``NORM``, ``RRF_K``: the one default of every
+caller). Weights default to 1 for every run (RRF as published; linear = CombSUM). ``depth`` keeps each list's top
 ``depth`` before anything else (Pyserini's fusion ``--depth``); ``hits`` cuts the fused list. The fused list
 is in trec_eval's order, so a fused run written and read back ranks the same.
 
@@ -42,32 +43,42 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from retrctl.errors import UsageError
 from retrctl.records import trec_order
 
 METHODS = ("rrf", "linear")
 NORMS = ("none", "minmax", "zscore")
+# The defaults of every caller (fuse, eval --sweep, a multi-head search): with BM25 + MiniLM, linear min-max fusion
+# scores above RRF on SciFact and XQuAD-en and level with it on ArguAna, and above it for every pair of a
+# multi-head index's heads (bench/RESULTS-fusion.md), as in Pyserini's BEIR fusion experiments.
+METHOD, NORM, RRF_K = "linear", "minmax", 60.0
 Run = Mapping[str, Sequence[tuple[str, float]]]
 
 
-def check(n_runs: int, method: str = "rrf", k: float = 60, weights: Sequence[float] | None = None,
-          norm: str = "minmax", depth: int | None = None, hits: int | None = None) -> list[float]:
-    """The settings' errors as ValueError (the CLI shows them as usage errors); returns the weights."""
+def with_defaults(method: str | None, norm: str | None, k: float | None) -> tuple[str, str, float]:
+    """(method, norm, RRF k) as given, each unset one (None: its flag was not given) at its default."""
+    return method or METHOD, norm or NORM, RRF_K if k is None else k
+
+
+def check(n_runs: int, method: str = METHOD, k: float = RRF_K, weights: Sequence[float] | None = None,
+          norm: str = NORM, depth: int | None = None, hits: int | None = None) -> list[float]:
+    """The settings' errors as UsageError (exit 2 on the command line); returns the weights."""
     if n_runs < 2:
-        raise ValueError(f"fusion needs at least 2 runs, got {n_runs}")
+        raise UsageError(f"fusion needs at least 2 runs, got {n_runs}")
     if method not in METHODS:
-        raise ValueError(f"fusion method must be one of {', '.join(METHODS)}, got {method!r}")
+        raise UsageError(f"fusion method must be one of {', '.join(METHODS)}, got {method!r}")
     if norm not in NORMS:
-        raise ValueError(f"norm must be one of {', '.join(NORMS)}, got {norm!r}")
+        raise UsageError(f"norm must be one of {', '.join(NORMS)}, got {norm!r}")
     if not (math.isfinite(k) and k >= 0):
-        raise ValueError(f"rrf k must be a finite number >= 0, got {k}")
+        raise UsageError(f"rrf k must be a finite number >= 0, got {k}")
     for name, v in (("depth", depth), ("hits", hits)):
         if v is not None and v < 1:
-            raise ValueError(f"{name} must be >= 1, got {v}")
+            raise UsageError(f"{name} must be >= 1, got {v}")
     w = [1.0] * n_runs if weights is None else [float(x) for x in weights]
     if len(w) != n_runs:
-        raise ValueError(f"{len(w)} weights for {n_runs} runs: give one weight per run")
+        raise UsageError(f"{len(w)} weights for {n_runs} runs: give one weight per run")
     if any(not math.isfinite(x) or x < 0 for x in w) or not any(w):
-        raise ValueError(f"weights must be finite, >= 0 and not all 0, got {','.join(f'{x:g}' for x in w)}")
+        raise UsageError(f"weights must be finite, >= 0 and not all 0, got {','.join(f'{x:g}' for x in w)}")
     return w
 
 
@@ -89,8 +100,8 @@ def normalize(ranked: Sequence[tuple[str, float]], norm: str) -> tuple[dict[str,
     return dict(zip((d for d, _ in ranked), out, strict=True)), min(out)
 
 
-def fuse_query(lists: Sequence[Sequence[tuple[str, float]]], method: str = "rrf", k: float = 60,
-               weights: Sequence[float] | None = None, norm: str = "minmax", depth: int | None = None,
+def fuse_query(lists: Sequence[Sequence[tuple[str, float]]], method: str = METHOD, k: float = RRF_K,
+               weights: Sequence[float] | None = None, norm: str = NORM, depth: int | None = None,
                hits: int | None = None) -> list[tuple[str, float]]:
     """One query's fused list, best first (trec_eval's order). ``lists``: one (doc, score) list per run."""
     w = [1.0] * len(lists) if weights is None else weights
@@ -109,11 +120,11 @@ def fuse_query(lists: Sequence[Sequence[tuple[str, float]]], method: str = "rrf"
     return out[:hits] if hits else out
 
 
-def fuse(runs: Sequence[Run], method: str = "rrf", k: float = 60, weights: Sequence[float] | None = None,
-         norm: str = "minmax", depth: int | None = None, hits: int | None = None) -> dict[str, list[tuple[str, float]]]:
+def fuse(runs: Sequence[Run], method: str = METHOD, k: float = RRF_K, weights: Sequence[float] | None = None,
+         norm: str = NORM, depth: int | None = None, hits: int | None = None) -> dict[str, list[tuple[str, float]]]:
     """Fuse runs (``query_id -> [(doc_id, score)]``) into one run of the same shape; see the module doc.
 
-    ValueError for settings that cannot work (fewer than 2 runs, a weight per run missing, unknown method/norm).
+    UsageError for settings that cannot work (fewer than 2 runs, a weight per run missing, unknown method/norm).
     """
     w = check(len(runs), method, k, weights, norm, depth, hits)
     qids = list(dict.fromkeys(q for run in runs for q in run))

@@ -7,10 +7,14 @@ returns atomically (records, a run, or a directory built beside its target; an `
 and the checkpoints to remove), refuses an output that would overwrite one of the command's inputs (before
 anything is read), and copies the function's defaults onto the matching options so ``--help`` shows them
 (defaults are written once, in the function's signature).
+
+A stage's command is a ``StageCommand``: the core's ``UsageError``, raised by a flag's callback or by the body,
+becomes click's own usage error there, where click's context gives the usage line (exit 2).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -22,7 +26,8 @@ from pathlib import Path
 
 import click
 
-from retrctl import records
+from retrctl import fusion, records
+from retrctl.errors import UsageError
 from retrctl.hashing import stable_int
 from retrctl.models.config import ENCODER_FLAGS, flag_fields
 
@@ -85,7 +90,7 @@ def shard(recs: Iterable[dict], shard_id: int, shard_num: int, key: str) -> Iter
 
 def check_shard(shard_id: int, shard_num: int) -> None:
     if shard_num < 1 or not 0 <= shard_id < shard_num:
-        raise click.UsageError(f"--shard-id must be in [0, {shard_num}) and --shard-num >= 1")
+        raise UsageError(f"--shard-id must be in [0, {shard_num}) and --shard-num >= 1")
 
 
 # ---------------------------------------------------------------- rank ranges ("30-100")
@@ -124,8 +129,18 @@ def check_range(ctx, param, value):
         try:
             parse_range(value, param.name.replace("_", " "))
         except ValueError as e:
-            raise click.BadParameter(str(e)) from None
+            raise UsageError(str(e), flag=param.opts[-1]) from None
     return value
+
+
+def check_weights(ctx, param, value):
+    """click callback: '0.3,0.7' as [0.3, 0.7] (retrctl.fusion.parse_weights); junk exits 2 naming the flag."""
+    if value is None:
+        return None
+    try:
+        return fusion.parse_weights(value)
+    except ValueError as e:
+        raise UsageError(str(e), flag=param.opts[-1]) from None
 
 
 # ---------------------------------------------------------------- shared options (each spelled once)
@@ -170,8 +185,12 @@ OPTIONS: dict[str, Callable] = {
     "per_doc": _opt("--per-doc", type=click.IntRange(min=1), help="Queries to make per document."),
     "top_k": _opt("--top-k", type=click.IntRange(min=1), help="Candidates retrieved (or reranked) per query."),
     "llm": lambda f: _opt("--llm", help="Language model: a directory, GGUF file, 'smollm2', or a served model name.")(
-        _opt("--backend", type=click.Choice(["hf", "openai"]), help="Generation backend.")(
-            _opt("--base-url", help="OpenAI-compatible server URL (backend openai).")(f)
+        _opt("--llm-backend", type=click.Choice(["hf", "openai"]),
+             help="Generation client: hf (in-process transformers) or openai (a served model). [default: openai "
+                  "with --base-url, else hf]")(
+            _opt("--base-url", help="OpenAI-compatible server URL (implies --llm-backend openai).")(
+                _opt("--backend", "encoder_runtime_misplaced", hidden=True, expose_value=False, callback=_llm_backend_moved)(f)
+            )
         )
     ),
     "llm_server": lambda f: _opt("--concurrency", type=click.IntRange(min=1),
@@ -180,10 +199,31 @@ OPTIONS: dict[str, Callable] = {
             _opt("--max-retries", type=click.IntRange(min=0), help="Retries with exponential backoff on connection errors, 429, 5xx (default 5).")(f)
         )
     ),
+    "fusion": lambda f: _opt("--fusion", "fusion_method", type=click.Choice(list(fusion.METHODS)),
+                             help=f"Reciprocal rank fusion (rrf) or a weighted sum of per-query normalised scores "
+                                  f"(linear). [default: {fusion.METHOD}]")(
+        _opt("--norm", type=click.Choice(list(fusion.NORMS)),
+             help=f"Per-query score normalisation before weighting (linear only). [default: {fusion.NORM}]")(
+            _opt("--rrf-k", type=click.FloatRange(min=0), help=f"RRF constant k in 1/(k + rank). [default: {fusion.RRF_K:g}]")(
+                _opt("--depth", type=click.IntRange(min=1), help="Fuse only each list's top N per query. "
+                     "[default: fuse and eval --sweep: all; search: 100, or --hits if larger]")(f)
+            )
+        )
+    ),
+    "weights": _opt("--weights", callback=check_weights,
+                    help="One weight per list fused, comma-separated (e.g. 0.3,0.7): fuse, in the runs' order; search, "
+                         "in dense,sparse,colbert order. [default: 1 each; search with colbert: BGE-M3's 1,0.3,1]"),
     "runtime": _opt("--backend", "runtime", type=click.Choice(["torch", "onnx"]),
                     help="Dense: run the encoder on torch or onnxruntime [default: what the model path holds; torch when both]."),
     "encoder": lambda f: functools.reduce(lambda g, o: o(g), [_encoder_option(fl) for fl in flag_fields()], f),
 }
+
+
+def _llm_backend_moved(ctx, param, value):
+    """qgen/rerank: --backend names the encoder runtime (index, search); the LLM client has its own flag."""
+    if value is not None:
+        raise UsageError("--backend is the encoder runtime of index and search (torch|onnx); the LLM client of qgen "
+                         "and rerank is --llm-backend hf|openai")
 
 
 def options(*names: str):
@@ -214,12 +254,28 @@ INPUT_OPTIONS = ("corpus", "qrels", "retriever", "queries", "examples", "config_
 OUTPUT_OPTIONS = ("output", "candidates")
 
 
-def usage_errors() -> tuple[type[Exception], ...]:
-    """Core errors meaning the settings given conflict with a file: usage errors (exit 2), as a bad flag.
-    Imported when an error is being handled (an except clause evaluates only then): --help stays light."""
-    from retrctl.llm.resume import CheckpointMismatch
+@contextlib.contextmanager
+def click_usage(ctx: click.Context):
+    """The core's UsageError as click's own usage error in ``ctx`` (click prints the usage line and exits 2)."""
+    try:
+        yield
+    except UsageError as e:
+        if e.flag:
+            raise click.BadParameter(str(e), ctx, param_hint=f"'{e.flag}'") from None
+        raise click.UsageError(str(e), ctx) from None
 
-    return (CheckpointMismatch,)
+
+class StageCommand(click.Command):
+    """A stage's click command: a UsageError raised while its flags are read (a callback) or while it runs is
+    shown as click shows a usage error, whether the command runs under ``retrctl`` or on its own."""
+
+    def parse_args(self, ctx, args):
+        with click_usage(ctx):
+            return super().parse_args(ctx, args)
+
+    def invoke(self, ctx):
+        with click_usage(ctx):
+            return super().invoke(ctx)
 
 
 def _copy_defaults(cmd: click.Command, func: Callable | None) -> None:
@@ -232,7 +288,7 @@ def _copy_defaults(cmd: click.Command, func: Callable | None) -> None:
             default = sig[p.name].default
             if default is not inspect.Parameter.empty and default is not None:
                 p.default = default
-                p.show_default = True
+                p.show_default = "[default:" not in (p.help or "")  # a shared flag's help may state it already
 
 
 RECORD_KINDS = ("doc", "query", "group", "run")
@@ -292,8 +348,8 @@ def stage(func: Callable | None = None, *, reads: str | None = None, writes: str
 
     A body that names ``output`` gets the output path; one that names ``shard_id``/``shard_num`` gets the
     shard (checked here: 0 <= id < num), whether the records were sharded here or the body shards its own
-    input. Core errors that mean the given settings conflict with a file (a checkpoint made with other
-    settings) are usage errors: exit 2.
+    input. A ``UsageError`` from the body (a flag that cannot work, a checkpoint made with other settings) exits 2
+    with the command's usage line (``StageCommand``).
     """
 
     def deco(body: Callable) -> click.Command:
@@ -313,17 +369,14 @@ def stage(func: Callable | None = None, *, reads: str | None = None, writes: str
                 path, fmt = kw.pop("input"), kw.pop("input_format")
                 recs = shard(records.read(path, reads, fmt), shard_id, shard_num, records.ID_FIELD[reads])
                 args.append(progress(recs, desc=cmd.name, unit=reads))
-            try:
-                if writes in RECORD_KINDS:
-                    out = kw["output"] if "output" in wants else kw.pop("output")
-                    return write_output(body(*args, **kw), out, writes)
-                if writes == "dir" and atomic:
-                    with records.atomic_dir(kw["output"]) as partial:
-                        kw["output"] = str(partial)
-                        return body(*args, **kw)
-                return body(*args, **kw)
-            except usage_errors() as e:
-                raise click.UsageError(str(e)) from None
+            if writes in RECORD_KINDS:
+                out = kw["output"] if "output" in wants else kw.pop("output")
+                return write_output(body(*args, **kw), out, writes)
+            if writes == "dir" and atomic:
+                with records.atomic_dir(kw["output"]) as partial:
+                    kw["output"] = str(partial)
+                    return body(*args, **kw)
+            return body(*args, **kw)
 
         if writes == "dir":
             run = OPTIONS["output_dir"](run)
@@ -343,7 +396,7 @@ def stage(func: Callable | None = None, *, reads: str | None = None, writes: str
             help="Logging on stderr; 'debug' also shows tracebacks.",
         )(run)
         doc = body.__doc__ or (func.__doc__ if func is not None else "") or ""
-        cmd = click.command(name=name or (func.__name__ if func else body.__name__), help=doc.strip())(run)
+        cmd = click.command(name=name or (func.__name__ if func else body.__name__), help=doc.strip(), cls=StageCommand)(run)
         _copy_defaults(cmd, func)
         return cmd
 

@@ -47,6 +47,7 @@ from collections.abc import Iterable, Iterator
 import click
 import regex
 
+from retrctl.errors import UsageError
 from retrctl.hashing import stable_rng
 from retrctl.stage import options, stage
 
@@ -230,5 +231,5 @@ def command(docs, **opts):
     opts = {k: v for k, v in opts.items() if v is not None}
     defaults = crop.__kwdefaults__
     if opts.get("max_tokens", defaults["max_tokens"]) < opts.get("min_words", defaults["min_words"]):
-        raise click.BadParameter("must be >= --min-words", param_hint="'--max-tokens'")
+        raise UsageError("must be >= --min-words", flag="--max-tokens")
     return crop(docs, **opts)

@@ -26,7 +26,7 @@ first when several runs are given), ending with ``all`` rows as trec_eval -q doe
 missing, ignored and skipped queries go to stderr.
 
 Weight sweep (the weight of a hybrid moves nDCG a lot): ``retrctl eval RUN_A RUN_B --qrels Q --sweep
-0:1:0.1 [--fusion rrf|linear] [--norm minmax] [--rrf-k 60] [--depth N]`` fuses the two runs at each grid point
+0:1:0.1 [--fusion linear|rrf] [--norm minmax] [--rrf-k 60] [--depth N]`` fuses the two runs at each grid point
 (weight w on RUN_A, 1 - w on RUN_B, as Pyserini's interpolation α·s1 + (1-α)·s2) with retrctl.fusion, as
 ``retrctl fuse --weights w,1-w`` would (its default 1000 hits per query), and prints one row per weight: ``w_a
 w_b <measures> queries`` (``--json``: one object per weight with ``"weights"``; no significance marks, every row
@@ -46,6 +46,7 @@ from collections.abc import Iterable
 import click
 
 from retrctl import fusion, metrics, records
+from retrctl.errors import UsageError
 from retrctl.stage import options, stage
 
 log = logging.getLogger("retrctl.eval")
@@ -75,8 +76,8 @@ def eval(runs: Iterable[tuple[str, dict]], qrels: dict, *, measures=metrics.DEFA
 FUSE_HITS = 1000  # retrctl fuse's default --hits: a sweep row equals evaluating that fused run
 
 
-def sweep(run_a: dict, run_b: dict, qrels: dict, grid: list[float], *, fusion_method: str = "rrf", rrf_k: float = 60,
-          norm: str = "minmax", depth: int | None = None, **opts) -> list[dict]:
+def sweep(run_a: dict, run_b: dict, qrels: dict, grid: list[float], *, fusion_method: str = fusion.METHOD,
+          rrf_k: float = fusion.RRF_K, norm: str = fusion.NORM, depth: int | None = None, **opts) -> list[dict]:
     """One row per grid weight w: ``eval`` of the two runs fused with weights (w, 1 - w), plus ``"weights"``.
     Fused runs are made one at a time, as eval consumes them."""
     def fused():
@@ -147,39 +148,35 @@ def _log_counts(row: dict, ignore_self: bool) -> None:
 @click.option("--capped-recall", is_flag=True, help="BEIR's capped recall: R@k as hits@k / min(k, #relevant), named R_cap@k.")
 @click.option("--ignore-self/--keep-self", "self_flag", default=None,
               help="Drop retrieved docs whose id equals the query id (default: on for ArguAna/Quora qrels, else off).")
-@click.option("--sweep", "sweep_grid", help="Fuse the two runs at weights w, 1-w for w in LO:HI:STEP (e.g. 0:1:0.1); one row per weight.")
-@click.option("--fusion", "fusion_method", type=click.Choice(list(fusion.METHODS)), default="rrf", show_default=True,
-              help="With --sweep: reciprocal rank fusion or weighted sum of normalised scores.")
-@click.option("--rrf-k", type=click.FloatRange(min=0), default=60, show_default=True, help="With --sweep: RRF constant k.")
-@click.option("--norm", type=click.Choice(list(fusion.NORMS)), default="minmax", show_default=True,
-              help="With --sweep --fusion linear: per-query score normalisation before weighting.")
-@click.option("--depth", type=click.IntRange(min=1), help="With --sweep: use only each run's top N per query.")
+@click.option("--sweep", "sweep_grid", help="Fuse the two runs at weights w, 1-w for w in LO:HI:STEP (e.g. 0:1:0.1); one "
+              "row per weight; the fusion flags apply to it only.")
+@options("fusion")
 def command(runs, qrels, qrels_split, output, input_format, as_json, self_flag, sweep_grid, fusion_method, rrf_k, norm, depth,
             **opts):
     """Score runs (TREC, JSONL, Parquet) against qrels; several runs are compared with the first (--sweep: two runs
     fused over a weight grid)."""
     if not qrels:
-        raise click.UsageError("--qrels is required")
+        raise UsageError("--qrels is required")
     grid = None
     ctx = click.get_current_context()
     if sweep_grid is None:
         stray = [f"--{n.replace('_', '-')}" for n in ("fusion_method", "rrf_k", "norm", "depth")
                  if ctx.get_parameter_source(n).name == "COMMANDLINE"]
         if stray:
-            raise click.UsageError(f"{', '.join(stray).replace('--fusion-method', '--fusion')} only apply with --sweep")
+            raise UsageError(f"{', '.join(stray).replace('--fusion-method', '--fusion')} only apply with --sweep")
     else:
         try:
             grid = fusion.parse_grid(sweep_grid)
         except ValueError as e:
-            raise click.BadParameter(str(e), param_hint="'--sweep'") from None
+            raise UsageError(str(e), flag="--sweep") from None
         if len(runs) != 2:
-            raise click.UsageError(f"--sweep fuses exactly 2 runs, got {len(runs)}")
+            raise UsageError(f"--sweep fuses exactly 2 runs, got {len(runs)}")
         if ctx.get_parameter_source("alpha").name == "COMMANDLINE" or opts["per_query"]:
-            raise click.UsageError("--sweep prints one row per weight: --alpha and --per-query do not apply")
+            raise UsageError("--sweep prints one row per weight: --alpha and --per-query do not apply")
     try:
         names = [s.name for s in metrics.parse(opts["measures"], opts["capped_recall"])]
     except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="'-m' / '--measure'") from None
+        raise UsageError(str(e), flag="-m / --measure") from None
     qrels_file = records.resolve(qrels, "qrels", qrels_split)
     ignore_self = self_flag if self_flag is not None else bool(SELF_CONVENTION.search(qrels_file))
     if self_flag is None and ignore_self:
@@ -190,6 +187,7 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, self_flag, 
     if grid is not None:
         run_a, run_b = (records.read_run(p, input_format) for p in runs)
         opts = {k: v for k, v in opts.items() if k not in ("alpha", "per_query")}
+        fusion_method, norm, rrf_k = fusion.with_defaults(fusion_method, norm, rrf_k)
         rows = sweep(run_a, run_b, judged, grid, fusion_method=fusion_method, rrf_k=rrf_k, norm=norm, depth=depth,
                      ignore_self=ignore_self, **opts)
         settings = {"qrels": qrels_file, "ignore_self": ignore_self, "capped_recall": opts["capped_recall"], "runs": list(runs),

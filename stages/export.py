@@ -39,6 +39,7 @@ import click
 import numpy as np
 
 from retrctl import records
+from retrctl.errors import UsageError
 from retrctl.stage import encoder_overrides, options, stage
 
 log = logging.getLogger("retrctl.export")
@@ -57,8 +58,8 @@ def parse_formats(value: str) -> list[str]:
         return got
     bad = [f for f in got if f not in FORMATS]
     if bad or not got:
-        raise click.BadParameter(f"{value!r}: choose from {', '.join(FORMATS)} (comma-separated), or json-vectors "
-                                 "alone (of a sparse index)", param_hint="--format")
+        raise UsageError(f"{value!r}: choose from {', '.join(FORMATS)} (comma-separated), or json-vectors "
+                         "alone (of a sparse index)", flag="--format")
     return [f for f in FORMATS if f in got]
 
 
@@ -77,7 +78,7 @@ def export_json_vectors(source, output) -> Path:
     records.check_own_dir(out, "export.json", "a retrctl export")
     idx = open_index(source)
     if not isinstance(idx, SparseIndex):
-        raise click.BadParameter(f"{source}: a {idx.name} index; json-vectors exports a sparse one", param_hint="--format")
+        raise UsageError(f"{source}: a {idx.name} index; json-vectors exports a sparse one", flag="--format")
     with records.atomic_dir(out, resume=False) as tmp:
         n = idx.write_json_vectors(tmp / "docs.jsonl.gz")
         (tmp / "export.json").write_text(json.dumps({"source": str(source), "format": "json-vectors", "docs": n,
@@ -91,13 +92,13 @@ def check_dim(enc, root: Path, dim: int, force: bool) -> None:
     """--dim: within the model's dim, and one the model was trained to truncate to (or --force)."""
     full = enc.config.dims or enc.model.config.hidden_size
     if dim > full:
-        raise click.BadParameter(f"{dim} is above the model's dim ({full})", param_hint="--dim")
+        raise UsageError(f"{dim} is above the model's dim ({full})", flag="--dim")
     train = root / "train_config.json"
     mrl = (json.loads(train.read_text()).get("mrl_dims") if train.is_file() else None) or []
     if dim != full and dim not in mrl and not force:
         where = f"trained with mrl_dims {mrl}" if mrl else "not trained with Matryoshka (no mrl_dims in train_config.json)"
-        raise click.BadParameter(f"{dim}: the model was {where}; truncating it may lose much quality (--force to do it anyway)",
-                                 param_hint="--dim")
+        raise UsageError(f"{dim}: the model was {where}; truncating it may lose much quality (--force to do it anyway)",
+                         flag="--dim")
 
 
 def _size(path: Path) -> int:
@@ -135,8 +136,8 @@ def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | Non
     settings = {k: v for k, v in (encoder_settings or {}).items() if k not in ("dtype", "device")}
     cast = (encoder_settings or {}).get("dtype") or "fp32"
     if cast != "fp32" and names != ["st"]:
-        raise click.BadParameter(f"{cast} applies to --format st only (ONNX is exported in fp32; onnx-int8 quantises it)",
-                                 param_hint="--dtype")
+        raise UsageError(f"{cast} applies to --format st only (ONNX is exported in fp32; onnx-int8 quantises it)",
+                         flag="--dtype")
     root = resolve(source)
     evals = card.eval_results(eval_results, root)  # bad input refused before any work
     texts = list(SAMPLE_TEXTS)

@@ -7,7 +7,7 @@ anywhere: TREC, JSONL or Parquet, ``.gz``/``.zst``, read by ``records.read_run``
 
 | knob                                  | flag                           | default   |
 |---------------------------------------|--------------------------------|-----------|
-| method                                | ``--fusion rrf|linear``         | rrf       |
+| method                                | ``--fusion rrf|linear``         | linear    |
 | RRF constant k                        | ``--rrf-k``                     | 60        |
 | weight per run, in the runs' order    | ``--weights 0.3,0.7``           | 1 each    |
 | score normalisation (linear)          | ``--norm none|minmax|zscore``   | minmax    |
@@ -37,8 +37,8 @@ from retrctl.stage import Output, options, stage
 log = logging.getLogger("retrctl.fuse")
 
 
-def fuse(runs: list[dict], *, fusion_method: str = "rrf", rrf_k: float = 60, weights: list[float] | None = None,
-         norm: str = "minmax", depth: int | None = None, hits: int = 1000, run_scores: bool = False):
+def fuse(runs: list[dict], *, fusion_method: str = fusion.METHOD, rrf_k: float = fusion.RRF_K,
+         weights: list[float] | None = None, norm: str = fusion.NORM, depth: int | None = None, hits: int = 1000, run_scores: bool = False):
     """Run rows {query_id, doc_id, score, rank} of the fused runs, best first per query; with ``run_scores`` each
     row also carries ``run_scores``: the doc's raw score in each input run (None where that run lacks it)."""
     fused = fusion.fuse(runs, fusion_method, rrf_k, weights, norm, depth, hits)
@@ -62,32 +62,15 @@ def _input_summary(path: str) -> dict:
     return out
 
 
-def _weights(ctx, param, value):
-    if value is None:
-        return None
-    try:
-        return fusion.parse_weights(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
-
-
 @stage(fuse, writes="run")
-@options("input_format")
+@options("input_format", "fusion", "weights")
 @click.argument("runs", nargs=-1, required=True)
-@click.option("--fusion", "fusion_method", type=click.Choice(list(fusion.METHODS)), help="Reciprocal rank fusion or weighted sum of normalised scores.")
-@click.option("--rrf-k", type=click.FloatRange(min=0), help="RRF constant k in 1/(k + rank).")
-@click.option("--weights", callback=_weights, help="One weight per run, comma-separated, in the runs' order (e.g. 0.3,0.7). [default: 1 each]")
-@click.option("--norm", type=click.Choice(list(fusion.NORMS)), help="Per-query score normalisation before weighting (linear only).")
-@click.option("--depth", type=click.IntRange(min=1), help="Use only each run's top N per query. [default: all]")
 @click.option("--hits", type=click.IntRange(min=1), help="Results per query written.")
 @click.option("--output-format", type=click.Choice(["trec", "jsonl", "parquet"]), help="Run format. [default: by -o extension, else trec]")
 @click.option("--run-tag", help="TREC tag column. [default: fused-<method>]")
 def command(runs, output, input_format, fusion_method, rrf_k, weights, norm, depth, hits, output_format, run_tag):
     """Fuse two or more runs (TREC, JSONL, Parquet) into one run: RRF or a weighted sum of normalised scores."""
-    try:
-        fusion.check(len(runs), fusion_method, rrf_k, weights, norm, depth, hits)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
+    fusion.check(len(runs), fusion_method, rrf_k, weights, norm, depth, hits)
     if fusion_method == "rrf" and click.get_current_context().get_parameter_source("norm").name == "COMMANDLINE":
         log.warning("--norm is ignored by --fusion rrf (it uses ranks only)")
     loaded = [records.read_run(p, input_format) for p in runs]

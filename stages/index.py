@@ -68,6 +68,7 @@ from pathlib import Path
 import click
 
 from retrctl import records
+from retrctl.errors import UsageError
 from retrctl.indexes import BACKENDS, DEFAULT_BACKEND
 from retrctl.indexes.bm25 import METHODS as BM25_METHODS
 from retrctl.indexes.store import KEEP
@@ -76,7 +77,7 @@ from retrctl.stage import check_shard, encoder_overrides, options, progress, sha
 log = logging.getLogger("retrctl.index")
 
 
-class SettingsError(ValueError):
+class SettingsError(UsageError):
     """Inputs that cannot be indexed together (different encoders, overlapping shards)."""
 
 
@@ -250,23 +251,20 @@ def merge(parts: list[str | os.PathLike], output: str | os.PathLike, keep: int =
 @click.option("--merge", "merge_", is_flag=True, help="INPUTS are index dirs (e.g. shards) to merge into -o.")
 def command(inputs, output, merge_, shard_id, shard_num, input_format, **opts):
     """Build (or update) a dense, learned-sparse or BM25 index of a corpus (JSONL/Parquet/BEIR folder, '-' = stdin)."""
-    try:
-        if merge_:
-            if len(inputs) < 2:
-                raise click.UsageError("--merge needs two or more index directories")
-            merge(list(inputs), output, keep=opts["keep"])
-            return
-        if len(inputs) > 1:
-            raise click.UsageError("give one corpus (or --merge with index directories)")
-        check_shard(shard_id, shard_num)
-        path = inputs[0] if inputs else "-"
-        meta = {}
-        if path != "-":
-            meta["source"] = os.path.abspath(records.resolve(path, "doc"))
-        if shard_num > 1:
-            meta["shard"] = {"id": shard_id, "num": shard_num}
-        docs = progress(shard(records.read(path, "doc", input_format), shard_id, shard_num, "docid"), desc="index", unit="doc")
-        settings = encoder_overrides(opts)
-        index(docs, output, meta=meta, encoder_settings=settings, **opts)
-    except SettingsError as e:
-        raise click.UsageError(str(e)) from None
+    if merge_:
+        if len(inputs) < 2:
+            raise UsageError("--merge needs two or more index directories")
+        merge(list(inputs), output, keep=opts["keep"])
+        return
+    if len(inputs) > 1:
+        raise UsageError("give one corpus (or --merge with index directories)")
+    check_shard(shard_id, shard_num)
+    path = inputs[0] if inputs else "-"
+    meta = {}
+    if path != "-":
+        meta["source"] = os.path.abspath(records.resolve(path, "doc"))
+    if shard_num > 1:
+        meta["shard"] = {"id": shard_id, "num": shard_num}
+    docs = progress(shard(records.read(path, "doc", input_format), shard_id, shard_num, "docid"), desc="index", unit="doc")
+    settings = encoder_overrides(opts)
+    index(docs, output, meta=meta, encoder_settings=settings, **opts)

@@ -64,6 +64,7 @@ import click
 import numpy as np
 
 from retrctl import records
+from retrctl.errors import UsageError
 from retrctl.hashing import stable_rng
 from retrctl.retrievers import open_retriever
 from retrctl.stage import check_range, encoder_overrides, in_shard, options, parse_range, stage
@@ -282,7 +283,7 @@ def _report(st: dict, dists: dict, num_negatives: int) -> None:
 def command(queries, corpus, qrels, retriever, model, cache, shard_id, shard_num, **opts):
     """Hard negatives for queries (DRAMA / FlagEmbedding / sentence-transformers): training groups."""
     if not corpus:
-        raise click.UsageError("mine needs --corpus (the documents candidates come from)")
+        raise UsageError("mine needs --corpus (the documents candidates come from)")
     overrides = encoder_overrides(opts)
     opts = {k: v for k, v in opts.items() if v is not None}
     docs = records.read_corpus(corpus)

@@ -310,11 +310,6 @@ def _shape(model, shape, *, output, calibration, calibration_size, max_length, o
 def command(source, train_batch_size, train_group_size, lr, **opts):
     """Drop the least important sub-layers, blocks (EffiR, ShortGPT) or MLP neurons (EffiR's self-slimming) of a decoder,
     or cut it to a target shape (Sheared-LLaMA)."""
-    from retrctl.prune.surgery import PruneError
-
     settings = encoder_overrides(opts)
     train = {"batch_size": train_batch_size, "train_group_size": train_group_size, "lr": lr}
-    try:
-        prune(source, encoder_settings=settings, train_settings=train, **opts)
-    except PruneError as e:
-        raise click.UsageError(str(e)) from None
+    prune(source, encoder_settings=settings, train_settings=train, **opts)

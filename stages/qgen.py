@@ -9,7 +9,7 @@ chat LLM with 3 shots for one query per document.
 
 | paper knob                                         | flag                              | default          |
 |----------------------------------------------------|-----------------------------------|------------------|
-| generator LM (InPars: GPT-3 Curie; DRAMA: Llama)   | `--llm`, `--backend`, `--base-url`| smollm2, hf      |
+| generator LM (InPars: GPT-3 Curie; DRAMA: Llama)   | `--llm`, `--llm-backend`, `--base-url`| smollm2, hf (openai with `--base-url`) |
 | prompt: zero-shot / few-shot (InPars 3, DRAMA 3)   | `--examples FILE`, `--shots`      | zero-shot, 3     |
 | chat template (DRAMA) or plain prompt (InPars)     | `--prompt-style auto|chat|plain`  | auto             |
 | queries per document                               | `--per-doc`                       | 1                |
@@ -58,6 +58,7 @@ from pathlib import Path
 import click
 
 from retrctl import records
+from retrctl.errors import UsageError
 from retrctl.hashing import stable_int
 from retrctl.llm import LLM, Checkpoint, llm_from_flags, load_llm, resumable, sha
 from retrctl.stage import Output, options, stage
@@ -273,9 +274,9 @@ def command(docs, output, llm, retriever, consistency_k, examples, candidates, s
     """LLM-written queries for documents (InPars / Promptagator / DRAMA), filtered; resumable."""
     opts = {k: v for k, v in opts.items() if v is not None}
     if opts.get("max_words", qgen.__kwdefaults__["max_words"]) < opts.get("min_words", qgen.__kwdefaults__["min_words"]):
-        raise click.BadParameter("must be >= --min-words", param_hint="'--max-words'")
+        raise UsageError("must be >= --min-words", flag="--max-words")
     if (retriever is not None) != (consistency_k > 0):
-        raise click.UsageError("the consistency filter needs both --retriever and --consistency-k")
+        raise UsageError("the consistency filter needs both --retriever and --consistency-k")
     if retriever is not None:
         opts.update(retriever=open_consistency_retriever(retriever, shard_num > 1), consistency_k=consistency_k)
     if examples:

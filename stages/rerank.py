@@ -58,6 +58,7 @@ from operator import itemgetter
 import click
 
 from retrctl import records
+from retrctl.errors import UsageError
 from retrctl.llm import LLM, Checkpoint, llm_from_flags, load_llm, planning_llm, resumable, sha
 from retrctl.stage import Output, check_range, in_shard, options, parse_range, progress, shard, stage
 
@@ -423,12 +424,12 @@ def command(input, output, llm, queries, corpus, qrels, negative_ranks, dry_run,
     negative_ranks = parse_range(negative_ranks) if negative_ranks is not None else NEGATIVE_RANKS
     opts = {k: v for k, v in opts.items() if v is not None}
     if opts.get("stride", rerank.__kwdefaults__["stride"]) > opts.get("window", rerank.__kwdefaults__["window"]):
-        raise click.BadParameter("must be <= --window", param_hint="'--stride'")
+        raise UsageError("must be <= --window", flag="--stride")
     if queries is None:
         items = _group_items(input, corpus, shard_id, shard_num)
     else:
         if corpus is None:
-            raise click.UsageError("reranking a run needs --queries and --corpus")
+            raise UsageError("reranking a run needs --queries and --corpus")
         run = {q: r for q, r in records.read_run(input).items() if in_shard(q, shard_id, shard_num)}
         items = list(_run_items(run, queries, corpus, input))
     if dry_run:

@@ -49,7 +49,8 @@ from pathlib import Path
 
 import click
 
-from retrctl import fusion, records
+from retrctl import records
+from retrctl.errors import UsageError
 from retrctl.indexes.sparse import SEARCHES
 from retrctl.stage import Output, encoder_overrides, options, progress, stage
 
@@ -112,15 +113,8 @@ def provenance(idx, index_dir: str, queries: str, tag: str, rows: int, settings:
                                                            "versions") if k in manifest}}
 
 
-def _parse_weights(value: str) -> list[float]:
-    try:
-        return fusion.parse_weights(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--weights") from None
-
-
 @stage(search, writes="run")
-@options("input_format", "batch_size", "corpus", "encoder", "runtime")
+@options("input_format", "batch_size", "corpus", "encoder", "runtime", "fusion", "weights")
 @click.argument("index_dir")
 @click.argument("queries", default="-", required=False)
 @click.option("--hits", type=click.IntRange(min=1), help="Results per query.")
@@ -136,14 +130,6 @@ def _parse_weights(value: str) -> list[float]:
 @click.option("--heads", help="An index of a multi-head model: the heads to search, from dense, sparse (= lexical), colbert "
               "(comma-separated); without colbert their lists are fused, with it candidates are re-scored. "
               "[default: every head the index holds]")
-@click.option("--fusion", type=click.Choice(list(fusion.METHODS)), help="How the heads' lists are fused. [default: linear]")
-@click.option("--norm", type=click.Choice(list(fusion.NORMS)), help="Per-query normalisation before weighting (linear). [default: minmax]")
-@click.option("--weights", callback=lambda ctx, p, v: None if v is None else _parse_weights(v),
-              help="One weight per head searched, in dense,sparse,colbert order. [default: 1 each; with colbert "
-                   "BGE-M3's 1,0.3,1]")
-@click.option("--rrf-k", type=click.FloatRange(min=0), help="RRF constant k. [default: 60]")
-@click.option("--depth", type=click.IntRange(min=1), help="Each head's top N fused (with colbert: re-scored). "
-              "[default: 100, or --hits if larger]")
 @click.option("--candidates", help="With colbert: the heads whose top --depth are re-scored (dense, sparse, comma-separated), "
               "or all (every doc, brute force). [default: the other heads searched; colbert alone: all]")
 @click.option("--sparse-search", type=click.Choice(list(SEARCHES)),
@@ -152,7 +138,7 @@ def _parse_weights(value: str) -> list[float]:
 @click.option("--query-cut", type=click.IntRange(min=1), help="Seismic: the query's largest terms searched. [default: 20]")
 @click.option("--heap-factor", type=click.FloatRange(min=0, max=1, min_open=True), help="Seismic: block-skipping threshold; lower is faster, less exact. [default: 0.9]")
 def command(index_dir, queries, output, input_format, batch_size, corpus, hits, remove_query, output_format, run_tag,
-            with_text, ef_search, nprobe, query_encoder, heads, fusion, norm, weights, rrf_k, depth, candidates,
+            with_text, ef_search, nprobe, query_encoder, heads, fusion_method, norm, weights, rrf_k, depth, candidates,
             sparse_search, query_cut, heap_factor, **opts):
     """Search an index (from `retrctl index`) with queries (JSONL/Parquet/BEIR folder, '-' = stdin); write a run."""
     from retrctl.indexes import open_index
@@ -166,25 +152,25 @@ def command(index_dir, queries, output, input_format, batch_size, corpus, hits, 
     if not idx.needs_encoder and (overrides or device):
         log.warning("encoder flags are ignored by a %s index", idx.name)
     log.info("%s index %s: %s", idx.name, index_dir, idx.describe())
-    knobs = {"batch_size": batch_size, "ef_search": ef_search, "nprobe": nprobe, "heads": heads, "fusion": fusion,
+    knobs = {"batch_size": batch_size, "ef_search": ef_search, "nprobe": nprobe, "heads": heads, "fusion": fusion_method,
              "norm": norm, "weights": weights, "rrf_k": rrf_k, "depth": depth, "candidates": candidates,
              "sparse_search": sparse_search, "query_cut": query_cut, "heap_factor": heap_factor}
     for name, value in knobs.items():
         if value is not None and name in idx.search_knobs:
             setattr(idx, name, value)
         elif value is not None and name in ("heads", "fusion", "norm", "weights", "rrf_k", "depth", "candidates"):
-            raise click.UsageError(f"--{name.replace('_', '-')}: this {idx.name} index has one head (index it with a "
+            raise UsageError(f"--{name.replace('_', '-')}: this {idx.name} index has one head (index it with a "
                                    "model trained with --heads dense,sparse)")
         elif value is not None and name in ("sparse_search", "query_cut", "heap_factor"):
-            raise click.UsageError(f"--{name.replace('_', '-')}: this {idx.name} index holds no sparse head")
+            raise UsageError(f"--{name.replace('_', '-')}: this {idx.name} index holds no sparse head")
     fmt = output_format
     if with_text:
         if fmt == "trec":
-            raise click.UsageError("--with-text needs --output-format jsonl or parquet (TREC runs have no text column)")
+            raise UsageError("--with-text needs --output-format jsonl or parquet (TREC runs have no text column)")
         fmt = fmt or ("parquet" if records.is_parquet(output) else "jsonl")
         corpus = corpus or manifest.get("source")
         if not corpus or not isinstance(corpus, str):
-            raise click.UsageError("--with-text needs --corpus (the index does not record where its corpus is)")
+            raise UsageError("--with-text needs --corpus (the index does not record where its corpus is)")
     recs = progress(records.read(queries, "query", input_format), desc="search", unit="query")
     rows = search(recs, idx, hits=hits, remove_query=remove_query, texts=corpus_lookup(corpus) if with_text else None)
     tag = run_tag or default_tag(manifest)

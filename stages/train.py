@@ -90,7 +90,6 @@ import click
 from retrctl import records
 from retrctl.errors import UsageError
 from retrctl.stage import ENCODER_FLAGS, SHARED_TYPES, Size, options, stage
-from retrctl.train.checkpoint import check_output
 from retrctl.train.config import QUERY_ENCODERS, SPARSE_QUERIES, TrainConfig, parse_alphas
 from retrctl.train.loop import Trainer
 
@@ -103,14 +102,12 @@ def train(groups, *, output, corpus=None, config: TrainConfig | None = None, on_
     ``settings`` are TrainConfig fields overriding ``config``. Returns the output directory."""
     records.check_outputs([output], [groups, corpus], dir_output=True)  # never train onto the groups or corpus
     cfg = (config or TrainConfig()).replace(**settings)
-    if not cfg.model:
-        raise ValueError("a model is required (--model)")
-    check_output(output, cfg)  # before the corpus is read (Trainer checks again for other callers)
-    docs = records.read_corpus(corpus) if isinstance(corpus, (str, Path)) else corpus
     after_export = None
-    if cfg.guard_shards:
-        groups, after_export = _guarded(groups, docs, cfg)
-    return Trainer(cfg, groups, docs, output, on_step=on_step, after_export=after_export).fit()
+    if cfg.guard_shards:  # the held-out split and its pool need the corpus before the Trainer reads it
+        corpus = records.read_corpus(corpus) if isinstance(corpus, (str, Path)) else corpus
+        groups, after_export = _guarded(groups, corpus, cfg)
+    # Trainer checks cfg and the output, then reads the corpus
+    return Trainer(cfg, groups, corpus, output, on_step=on_step, after_export=after_export).fit()
 
 
 def _guarded(groups, docs, cfg: TrainConfig):
@@ -169,7 +166,7 @@ def _int_list(ctx, param, value):
     try:
         return [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
-        raise click.BadParameter("expected comma-separated integers, e.g. 64,128,256") from None
+        raise UsageError("expected comma-separated integers, e.g. 64,128,256", flag=param.opts[-1]) from None
 
 
 @stage(train, writes="dir", atomic=False)  # the trainer swaps its own resumable partial (rank 0)
@@ -182,11 +179,5 @@ def command(groups, output, corpus, config_file, **flags):
     """Contrastive training on groups (from `retrctl mine`, file or stdin): InfoNCE with in-batch and hard
     negatives, GradCache, LoRA, Matryoshka, DeepSpeed ZeRO 0-3 under torchrun/deepspeed."""
     cfg = (TrainConfig.from_json(config_file) if config_file else TrainConfig()).replace(**flags)
-    try:
-        cfg.check()
-        if not cfg.model:
-            raise ValueError("--model is required")
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
     train(groups, output=output, corpus=corpus, config=cfg)
 

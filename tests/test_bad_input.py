@@ -26,7 +26,7 @@ from conftest import DOCS, QRELS, QUERIES
 from retrctl import records
 from retrctl.records import RecordError
 
-NO_SERVER = ("--backend", "openai", "--llm", "fake-model", "--base-url", "http://127.0.0.1:9/v1", "--max-retries", "0")
+NO_SERVER = ("--llm-backend", "openai", "--llm", "fake-model", "--base-url", "http://127.0.0.1:9/v1", "--max-retries", "0")
 GROUPS = [{"query_id": q["query_id"], "query_text": q["query_text"], "positive_document_ids": [next(iter(QRELS[q["query_id"]]))],
            "negative_document_ids": ["d2", "d5"]} for q in QUERIES]
 

@@ -175,14 +175,37 @@ def test_cli_round_trip_trec_and_jsonl(runner, tmp_path, out_name):
     assert manifest["settings"] == {"fusion": "linear", "weights": [0.5, 0.5], "depth": None, "hits": 1000, "norm": "minmax"}
 
 
-def test_cli_rrf_default_stdout_and_run_tag(runner, tmp_path):
+def test_cli_rrf_stdout_and_run_tag(runner, tmp_path):
     a = write_trec(tmp_path / "a.trec", A)
     b = write_trec(tmp_path / "b.trec", B)
-    res = runner("fuse", a, b, "--run-tag", "hyb", "--hits", "1")
+    res = runner("fuse", a, b, "--fusion", "rrf", "--run-tag", "hyb", "--hits", "1")
     assert res.exit_code == 0, res.output
     lines = res.stdout.splitlines()
     assert lines[0].split() == ["q1", "Q0", "c", "1", f"{1 / 63 + 1 / 61:.6f}", "hyb"]
     assert len(lines) == 3  # one hit per query
+
+
+def test_one_default_fusion_in_fuse_eval_sweep_and_search(runner, tmp_path):
+    """fuse, eval --sweep and search --heads share one declaration of the fusion flags and one default: linear
+    fusion of min-max normalised scores (bench/RESULTS-fusion.md)."""
+    import importlib
+
+    a = write_trec(tmp_path / "a.trec", A)
+    b = write_trec(tmp_path / "b.trec", B)
+    plain, linear = tmp_path / "plain.trec", tmp_path / "linear.trec"
+    assert runner("fuse", a, b, "-o", plain).exit_code == 0
+    assert runner("fuse", a, b, "-o", linear, "--fusion", "linear", "--norm", "minmax").exit_code == 0
+    assert plain.read_text() == linear.read_text() and plain.read_text().split()[5] == "fused-linear"
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text(QRELS)
+    swept = runner("eval", a, b, "--qrels", qrels, "--sweep", "0:1:0.5", "--json")
+    assert swept.exit_code == 0 and {json.loads(r)["settings"]["fusion"] for r in swept.stdout.splitlines()} == {"linear"}
+    assert (fusion.METHOD, fusion.NORM, fusion.RRF_K) == ("linear", "minmax", 60.0)
+    helps = {}
+    for name in ("fuse", "eval", "search"):
+        params = {p.name: p for p in importlib.import_module(f"stages.{name}").command.params}
+        helps[name] = [(params[n].opts, params[n].help.split(" [default")[0]) for n in ("fusion_method", "norm", "rrf_k", "depth")]
+    assert helps["fuse"] == helps["eval"] == helps["search"]
 
 
 def test_cli_records_the_input_runs_manifests(runner, tmp_path):

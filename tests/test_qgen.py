@@ -200,7 +200,7 @@ def test_cli_refilters_from_the_candidates_and_refuses_other_generation_settings
 def test_cli_openai_backend_greedy_matches_hf(runner, tiny_llama, corpus_file, tmp_path):
     hf = runner(*_args(tiny_llama, corpus_file, "-", "--temperature", 0))
     with OpenAIServer(tiny_llama) as srv:
-        oa = runner(*_args(tiny_llama, corpus_file, "-", "--temperature", 0, "--backend", "openai", "--base-url", srv.url))
+        oa = runner(*_args(tiny_llama, corpus_file, "-", "--temperature", 0, "--llm-backend", "openai", "--base-url", srv.url))
         assert {r["path"] for r in srv.requests} == {"/v1/completions"} and len(srv.requests) == len(DOCS)
     assert hf.exit_code == oa.exit_code == 0, oa.stderr
     assert oa.stdout == hf.stdout
@@ -241,3 +241,20 @@ def test_smollm2_writes_queries_for_scifact_docs(tmp_path):
     assert stats["template"]["style"] == "chat" and stats["llm"]["chat_template"]
     assert stats["counts"]["generated"] == 2 and len(rows) == stats["counts"]["kept"]
     assert all(r["query_text"] and "\n" not in r["query_text"] for r in rows)
+
+
+@pytest.mark.parametrize("stage", ["qgen", "rerank"])
+def test_cli_backend_is_the_encoder_runtime_not_the_llm_client(runner, tiny_llama, corpus_file, tmp_path, stage):
+    """--backend means the encoder runtime (index, search); qgen and rerank refuse it, naming --llm-backend."""
+    out = tmp_path / "out.jsonl"
+    res = runner(stage, corpus_file, "--llm", tiny_llama, "--backend", "openai", "-o", out)
+    assert res.exit_code == 2 and "--llm-backend hf|openai" in res.stderr and not out.exists(), res.stderr
+    assert len(res.stderr.strip().splitlines()[-1].split("Error: ")) == 2
+
+
+def test_a_base_url_alone_chooses_the_openai_client():
+    from retrctl.llm.flags import chosen_backend
+
+    assert chosen_backend({"base_url": "http://h/v1"}) == ("openai", "http://h/v1")
+    assert chosen_backend({}) == ("hf", None)
+    assert chosen_backend({"llm_backend": "hf", "base_url": "http://h/v1"}) == ("hf", "http://h/v1")

@@ -281,7 +281,7 @@ def test_cli_openai_backend_pointwise_matches_hf(runner, tiny_llama, run_file, q
     args = _cli(tiny_llama, run_file, queries_file, corpus_file, "--mode", "pointwise", "--template", "yes_no", "--top-k", 4)
     hf = runner(*args)
     with OpenAIServer(tiny_llama) as srv:
-        oa = runner(*args, "--backend", "openai", "--base-url", srv.url, "--concurrency", 2)
+        oa = runner(*args, "--llm-backend", "openai", "--base-url", srv.url, "--concurrency", 2)
         assert len(srv.requests) == len(QUERIES) * 4
     assert hf.exit_code == oa.exit_code == 0, oa.stderr
     assert oa.stdout == hf.stdout

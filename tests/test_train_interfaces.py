@@ -95,3 +95,12 @@ def test_a_checkpoint_of_the_old_training_wrapper_loads_into_the_encoder(tiny_be
     b.load_state_dict({f"enc.{k}": v for k, v in a.state_dict().items()})
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
     b.load_state_dict(b.state_dict())  # today's names still load
+
+
+def test_the_command_line_checks_the_training_settings_once(tmp_path, runner, monkeypatch):
+    """The command, train() and Trainer share one check (Trainer's), made before the groups are read."""
+    calls = []
+    monkeypatch.setattr(TrainConfig, "check", lambda self, needs_model=True: calls.append(needs_model))
+    r = runner("train", tmp_path / "none.jsonl", "--model", "x", "-o", tmp_path / "m")
+    assert r.exit_code == 2 and "none.jsonl" in r.stderr, r.stderr  # the groups are read after the check
+    assert calls == [True] and not (tmp_path / "m").exists()

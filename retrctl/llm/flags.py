@@ -1,12 +1,14 @@
-"""Choosing and loading an LLM: the backend table and the shared command-line flags (--llm, --backend,
+"""Choosing and loading an LLM: the backend table and the shared command-line flags (--llm, --llm-backend,
 --base-url, --concurrency, --timeout, --max-retries; declared once in ``retrctl.stage.OPTIONS``) turned into
 a loaded model. qgen and rerank call ``llm_from_flags``; rerank's --dry-run calls ``planning_llm``.
+A --base-url with no --llm-backend means the openai client: a served model is what a URL points to.
 """
 
 from __future__ import annotations
 
 import logging
 
+from retrctl.errors import UsageError
 from retrctl.llm.base import LLM
 from retrctl.llm.hf import HFLLM
 from retrctl.llm.server import OpenAILLM
@@ -23,26 +25,31 @@ def load_llm(name_or_path, backend: str = "hf", base_url: str | None = None, **o
     backend = backend or "hf"
     if backend == "hf":
         if base_url:
-            raise ValueError("--base-url is for --backend openai")
+            raise UsageError("--base-url is for --llm-backend openai")
         return HFLLM(name_or_path, **opts)
     if backend == "openai":
         return OpenAILLM(str(name_or_path), base_url=base_url, **opts)
-    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    raise UsageError(f"--llm-backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+
+
+def chosen_backend(opts: dict) -> tuple[str, str | None]:
+    """Pop --llm-backend and --base-url: (the backend, the URL); a URL alone chooses openai."""
+    base_url = opts.pop("base_url", None)
+    return opts.pop("llm_backend", None) or ("openai" if base_url else "hf"), base_url
 
 
 def llm_from_flags(name, opts: dict) -> LLM:
-    """Pop the shared LLM flags (--backend, --base-url, --concurrency, --timeout, --max-retries) from a command's
-    options and load the LLM with those that apply to its backend; --batch-size (left for the stage) also sets
-    the hf backend's batch."""
-    backend = opts.pop("backend", None) or "hf"
-    base_url = opts.pop("base_url", None)
+    """Pop the shared LLM flags (--llm-backend, --base-url, --concurrency, --timeout, --max-retries) from a
+    command's options and load the LLM with those that apply to its backend; --batch-size (left for the stage)
+    also sets the hf backend's batch."""
+    backend, base_url = chosen_backend(opts)
     server = {k: opts.pop(k, None) for k in SERVER_FLAGS}
     batch_size = opts.get("batch_size")
     if backend == "openai":
         kw = {k: v for k, v in server.items() if v is not None}
     else:
         if any(v is not None for v in server.values()) or base_url:
-            log.warning("--base-url/--concurrency/--timeout/--max-retries apply to --backend openai only")
+            log.warning("--base-url/--concurrency/--timeout/--max-retries apply to --llm-backend openai only")
         base_url, kw = None, ({"batch_size": batch_size} if batch_size else {})
     return load_llm(name, backend, base_url, **kw)
 
@@ -50,8 +57,8 @@ def llm_from_flags(name, opts: dict) -> LLM:
 def planning_llm(name, opts: dict) -> LLM:
     """Pop the shared LLM flags and --batch-size, and load only what counting tokens needs: the tokenizer (hf),
     or a server backend that is never called (its local tokenizer when the name resolves to one)."""
-    backend = opts.pop("backend", None) or "hf"
-    for k in ("base_url", *SERVER_FLAGS, "batch_size"):
+    backend, _ = chosen_backend(opts)
+    for k in (*SERVER_FLAGS, "batch_size"):
         opts.pop(k, None)
     if backend == "hf":
         return load_llm(name, tokenizer_only=True)

@@ -14,11 +14,13 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from retrctl.errors import UsageError
+
 log = logging.getLogger("retrctl.llm")
 
 
-class CheckpointMismatch(ValueError):
-    pass
+class CheckpointMismatch(UsageError):
+    """A checkpoint made with other settings, or no retrctl checkpoint at all: a usage error (exit 2)."""
 
 
 _HEADER = b'{"checkpoint": '

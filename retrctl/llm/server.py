@@ -189,7 +189,7 @@ class OpenAILLM(LLM):
             offsets, values = lp.get("text_offset"), lp.get("token_logprobs")
             if not offsets or not values:
                 raise ServerError(f"{self.base_url}: the server returned no prompt log-probs (needs echo + logprobs "
-                                  "on /v1/completions, as vLLM has); use --backend hf")
+                                  "on /v1/completions, as vLLM has); use --llm-backend hf")
             picked = [v for o, v in zip(offsets, values, strict=False) if v is not None and len(p) <= o < len(p) + len(c)]
             if not picked:  # a token straddling the boundary: score the last prompt-side token
                 picked = [next(v for o, v in reversed(list(zip(offsets, values, strict=False))) if v is not None and o < len(p) + len(c))]

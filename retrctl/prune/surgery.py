@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from retrctl.errors import UsageError
 from retrctl.models import skipping
 
 SUBLAYERS = {"attention": "self_attn", "mlp": "mlp"}
 
 
-class PruneError(ValueError):
+class PruneError(UsageError):
     """A request the model cannot meet (too many layers, nothing to do, a bad budget): a usage error."""
 
 

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from retrctl import records
+from retrctl.errors import UsageError
 from retrctl.models.config import SETTING_FLAGS, with_encoder_flags
 
 QUERY_ENCODERS = ("full", "token-lookup")
@@ -19,14 +20,14 @@ SPARSE_QUERIES = ("tokens", "encoder")
 
 
 def parse_train_heads(value: str) -> list[str]:
-    """``--heads`` of train: dense first, at most one sparse kind; ValueError naming what is wrong."""
+    """``--heads`` of train: dense first, at most one sparse kind; UsageError naming what is wrong."""
     got = [h.strip() for h in value.split(",") if h.strip()]
     bad = [h for h in got if h not in TRAIN_HEADS]
     if bad or "dense" not in got or len(set(got)) != len(got):
-        raise ValueError(f"--heads {value}: dense plus any of sparse (SPLADE), lexical (BGE-M3) and colbert, "
+        raise UsageError(f"--heads {value}: dense plus any of sparse (SPLADE), lexical (BGE-M3) and colbert, "
                          "comma-separated, e.g. dense,lexical,colbert")
     if "sparse" in got and "lexical" in got:
-        raise ValueError("--heads: sparse (SPLADE) and lexical (BGE-M3) are two kinds of the one sparse head; choose one")
+        raise UsageError("--heads: sparse (SPLADE) and lexical (BGE-M3) are two kinds of the one sparse head; choose one")
     return [h for h in TRAIN_HEADS if h in got]
 
 
@@ -36,7 +37,7 @@ def parse_floats(value: str, n: int, flag: str) -> list[float]:
     except ValueError:
         out = []
     if len(out) != n or any(v < 0 for v in out):
-        raise ValueError(f"{flag} takes {n} comma-separated non-negative numbers, got {value!r}")
+        raise UsageError(f"{flag} takes {n} comma-separated non-negative numbers, got {value!r}")
     return out
 
 
@@ -50,7 +51,7 @@ def parse_alphas(value: str) -> list[float]:
     except ValueError:
         alphas = []
     if not alphas or any(not 0 < a <= 1 for a in alphas):
-        raise ValueError(f"--guard-alphas must be comma-separated numbers in (0, 1], got {value!r}")
+        raise UsageError(f"--guard-alphas must be comma-separated numbers in (0, 1], got {value!r}")
     return alphas
 
 
@@ -167,50 +168,53 @@ class TrainConfig:
             return int(json.loads(Path(self.deepspeed).read_text()).get("zero_optimization", {}).get("stage", 0))
         return self.zero_stage
 
-    def check(self) -> None:
-        """Refuse bad settings before any model is loaded. No GradCache × ZeRO 0-3 × LoRA combination is refused:
+    def check(self, needs_model: bool = True) -> None:
+        """Refuse bad settings (UsageError, exit 2) before any data is read or model loaded; ``needs_model``: the
+        encoder comes from ``model`` (not from an instance the caller trains). Trainer calls this, once. No GradCache × ZeRO 0-3 × LoRA combination is refused:
         each is supported and tested on 2 processes against one plain process (tests/test_train.py::test_zero_matrix,
         in the slow suite): GradCache's per-chunk backwards tell DeepSpeed which one ends the step, the case that
         breaks in peers (tevatron#206, ST#3173)."""
+        if needs_model and not self.model:
+            raise UsageError("a model is required (--model)")
         if self.batch_size < 1 or self.train_group_size < 1 or self.chunk_size < 1:
-            raise ValueError("--batch-size, --train-group-size and --chunk-size must be at least 1")
+            raise UsageError("--batch-size, --train-group-size and --chunk-size must be at least 1")
         if self.temperature <= 0:
-            raise ValueError("--temperature must be positive")
+            raise UsageError("--temperature must be positive")
         if self.grad_cache not in ("auto", "on", "off"):
-            raise ValueError(f"--grad-cache must be auto, on or off, got {self.grad_cache!r}")
+            raise UsageError(f"--grad-cache must be auto, on or off, got {self.grad_cache!r}")
         if self.max_memory is not None and self.max_memory <= 0:
-            raise ValueError("--max-memory must be positive")
+            raise UsageError("--max-memory must be positive")
         if self.save_minutes < 0:
-            raise ValueError("--save-minutes must be 0 (off) or positive")
+            raise UsageError("--save-minutes must be 0 (off) or positive")
         if self.zero_stage is not None and self.deepspeed:
-            raise ValueError("give --zero-stage or --deepspeed, not both")
+            raise UsageError("give --zero-stage or --deepspeed, not both")
         if self.zero_stage not in (None, 0, 1, 2, 3):
-            raise ValueError("--zero-stage must be 0, 1, 2 or 3")
+            raise UsageError("--zero-stage must be 0, 1, 2 or 3")
         if self.query_encoder not in QUERY_ENCODERS:
-            raise ValueError(f"--query-encoder must be one of {', '.join(QUERY_ENCODERS)}, got {self.query_encoder!r}")
+            raise UsageError(f"--query-encoder must be one of {', '.join(QUERY_ENCODERS)}, got {self.query_encoder!r}")
         heads = parse_train_heads(self.heads)
         if not any(parse_floats(self.ensemble_weights, 3, "--ensemble-weights")):
-            raise ValueError("--ensemble-weights: at least one weight must be positive")
+            raise UsageError("--ensemble-weights: at least one weight must be positive")
         parse_floats(self.head_loss_weights, 3, "--head-loss-weights")
         if self.distill_loss not in DISTILL_LOSSES:
-            raise ValueError(f"--distill-loss must be one of {', '.join(DISTILL_LOSSES)}, got {self.distill_loss!r}")
+            raise UsageError(f"--distill-loss must be one of {', '.join(DISTILL_LOSSES)}, got {self.distill_loss!r}")
         if self.contrastive_weight < 0 or (self.contrastive_weight == 0 and not self.distill_weight):
-            raise ValueError("--contrastive-weight must be >= 0, and above 0 unless --distill-weight is")
+            raise UsageError("--contrastive-weight must be >= 0, and above 0 unless --distill-weight is")
         if self.guard_shards < 0 or self.guard_shards == 1:
-            raise ValueError(f"--guard-shards must be 0 (off) or at least 2, got {self.guard_shards}")
+            raise UsageError(f"--guard-shards must be 0 (off) or at least 2, got {self.guard_shards}")
         if self.guard_shards:
             parse_alphas(self.guard_alphas)
         if self.colbert_dim < 1:
-            raise ValueError("--colbert-dim must be positive")
+            raise UsageError("--colbert-dim must be positive")
         if "colbert" in heads and self.query_encoder == "token-lookup":
-            raise ValueError("--heads …,colbert with --query-encoder token-lookup: the token-lookup query side has no "
+            raise UsageError("--heads …,colbert with --query-encoder token-lookup: the token-lookup query side has no "
                              "token vectors for MaxSim; train one or the other")
         if self.sparse_query is not None and self.sparse_query not in SPARSE_QUERIES:
-            raise ValueError(f"--sparse-query must be one of {', '.join(SPARSE_QUERIES)}, got {self.sparse_query!r}")
+            raise UsageError(f"--sparse-query must be one of {', '.join(SPARSE_QUERIES)}, got {self.sparse_query!r}")
         if self.sparse_top_k < 0 or self.flops_weight < 0 or self.flops_warmup < 0:
-            raise ValueError("--sparse-top-k, --flops-weight and --flops-warmup must not be negative")
+            raise UsageError("--sparse-top-k, --flops-weight and --flops-warmup must not be negative")
         if self.dtype not in (None, "fp32", "bf16"):
-            raise ValueError("training runs in fp32 or bf16 mixed precision (--dtype bf16); fp16 needs loss scaling, not offered")
+            raise UsageError("training runs in fp32 or bf16 mixed precision (--dtype bf16); fp16 needs loss scaling, not offered")
 
 
 # Settings a resume may change: where and how often it reports and saves, never what it computes.

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from retrctl import memory, records
+from retrctl.errors import UsageError
 from retrctl.models import Encoder, lookup
 from retrctl.models.layout import TrainedEncoder, TrainingLayout
 from retrctl.train import losses, objective
@@ -133,6 +134,9 @@ class Position:
 class Trainer:
     """Train an encoder on groups and save it to ``output``.
 
+    The settings and the output are checked first (``TrainConfig.check``, ``check_output``: exit 2 before anything
+    is read or loaded); ``corpus`` is then read when it is a path (a dict of docs is used as it is).
+
     ``encoder``: an Encoder to train instead of loading ``cfg.model`` (e.g. a pruned one); ``cfg``'s encoder
     settings still apply to it, and a CPU copy is kept to export the trained weights into (``cfg.model`` may be
     None then). ``teacher``: scores each example's passages for its query on the fly for the distillation term
@@ -146,19 +150,19 @@ class Trainer:
     attribute gets that learning rate (same schedule). ``after_export(dir)`` edits the saved model before publishing.
     """
 
-    def __init__(self, cfg: TrainConfig, groups, corpus: dict | None, output, *,
+    def __init__(self, cfg: TrainConfig, groups, corpus: dict | str | Path | None, output, *,
                  on_step: Callable[[int, dict], None] | None = None, encoder: Encoder | None = None,
                  teacher: Teacher | Encoder | None = None, penalty: Callable[[], torch.Tensor] | None = None,
                  finish: Callable[[Encoder], None] | None = None, after_export: Callable[[Path], None] | None = None):
-        cfg.check()
-        if encoder is None and not cfg.model:
-            raise ValueError("a model is required (--model)")
+        cfg.check(needs_model=encoder is None)
         check_output(output, cfg)
+        if isinstance(corpus, (str, Path)):  # read once the settings and the output are known to be usable
+            corpus = records.read_corpus(corpus)
         self.cfg, self.output, self.on_step, self.teacher = cfg, Path(output), on_step, teacher
         self.penalty, self.finish, self.after_export = penalty, finish, after_export
         self.dist = setup_processes(cfg)
         if self.dist.world > 1 and groups == "-":
-            raise ValueError("with several processes read groups from a file, not stdin (every process reads them)")
+            raise UsageError("with several processes read groups from a file, not stdin (every process reads them)")
         self.source = GroupSource(groups, corpus)
         self.n_groups = self.source.validate()
         self.resume_from = self.resume_point() if cfg.resume else None  # checked before any model is loaded
