@@ -30,7 +30,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -54,10 +54,10 @@ from retrctl.train.checkpoint import (
 from retrctl.train.config import TrainConfig, parse_train_heads, resume_conflicts
 from retrctl.train.data import Batches, Example, GroupSource
 from retrctl.train.engines import DeepSpeedEngine, PlainEngine, import_deepspeed, lora_b_norm, setup_processes
+from retrctl.train.teacher import Teacher, teacher_scores
 
 log = logging.getLogger("retrctl.train")
 
-Teacher = Callable[[str, Sequence[str]], Sequence[float]]
 
 
 # ---------------------------------------------------------------- model
@@ -104,20 +104,6 @@ def prepare(enc: Encoder, cfg: TrainConfig, *, for_training: bool = True) -> Tra
     layout = TrainingLayout.of(enc, sparse=kind is not None, colbert="colbert" in heads,
                                lookup=cfg.query_encoder == "token-lookup")
     return TrainedEncoder(enc, layout)
-
-
-def teacher_scores(teacher: Teacher | Encoder, examples: list[Example]) -> torch.Tensor:
-    """[len(examples), group size] scores of each example's passages for its query, from an online teacher: a
-    callable ``(query, passages) -> scores`` or an Encoder (its own similarity of query and passage vectors)."""
-    if isinstance(teacher, Encoder):
-        with torch.inference_mode():
-            rows = []
-            for e in examples:
-                q = torch.from_numpy(teacher.encode([e.query], kind="query"))
-                p = torch.from_numpy(teacher.encode(e.passages, kind="passage"))
-                rows.append(teacher.similarity(q, p)[0])
-            return torch.stack(rows).float()
-    return torch.tensor([[float(x) for x in teacher(e.query, e.passages)] for e in examples], dtype=torch.float32)
 
 
 # ---------------------------------------------------------------- the loop
