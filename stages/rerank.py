@@ -6,7 +6,11 @@ rank_llm, Pradeep et al. 2023, RankVicuna arXiv:2309.15088 / RankZephyr arXiv:23
 passages at a time, from the bottom of the top-k to the top, moving up by `stride`, so good passages bubble up.
 Pointwise (`--mode pointwise`): each passage is scored by the log-probability of "Yes" as the answer to "is the
 passage relevant?" (the relevance-generation score of Liang et al. 2022, HELM, arXiv:2211.09110), which suits
-small models that cannot follow the listwise format. Group relabelling as DRAMA (Ma et al. 2025,
+small models that cannot follow the listwise format. Query likelihood (`--mode qlm`): each passage is scored by the
+mean log-probability of the query's tokens given the passage and an instruction to write a question for it (UPR:
+Sachan et al. 2022, "Improving Passage Retrieval with Zero-Shot Question Generation", arXiv:2204.07496, which helped
+with LMs of ~250M parameters): the LM needs no instruction following, so small LMs and any served LLM with
+logprobs can label. Group relabelling as DRAMA (Ma et al. 2025,
 arXiv:2502.18460, §3.1): after reranking a mined group, the top-1 is the positive and ranks 10-20 the negatives.
 
 | paper knob                                   | flag                            | default            |
@@ -15,7 +19,7 @@ arXiv:2502.18460, §3.1): after reranking a mined group, the top-1 is the positi
 | depth reranked (rank_llm)                    | `--top-k`                       | 100                |
 | prompt template (tied to the model, below)   | `--template`                    | from the model     |
 | passage length in the prompt (RankGPT: 300 tokens) | `--passage-max-words`     | 100 words          |
-| listwise or pointwise                        | `--mode`                        | listwise           |
+| listwise, pointwise or query likelihood      | `--mode`                        | listwise           |
 | DRAMA relabelling: positive rank, negatives  | `--negative-ranks`              | 10-20              |
 
 Templates are tied to models (castorini/rank_llm#318: the wrong template made reranking worse than the first
@@ -39,7 +43,7 @@ versions go to `<output>.manifest.json` (TREC runs have no header; rank_llm#410,
 
 Deviations: rank_llm slides one window past the top when (top_k - window) is not a multiple of the stride; we
 stop after the window that reaches rank 1. Run scores are rank-based (top-k reranked, then the rest in input
-order, scores strictly decreasing); group scores are the reranker's (pointwise log P(Yes); listwise 1/rank).
+order, scores strictly decreasing); group scores are the reranker's (pointwise log P(Yes); qlm mean log p(query | passage); listwise 1/rank).
 """
 
 from __future__ import annotations
@@ -92,7 +96,14 @@ TEMPLATES = {
         "user": "Query: {query}\nPassage: {content}\nIs the passage relevant to the query? Answer Yes or No.",
         "plain_suffix": "\nAnswer:", "answer": "Yes",
     },
+    # UPR's question-generation prompt: the score is the query's own likelihood as the answer
+    "upr": {
+        "mode": "qlm",
+        "user": "Passage: {content}\nPlease write a question based on this passage.",
+        "plain_suffix": "\nQuestion:", "answer": "{query}",
+    },
 }
+SCORED_MODES = ("pointwise", "qlm")  # one LLM call per (query, passage): the log-probability of the template's answer
 # model name (substring, lower case) -> (listwise template, pointwise template); first match wins
 MODEL_TEMPLATES = [
     ("rank_zephyr", "rank_llm", "yes_no"),
@@ -112,6 +123,8 @@ def template_for(model_name: str, mode: str, override: str | None = None) -> str
             names = [n for n, t in TEMPLATES.items() if t["mode"] == mode]
             raise ValueError(f"template {override!r} is not a {mode} template ({', '.join(names)})")
         return override
+    if mode == "qlm":  # the prompt asks for no format the model must know, so one template serves every model
+        return "upr"
     name = str(model_name).lower()
     for key, listwise, pointwise in MODEL_TEMPLATES:
         if key in name:
@@ -204,10 +217,12 @@ def window_prompt(template: dict, query: str, contents: list[str]) -> list[dict]
 
 
 def pointwise_prompt(template: dict, query: str, content: str, chat: bool):
+    """(prompt, answer) whose log-probability scores the passage: "Yes" (yes_no) or the query itself (upr)."""
     user = template["user"].format(query=query, content=content)
+    answer = template["answer"].format(query=query)
     if chat:
-        return [{"role": "user", "content": user}], template["answer"]
-    return user + template["plain_suffix"], " " + template["answer"]
+        return [{"role": "user", "content": user}], answer
+    return user + template["plain_suffix"], " " + answer
 
 
 def windows(n: int, window: int = 20, stride: int = 10) -> list[tuple[int, int]]:
@@ -231,9 +246,9 @@ def rerank(items: Iterable[dict], llm: LLM | str = "smollm2", *, mode: str = "li
     """Rerank candidate lists. items: {query_id, query_text, docs: [{docid, title, text}] best first}.
 
     Yields {query_id, docids, scores}: the top_k reordered, the rest below in input order; scores are the
-    reranker's for the top_k (pointwise log P(Yes), listwise 1/rank) and None below."""
-    if mode not in ("listwise", "pointwise"):
-        raise ValueError(f"mode must be listwise or pointwise, got {mode!r}")
+    reranker's for the top_k (pointwise log P(Yes), qlm mean log p(query | passage), listwise 1/rank) and None below."""
+    if mode not in ("listwise", *SCORED_MODES):
+        raise ValueError(f"mode must be listwise, pointwise or qlm, got {mode!r}")
     if window < 2 or not 0 < stride <= window or top_k < 1 or batch_size < 1:
         raise ValueError("need window >= 2, 0 < stride <= window, top_k >= 1, batch_size >= 1")
     llm = load_llm(llm) if isinstance(llm, str) else llm
@@ -250,7 +265,7 @@ def rerank(items: Iterable[dict], llm: LLM | str = "smollm2", *, mode: str = "li
 
     def run_batch(batch: list[dict]) -> list[dict]:
         results = []
-        if mode == "pointwise":
+        if mode in SCORED_MODES:
             pairs = [(q, d) for q in batch for d in q["docs"][:top_k]]
             prompts = [pointwise_prompt(tmpl, q["query_text"], passage_content(d, passage_max_words), chat) for q, d in pairs]
             scores = llm.logprobs([p for p, _ in prompts], [a for _, a in prompts]) if prompts else []
@@ -317,9 +332,10 @@ def plan(items: Iterable[dict], llm: LLM, *, mode: str = "listwise", window: int
         out["queries"] += 1
         head = q["docs"][:top_k]
         contents = [passage_content(d, passage_max_words) for d in head]
-        if mode == "pointwise":
+        if mode in SCORED_MODES:
             for c in contents:
-                out["prompt_tokens"] += llm.count_tokens(pointwise_prompt(tmpl, q["query_text"], c, chat)[0]) + 1
+                prompt, answer = pointwise_prompt(tmpl, q["query_text"], c, chat)  # "Yes" is one token; a query is counted
+                out["prompt_tokens"] += llm.count_tokens(prompt) + (1 if mode == "pointwise" else llm.count_tokens(answer))
             out["llm_calls"] += len(head)
             continue
         for s, e in windows(len(head), window, stride):
@@ -395,7 +411,8 @@ def _probe(before: dict, after: dict, qrels_path: str) -> None:
 @click.argument("input", default="-", required=False)
 @options("llm", "llm_server", "corpus", "qrels", "top_k", "batch_size", "shard")
 @click.option("--queries", help="Queries of the run (JSONL/Parquet/BEIR folder); without it INPUT is read as groups.")
-@click.option("--mode", type=click.Choice(["listwise", "pointwise"]), help="Listwise sliding window or pointwise yes/no.")
+@click.option("--mode", type=click.Choice(["listwise", *SCORED_MODES]),
+              help="Listwise sliding window, pointwise yes/no, or qlm: query likelihood log p(query | passage) (UPR).")
 @click.option("--window", type=click.IntRange(min=2), help="Passages per listwise window (RankGPT/rank_llm: 20).")
 @click.option("--stride", type=click.IntRange(min=1), help="Step between windows (RankGPT/rank_llm: 10).")
 @click.option("--template", help=f"Prompt template ({', '.join(TEMPLATES)}; default: the one tied to the model).")

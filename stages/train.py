@@ -19,6 +19,7 @@ LoRA (Hu et al. 2021, arXiv:2106.09685); ZeRO (Rajbhandari et al. 2020, arXiv:19
 | LoRA r / alpha / dropout | ``--lora-r --lora-alpha --lora-dropout`` |
 | ZeRO stage | ``--zero-stage`` or ``--deepspeed ds.json`` |
 | distillation from reranker scores | ``--distill-weight --teacher-temperature`` |
+| never deliver a worse model: held-out slice, WiSE-FT candidates | ``--guard-shards --guard-alphas`` |
 | LightRetriever's token-lookup query encoder | ``--query-encoder token-lookup --lookup-kl-weight`` |
 | SPLADE sparse head (FLOPS λ, quadratic warm-up) | ``--heads dense,sparse --flops-weight --flops-warmup --sparse-query --sparse-top-k`` |
 | BGE-M3: lexical + multi-vector heads, self-knowledge distillation | ``--heads dense,lexical,colbert --self-distill/--no-self-distill --ensemble-weights --head-loss-weights --colbert-dim`` |
@@ -80,6 +81,7 @@ Launching (the same flags everywhere; one process without --zero-stage/--deepspe
 from __future__ import annotations
 
 import dataclasses
+import logging
 import typing
 from pathlib import Path
 
@@ -88,8 +90,10 @@ import click
 from retrctl import records
 from retrctl.errors import UsageError
 from retrctl.stage import ENCODER_FLAGS, SHARED_TYPES, Size, options, stage
-from retrctl.train.config import QUERY_ENCODERS, SPARSE_QUERIES, TrainConfig
+from retrctl.train.config import QUERY_ENCODERS, SPARSE_QUERIES, TrainConfig, parse_alphas
 from retrctl.train.loop import Trainer
+
+log = logging.getLogger("retrctl.train")
 
 
 def train(groups, *, output, corpus=None, config: TrainConfig | None = None, on_step=None, **settings) -> Path:
@@ -98,7 +102,28 @@ def train(groups, *, output, corpus=None, config: TrainConfig | None = None, on_
     ``settings`` are TrainConfig fields overriding ``config``. Returns the output directory."""
     records.check_outputs([output], [groups, corpus], dir_output=True)  # never train onto the groups or corpus
     cfg = (config or TrainConfig()).replace(**settings)
-    return Trainer(cfg, groups, corpus, output, on_step=on_step).fit()  # checks cfg and output, then reads the corpus
+    after_export = None
+    if cfg.guard_shards:  # the held-out split and its pool need the corpus before the Trainer reads it
+        corpus = records.read_corpus(corpus) if isinstance(corpus, (str, Path)) else corpus
+        groups, after_export = _guarded(groups, corpus, cfg)
+    # Trainer checks cfg and the output, then reads the corpus
+    return Trainer(cfg, groups, corpus, output, on_step=on_step, after_export=after_export).fit()
+
+
+def _guarded(groups, docs, cfg: TrainConfig):
+    """The groups to train on, and the guard that chooses what to deliver from the held-out rest."""
+    from retrctl import guard
+
+    if not docs:
+        raise UsageError("--guard-shards needs --corpus: held-out queries are searched among corpus documents")
+    kept, dev = guard.hold_out(records.read(groups, "group") if isinstance(groups, (str, Path)) else groups, cfg.guard_shards)
+    log.info("guard holds out %d groups (positives in shard 0 of %d), %d trained on", len(dev), cfg.guard_shards, len(kept))
+    if len(dev) < 2:
+        raise UsageError(f"--guard-shards {cfg.guard_shards}: {len(dev)} of the groups are held out, the guard needs at least 2 "
+                         "(use fewer shards or more groups)")
+    alphas = parse_alphas(cfg.guard_alphas)
+    return kept, lambda model_dir: guard.select(model_dir, cfg.model, dev, docs, alphas=alphas, seed=cfg.seed,
+                                                batch_size=cfg.chunk_size)
 
 
 # ---------------------------------------------------------------- command line

@@ -10,7 +10,7 @@ import torch
 import torch.multiprocessing as mp
 
 from retrctl.train import losses as contrastive
-from retrctl.train.losses import distill_kl, false_negative_mask, grad_cache_step, group_loss
+from retrctl.train.losses import distill_kl, false_negative_mask, grad_cache_step, group_loss, margin_mse
 
 
 def _unit(*rows):
@@ -74,6 +74,28 @@ def test_distillation_kl():
     masked = torch.tensor([[2.0, float("-inf"), 0.0]])
     kl = distill_kl(masked, torch.tensor([[4.0, 2.0, 0.0]]), torch.tensor([True]), 2.0)
     assert torch.isfinite(kl)
+
+
+def test_margin_mse_by_hand():
+    student = torch.tensor([[3.0, 1.0, float("-inf")], [0.0, 0.0, 0.0]])
+    teacher = torch.tensor([[8.0, 2.0, 0.0], [9.0, 9.0, 9.0]])
+    valid = torch.tensor([True, False])
+    # margins: student 2 (the masked negative is left out), teacher (8 - 2) / 2 = 3
+    assert margin_mse(student, teacher, valid, 2.0).item() == pytest.approx((2.0 - 3.0) ** 2)
+    assert margin_mse(student, teacher, torch.tensor([False, False])).item() == 0.0
+
+
+def test_margin_mse_alone_when_the_contrastive_weight_is_zero():
+    torch.manual_seed(3)
+    q, p = torch.randn(2, 8), torch.randn(6, 8)
+    teacher = torch.tensor([[3.0, 1.0, 0.0], [2.0, 2.5, 0.0]])
+    valid = torch.ones(2, dtype=torch.bool)
+    loss, parts = group_loss(q, p, group_size=3, temperature=0.1, teacher=teacher, teacher_valid=valid,
+                             distill_weight=2.0, distill_loss="margin-mse", contrastive_weight=0.0)
+    assert "margin_mse" in parts and loss.item() == pytest.approx(2.0 * parts["margin_mse"].item(), rel=1e-6)
+    both, parts = group_loss(q, p, group_size=3, temperature=0.1, teacher=teacher, teacher_valid=valid,
+                             distill_weight=2.0, distill_loss="margin-mse")
+    assert both.item() == pytest.approx(parts["ce"].item() + 2.0 * parts["margin_mse"].item(), rel=1e-6)
 
 
 def test_distillation_enters_the_loss():

@@ -253,6 +253,13 @@ def test_bad_qrels(tmp_path, text, message):
     assert str(e.value).startswith(f"{path}{message}")
 
 
+def test_pseudo_queries_are_qrels_of_their_source_documents(tmp_path):
+    path = tmp_path / "crops.jsonl"
+    path.write_text('{"query_id": "d1#crop0", "query_text": "a b", "source_docid": "d1"}\n'
+                    '{"query_id": "d2#qgen0", "query_text": "c", "source_docid": "d2", "relevance": 2}\n')
+    assert records.read_qrels(path) == {"d1#crop0": {"d1": 1}, "d2#qgen0": {"d2": 2}}
+
+
 # ---------------------------------------------------------------- runs
 
 

@@ -22,6 +22,7 @@ from stages.rerank import (
     pointwise_prompt,
     relabel,
     rerank,
+    template_for,
     windows,
 )
 
@@ -310,3 +311,21 @@ def test_smollm2_listwise_on_scifact():
                       stride=5, passage_max_words=40, stats=stats))
     assert sorted(out[0]["docids"]) == sorted(d["docid"] for d in docs)
     assert sum(stats["windows"].values()) == 1
+
+
+def test_qlm_scores_are_query_logprobs_given_the_passage(tiny_llama):
+    llm = load_llm(tiny_llama)
+    items = [{"query_id": q["query_id"], "query_text": q["query_text"], "docs": DOCS} for q in QUERIES[:2]]
+    out = list(rerank(items, llm, mode="qlm", top_k=4, passage_max_words=8))
+    tmpl = TEMPLATES["upr"]
+    for it, res in zip(items, out, strict=True):
+        prompt, answer = pointwise_prompt(tmpl, it["query_text"], passage_content(DOCS[0], 8), False)
+        assert answer == " " + it["query_text"] and "Please write a question" in prompt
+        want = llm.logprobs([pointwise_prompt(tmpl, it["query_text"], passage_content(d, 8), False)[0] for d in DOCS[:4]],
+                            [answer] * 4)
+        ranked = sorted(range(4), key=lambda i: (-want[i], i))
+        assert res["docids"][:4] == [DOCS[i]["docid"] for i in ranked]
+        assert res["scores"] == pytest.approx([want[i] for i in ranked], abs=1e-5)
+    assert template_for("anything", "qlm") == "upr"
+    with pytest.raises(ValueError, match="qlm"):
+        template_for("smollm2", "qlm", override="yes_no")

@@ -133,6 +133,17 @@ def test_distillation_from_group_scores(no_dropout_bert, tmp_path):
     assert all(r["kl"] > 0 and r["loss"] == pytest.approx(r["ce"] + 0.5 * r["kl"], rel=1e-5) for r in rows)
 
 
+def test_margin_mse_distillation_alone(no_dropout_bert, tmp_path):
+    groups = _groups(8)
+    for g in groups:
+        g["positive_scores"] = [5.0]
+        g["negative_scores"] = [float(-i) for i in range(len(g["negative_document_ids"]))]
+    out = train(groups, corpus=_corpus(), output=tmp_path / "m", model=str(no_dropout_bert), distill_weight=1.0,
+                distill_loss="margin-mse", contrastive_weight=0.0, max_steps=2, **FAST)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["margin_mse"] > 0 and r["loss"] == pytest.approx(r["margin_mse"], rel=1e-5) for r in rows)
+
+
 def test_bf16_mixed_precision_on_cpu(no_dropout_bert, tmp_path):
     out = train(_groups(8), corpus=_corpus(), output=tmp_path / "m", model=str(no_dropout_bert), dtype="bf16", max_steps=2, **FAST)
     assert all(np.isfinite(_losses(out)))

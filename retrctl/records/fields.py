@@ -29,7 +29,7 @@ ALIASES = {
     "run": {"query_id": ("query_id", "qid"), "doc_id": ("doc_id", "docid"), "score": ("score",), "rank": ("rank",)},
     "qrels": {
         "query_id": ("query_id", "qid", "query-id"),
-        "doc_id": ("doc_id", "docid", "corpus-id"),
+        "doc_id": ("doc_id", "docid", "corpus-id", "source_docid"),
         "relevance": ("relevance", "rel", "score"),
     },
 }
@@ -198,6 +198,8 @@ def normalize_group(obj, path="<input>", line=None) -> dict:
 
 def _normalize_row(kind, obj, path, line) -> dict:
     al = ALIASES[kind]
+    if kind == "qrels" and obj.get("source_docid") is not None and not any(n in obj for n in al["relevance"]):
+        obj = {**obj, "relevance": 1}  # a crop/qgen pseudo-query judges its source document relevant
     out = {}
     for canonical, names in al.items():
         name, value = _pick(obj, names)

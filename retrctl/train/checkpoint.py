@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 # What Encoder.save (transformers' save_pretrained included) and the trainer write into a model directory; a
 # directory with anything else in it is not retrctl's to replace: it may hold a user's files.
-MODEL_FILES = ("retrctl.json", "train_config.json", "metrics.jsonl", "modules.json", "sentence_bert_config.json",
+MODEL_FILES = ("retrctl.json", "train_config.json", "metrics.jsonl", "guard.json", "modules.json", "sentence_bert_config.json",
                "config_sentence_transformers.json", "config.json", "generation_config.json", "model.safetensors",
                "model-*-of-*.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json", "added_tokens.json", "tokenizer.model", "vocab.txt", "vocab.json", "merges.txt",

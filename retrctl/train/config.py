@@ -41,6 +41,20 @@ def parse_floats(value: str, n: int, flag: str) -> list[float]:
     return out
 
 
+DISTILL_LOSSES = ("kl", "margin-mse")
+
+
+def parse_alphas(value: str) -> list[float]:
+    """'0.5,1' -> [0.5, 1.0]: the guard's interpolation weights of the trained model, tried beside the base."""
+    try:
+        alphas = sorted({float(v) for v in str(value).split(",") if v.strip()})
+    except ValueError:
+        alphas = []
+    if not alphas or any(not 0 < a <= 1 for a in alphas):
+        raise UsageError(f"--guard-alphas must be comma-separated numbers in (0, 1], got {value!r}")
+    return alphas
+
+
 def _f(default, help: str):
     return dataclasses.field(default=default, metadata={"help": help})
 
@@ -64,8 +78,11 @@ class TrainConfig:
     max_grad_norm: float = _f(1.0, "Gradient clipping (global norm); 0 = off.")
     seed: int = _f(42, "Seed for sampling, dropout and LoRA init.")
     mrl_dims: list[int] | None = _f(None, "Matryoshka: loss summed over these truncated dims, e.g. 64,128,384.")
-    distill_weight: float = _f(0.0, "Weight of KL(teacher || student) on groups carrying positive/negative_scores.")
-    teacher_temperature: float = _f(1.0, "Temperature applied to teacher scores before the softmax.")
+    distill_weight: float = _f(0.0, "Weight of the distillation term on groups carrying positive/negative_scores.")
+    distill_loss: str = _f("kl", "kl: KL(teacher || student) over each group (RocketQAv2); margin-mse: MSE between the "
+                           "student's and the teacher's positive-minus-negative score margins (GPL's MarginMSE).")
+    teacher_temperature: float = _f(1.0, "Teacher scores are divided by this (before the softmax, or the margins).")
+    contrastive_weight: float = _f(1.0, "Weight of the InfoNCE term (0 = distillation alone, as GPL).")
     query_encoder: str = _f("full", "full, or token-lookup: also train LightRetriever's token-lookup query encoder (each "
                                     "query token encoded with the prompt alone, averaged) with a KL term to the full one, "
                                     "and ship its token table in the model dir.")
@@ -84,6 +101,11 @@ class TrainConfig:
                                   "plain multi-objective ablation.")
     ensemble_weights: str = _f("1,0.3,1", "w_dense,w_sparse,w_colbert of the ensemble score s_inter (BGE-M3).")
     head_loss_weights: str = _f("1,0.1,1", "λ_dense,λ_sparse,λ_colbert of each head's loss in the multi-head objective (BGE-M3).")
+    guard_shards: int = _f(0, "Hold out the groups whose positive is in shard 0 of N docs (as --shard-id 0 --shard-num N "
+                           "selects them) and keep the base model unless the trained one, or a weight interpolation of "
+                           "the two, beats it there beyond noise (retrctl/guard.py); 0 = off.")
+    guard_alphas: str = _f("0.5,1", "With --guard-shards: weights α of the trained model in α·trained + (1-α)·base tried "
+                           "beside the base (WiSE-FT).")
     lora_r: int = _f(0, "LoRA rank (0 = full fine-tuning); adapters are merged on save.")
     lora_alpha: int = _f(32, "LoRA alpha.")
     lora_dropout: float = _f(0.05, "LoRA dropout.")
@@ -174,6 +196,14 @@ class TrainConfig:
         if not any(parse_floats(self.ensemble_weights, 3, "--ensemble-weights")):
             raise UsageError("--ensemble-weights: at least one weight must be positive")
         parse_floats(self.head_loss_weights, 3, "--head-loss-weights")
+        if self.distill_loss not in DISTILL_LOSSES:
+            raise UsageError(f"--distill-loss must be one of {', '.join(DISTILL_LOSSES)}, got {self.distill_loss!r}")
+        if self.contrastive_weight < 0 or (self.contrastive_weight == 0 and not self.distill_weight):
+            raise UsageError("--contrastive-weight must be >= 0, and above 0 unless --distill-weight is")
+        if self.guard_shards < 0 or self.guard_shards == 1:
+            raise UsageError(f"--guard-shards must be 0 (off) or at least 2, got {self.guard_shards}")
+        if self.guard_shards:
+            parse_alphas(self.guard_alphas)
         if self.colbert_dim < 1:
             raise UsageError("--colbert-dim must be positive")
         if "colbert" in heads and self.query_encoder == "token-lookup":

@@ -30,7 +30,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -54,10 +54,10 @@ from retrctl.train.checkpoint import (
 from retrctl.train.config import TrainConfig, parse_train_heads, resume_conflicts
 from retrctl.train.data import Batches, Example, GroupSource
 from retrctl.train.engines import DeepSpeedEngine, PlainEngine, import_deepspeed, lora_b_norm, setup_processes
+from retrctl.train.teacher import Teacher, teacher_scores
 
 log = logging.getLogger("retrctl.train")
 
-Teacher = Callable[[str, Sequence[str]], Sequence[float]]
 
 
 # ---------------------------------------------------------------- model
@@ -106,20 +106,6 @@ def prepare(enc: Encoder, cfg: TrainConfig, *, for_training: bool = True) -> Tra
     return TrainedEncoder(enc, layout)
 
 
-def teacher_scores(teacher: Teacher | Encoder, examples: list[Example]) -> torch.Tensor:
-    """[len(examples), group size] scores of each example's passages for its query, from an online teacher: a
-    callable ``(query, passages) -> scores`` or an Encoder (its own similarity of query and passage vectors)."""
-    if isinstance(teacher, Encoder):
-        with torch.inference_mode():
-            rows = []
-            for e in examples:
-                q = torch.from_numpy(teacher.encode([e.query], kind="query"))
-                p = torch.from_numpy(teacher.encode(e.passages, kind="passage"))
-                rows.append(teacher.similarity(q, p)[0])
-            return torch.stack(rows).float()
-    return torch.tensor([[float(x) for x in teacher(e.query, e.passages)] for e in examples], dtype=torch.float32)
-
-
 # ---------------------------------------------------------------- the loop
 
 
@@ -147,19 +133,19 @@ class Trainer:
     For a stage that trains extra parameters inside the encoder (prune's self-slimming gates): ``penalty``, a
     term of the parameters alone added to every step's loss (reported as ``penalty``); ``finish``, applied to the
     trained encoder before it is saved (folding the extras into stock weights); a parameter carrying an ``lr``
-    attribute gets that learning rate (same schedule).
+    attribute gets that learning rate (same schedule). ``after_export(dir)`` edits the saved model before publishing.
     """
 
     def __init__(self, cfg: TrainConfig, groups, corpus: dict | str | Path | None, output, *,
                  on_step: Callable[[int, dict], None] | None = None, encoder: Encoder | None = None,
                  teacher: Teacher | Encoder | None = None, penalty: Callable[[], torch.Tensor] | None = None,
-                 finish: Callable[[Encoder], None] | None = None):
+                 finish: Callable[[Encoder], None] | None = None, after_export: Callable[[Path], None] | None = None):
         cfg.check(needs_model=encoder is None)
         check_output(output, cfg)
         if isinstance(corpus, (str, Path)):  # read once the settings and the output are known to be usable
             corpus = records.read_corpus(corpus)
         self.cfg, self.output, self.on_step, self.teacher = cfg, Path(output), on_step, teacher
-        self.penalty, self.finish = penalty, finish
+        self.penalty, self.finish, self.after_export = penalty, finish, after_export
         self.dist = setup_processes(cfg)
         if self.dist.world > 1 and groups == "-":
             raise UsageError("with several processes read groups from a file, not stdin (every process reads them)")
@@ -501,3 +487,5 @@ class Trainer:
             lookup.save_table(reloaded, self.partial)
         drift = float((after * self.before).sum(1).mean()) if self.before is not None and fresh.config.normalize else float("nan")
         log.info("saved %s (probe cos to the untrained model %.4f; reload parity %.6f)", self.output, drift, cos)
+        if self.after_export is not None:  # rank 0 only, as the save
+            self.after_export(self.partial)

@@ -104,6 +104,25 @@ def distill_kl(student: torch.Tensor, teacher: torch.Tensor, valid: torch.Tensor
     return terms.sum(-1).mean()
 
 
+def margin_mse(student: torch.Tensor, teacher: torch.Tensor, valid: torch.Tensor, teacher_temperature: float = 1.0) -> torch.Tensor:
+    """GPL's MarginMSE (Wang et al. 2022, arXiv:2112.07577; Hofstätter et al. 2020, arXiv:2010.02666): the mean
+    squared difference between the student's margins s_pos − s_neg and the teacher's, over each group's negatives.
+    ``student``: [Q, G] logits, positive first; ``teacher``: [Q, G] raw scores (÷ ``teacher_temperature``);
+    ``valid``: [Q] rows with teacher scores. Masked (-inf) negatives are left out."""
+    valid = valid.to(student.device)
+    if not bool(valid.any()):
+        return student.new_zeros(())
+    s, t = student[valid], teacher.to(student)[valid] / teacher_temperature
+    keep = torch.isfinite(s[:, 1:])
+    if not bool(keep.any()):
+        return student.new_zeros(())
+    diff = (s[:, :1] - s[:, 1:]) - (t[:, :1] - t[:, 1:])
+    return diff[keep].pow(2).mean()
+
+
+DISTILL = {"kl": distill_kl, "margin-mse": margin_mse}
+
+
 def group_loss(
     q: torch.Tensor,
     p: torch.Tensor,
@@ -117,12 +136,15 @@ def group_loss(
     teacher_valid: torch.Tensor | None = None,
     distill_weight: float = 0.0,
     teacher_temperature: float = 1.0,
+    distill_loss: str = "kl",
+    contrastive_weight: float = 1.0,
 ) -> tuple[torch.Tensor, dict]:
     """InfoNCE (+ distillation) of this process's queries against the candidates of all processes.
 
     q: [B, D] this process's query embeddings; p: [B*G, D] its passages, group-major (positive first, then
-    G-1 negatives). mask: [B, N*B*G] false negatives against the gathered candidates. teacher: [B, G] scores.
-    Returns (loss, {"ce": …, "kl": …} at full dimension, for logging).
+    G-1 negatives). mask: [B, N*B*G] false negatives against the gathered candidates. teacher: [B, G] scores,
+    distilled by ``distill_loss`` (``DISTILL``: kl or margin-mse). Loss = contrastive_weight·InfoNCE +
+    distill_weight·distillation. Returns (loss, {"ce": …, "kl"/"margin_mse": …} at full dimension, for logging).
     """
     rank, _ = world()
     b = q.size(0)
@@ -133,14 +155,14 @@ def group_loss(
     for dims in list(mrl_dims or []) or [None]:
         logits = scores(q, candidates, dims=dims, normalize=normalize) / temperature
         ce = info_nce(logits, labels, mask)
-        loss = ce
+        loss = contrastive_weight * ce
         if distill_weight and teacher is not None:
             if mask is not None:
                 logits = logits.masked_fill(mask.to(logits.device), float("-inf"))
             cols = labels[:, None] + torch.arange(group_size, device=q.device)
-            kl = distill_kl(logits.gather(1, cols), teacher, teacher_valid, teacher_temperature)
-            loss = loss + distill_weight * kl
-            parts.setdefault("kl", kl.detach())
+            term = DISTILL[distill_loss](logits.gather(1, cols), teacher, teacher_valid, teacher_temperature)
+            loss = loss + distill_weight * term
+            parts.setdefault(distill_loss.replace("-", "_"), term.detach())
         parts.setdefault("ce", ce.detach())
         total = total + loss
     return total, parts

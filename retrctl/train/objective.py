@@ -23,7 +23,8 @@ def step_loss(cfg: TrainConfig, enc, layout: TrainingLayout, local: list, mask: 
     loss_fn = functools.partial(
         losses.group_loss, group_size=g, temperature=cfg.temperature, normalize=enc.config.normalize,
         mrl_dims=cfg.mrl_dims, mask=mask, teacher=teacher, teacher_valid=valid, distill_weight=cfg.distill_weight,
-        teacher_temperature=cfg.teacher_temperature)
+        teacher_temperature=cfg.teacher_temperature, distill_loss=cfg.distill_loss,
+        contrastive_weight=cfg.contrastive_weight)
     if "lookup" in layout:
         loss_fn = functools.partial(losses.joint_lookup_loss, loss=loss_fn, kl_weight=cfg.lookup_kl_weight,
                                     temperature=cfg.temperature, normalize=enc.config.normalize, mask=mask,

@@ -1,0 +1,160 @@
+"""The guard: training without labels never hands back a model worse than the one it started from.
+
+Training on pseudo-queries (crops, generated queries) labelled by a teacher can make a retriever worse on the
+corpus (Tamber et al. 2025; users of GPL report it: UKPLab/gpl#38). Without judgements the only evidence is a
+held-out slice of the same pseudo-data, so:
+
+1. ``hold_out`` sets aside the groups whose first positive is a held-out document: shard 0 of ``shards`` by a
+   stable hash of its id, the documents that ``--shard-id 0 --shard-num N`` gives crop and qgen, so a pipeline can
+   make more queries for exactly that slice. Training never sees those documents as positives, nor their queries.
+2. After training, ``select`` scores candidates on the held-out queries: the base model (α = 0, its weights
+   exactly), the trained model (α = 1) and WiSE-FT interpolations α·trained + (1 − α)·base between them
+   (Wortsman et al. 2022, "Robust fine-tuning of zero-shot models", arXiv:2109.01903), each by nDCG@10 of a
+   query's positives among a pool: every document the held-out groups name (their positives and the teacher's
+   negatives, so the pool is hard) and as many other documents again (so easy distractors count too).
+3. The base is kept unless a candidate beats it with a paired t-test p below ``level`` divided by the number of
+   candidates tried (Bonferroni): the margin that the held-out set's noise justifies. Among those that pass,
+   the best mean wins.
+
+One stderr line states the decision and its evidence; ``guard.json`` in the model directory keeps the table.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+from retrctl.hashing import stable_int
+from retrctl.stage import in_shard
+
+log = logging.getLogger("retrctl.guard")
+
+FILE = "guard.json"
+MEASURE = "nDCG@10"
+DEPTH = 100  # retrieval depth of the held-out queries in the pool
+MAX_QUERIES = 300  # held-out queries scored (the first by hash): the cost is one encode of their pool per candidate
+
+
+def hold_out(groups: Iterable[dict], shards: int) -> tuple[list[dict], list[dict]]:
+    """(training groups, held-out groups): a group is held out when its first positive is in shard 0 of ``shards``."""
+    train, dev = [], []
+    for g in groups:
+        pos = g.get("positive_document_ids") or []
+        (dev if pos and in_shard(pos[0], 0, shards) else train).append(g)
+    return train, dev
+
+
+def interpolate(base: dict, trained: dict, alpha: float) -> dict:
+    """α·trained + (1 − α)·base for every floating tensor both state dicts hold with one shape; the rest (integer
+    buffers, parameters of a head the base lacks) is the trained model's."""
+    out = {}
+    for k, t in trained.items():
+        b = base.get(k)
+        if b is not None and b.shape == t.shape and t.is_floating_point():
+            out[k] = t if alpha == 1 else (b.to(t.dtype) if alpha == 0 else alpha * t + (1 - alpha) * b.to(t.dtype))
+        else:
+            out[k] = t
+    return out
+
+
+def pool(dev: list[dict], corpus: dict[str, dict], seed: int) -> dict[str, dict]:
+    """The documents the held-out queries are searched among: every doc their groups name, plus as many others
+    drawn at random from the corpus (capped by its size)."""
+    named = {d for g in dev for d in (*g["positive_document_ids"], *g.get("negative_document_ids", [])) if d in corpus}
+    others = sorted((d for d in corpus if d not in named), key=lambda d: stable_int("guard-pool", seed, d))
+    return {d: corpus[d] for d in sorted(named) + others[: len(named)]}
+
+
+def queries_and_qrels(dev: list[dict]) -> tuple[list[dict], dict[str, dict[str, int]]]:
+    dev = sorted(dev, key=lambda g: stable_int("guard-queries", g["query_id"]))[:MAX_QUERIES]
+    queries = [{"query_id": g["query_id"], "query_text": g["query_text"]} for g in dev]
+    qrels = {g["query_id"]: {d: 1 for d in g["positive_document_ids"]} for g in dev}
+    return queries, qrels
+
+
+def score(encoder, docs: dict[str, dict], queries: list[dict], qrels: dict, batch_size: int):
+    """metrics.Result of one candidate: the pool indexed exactly (Flat), the queries searched to DEPTH."""
+    from retrctl import metrics
+    from retrctl.indexes.dense import DenseIndex
+
+    idx = DenseIndex(encoder, "Flat", batch_size)
+    idx.build({"docid": d, **doc} for d, doc in docs.items())
+    return metrics.evaluate(idx.search(queries, DEPTH), qrels, [MEASURE])
+
+
+def decide(results: dict[float, object], level: float = 0.05) -> dict:
+    """The decision from each candidate's metrics.Result, keyed by α (0 = the base): the base unless a candidate
+    beats it at p < level / (candidates tried); then the best such candidate by mean."""
+    from retrctl import metrics
+
+    base = results[0.0]
+    tried = [a for a in results if a != 0.0]
+    threshold = level / max(len(tried), 1)
+    rows, winners = [], []
+    for a in sorted(results):
+        r = results[a]
+        mean = r.mean[MEASURE]
+        p = 1.0 if a == 0.0 else metrics.paired_ttest(base, r)[MEASURE]
+        gain = mean - base.mean[MEASURE]
+        rows.append({"alpha": a, MEASURE: round(mean, 6), "gain": round(gain, 6), "p": p})
+        if a != 0.0 and gain > 0 and p < threshold:
+            winners.append((mean, a))
+    pick = max(winners)[1] if winners else 0.0
+    return {"pick": pick, "threshold": threshold, "level": level, "queries": len(base.per_query), "candidates": rows,
+            "measure": MEASURE}
+
+
+def describe(decision: dict) -> str:
+    """The one line a user reads: what was delivered and why."""
+    rows = {r["alpha"]: r for r in decision["candidates"]}
+    base, pick = rows[0.0], rows[decision["pick"]]
+    evidence = ", ".join(f"α={a:g} {r[MEASURE]:.4f}" + ("" if a == 0 else f" (p={r['p']:.3g})") for a, r in rows.items())
+    if decision["pick"] == 0.0:
+        verdict = "kept the base model: no candidate beat it beyond the held-out set's noise"
+    else:
+        verdict = f"delivered α={decision['pick']:g} ({pick[MEASURE] - base[MEASURE]:+.4f} over the base)"
+    return (f"{verdict}; held-out {MEASURE} over {decision['queries']} queries: {evidence}; "
+            f"threshold p < {decision['threshold']:.3g}")
+
+
+def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, dict], *, alphas: list[float],
+           seed: int, batch_size: int = 32, level: float = 0.05) -> dict:
+    """Score the base, the trained model in ``model_dir`` and their interpolations on the held-out groups; write
+    the pick's weights into ``model_dir`` (unless it is the trained model) and guard.json beside them."""
+    import torch
+
+    from retrctl.models import Encoder, lookup
+
+    queries, qrels = queries_and_qrels(dev)
+    if len(queries) < 2:
+        raise ValueError(f"the guard needs at least 2 held-out queries, got {len(queries)}: use fewer --guard-shards "
+                         "or give more groups")
+    docs = pool(dev, corpus, seed)
+    enc = Encoder.load(model_dir, device="cpu")
+    trained = {k: v.detach().clone() for k, v in enc.state_dict().items()}
+    base_state = Encoder.load(base_model, device="cpu").state_dict()
+    log.info("%d held-out queries, a pool of %d docs, candidates α = 0, %s",
+             len(queries), len(docs), ", ".join(f"{a:g}" for a in alphas))
+    results = {}
+    for a in [0.0, *alphas]:
+        enc.load_state_dict(interpolate(base_state, trained, a))
+        with torch.inference_mode():
+            results[a] = score(enc, docs, queries, qrels, batch_size)
+        log.info("α=%g %s %.4f", a, MEASURE, results[a].mean[MEASURE])
+    decision = decide(results, level)
+    decision.update(alphas=alphas, pool_docs=len(docs), base_model=str(base_model))
+    if decision["pick"] != 1.0:
+        enc.load_state_dict(interpolate(base_state, trained, decision["pick"]))
+        enc.save(model_dir)
+        if lookup.has_table(model_dir):  # the token-lookup table is computed from the weights it ships with
+            lookup.save_table(Encoder.load(model_dir, device="cpu"), model_dir)
+    (Path(model_dir) / FILE).write_text(json.dumps(decision, indent=1, default=_plain) + "\n", encoding="utf-8")
+    log.info("%s", describe(decision))
+    return decision
+
+
+def _plain(x):
+    return None if isinstance(x, float) and math.isnan(x) else float(x)

@@ -1,0 +1,114 @@
+"""The guard (retrctl/guard.py): the held-out split, WiSE-FT interpolation, the decision rule, and train
+--guard-shards end to end on a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from trainkit import FAST, corpus, groups, write_jsonl
+
+from retrctl import guard
+from retrctl.metrics import Result
+from retrctl.stage import shard
+from retrctl.train.config import parse_alphas
+
+
+def test_hold_out_is_shard_zero_of_the_documents():
+    gs = [{"query_id": f"q{i}", "query_text": "t", "positive_document_ids": [f"d{i}"]} for i in range(4000)]
+    train, dev = guard.hold_out(gs, 10)
+    assert len(train) + len(dev) == 4000 and 300 < len(dev) < 500
+    assert guard.hold_out(gs, 10) == (train, dev)
+    docs = [{"docid": f"d{i}"} for i in range(4000)]  # the docs crop/qgen read with --shard-id 0 --shard-num 10
+    assert {g["positive_document_ids"][0] for g in dev} == {d["docid"] for d in shard(docs, 0, 10, "docid")}
+
+
+def test_interpolation_is_exact_at_the_ends():
+    base = {"w": torch.tensor([0.0, 2.0]), "step": torch.tensor([1])}
+    trained = {"w": torch.tensor([4.0, 6.0]), "step": torch.tensor([9]), "extra": torch.tensor([1.0])}
+    assert torch.equal(guard.interpolate(base, trained, 0.0)["w"], base["w"])
+    assert torch.equal(guard.interpolate(base, trained, 1.0)["w"], trained["w"])
+    mid = guard.interpolate(base, trained, 0.5)
+    assert torch.allclose(mid["w"], torch.tensor([2.0, 4.0]))
+    assert torch.equal(mid["step"], trained["step"]) and torch.equal(mid["extra"], trained["extra"])
+
+
+def _result(values):
+    per_query = {f"q{i}": {"nDCG@10": v} for i, v in enumerate(values)}
+    return Result(["nDCG@10"], {"nDCG@10": sum(values) / len(values)}, per_query, {})
+
+
+def test_decision_keeps_the_base_unless_a_gain_beats_the_noise():
+    base = [0.5, 0.2, 0.9, 0.4, 0.6, 0.3, 0.7, 0.5]
+    noisy = [v + d for v, d in zip(base, [0.3, -0.2, 0.1, -0.25, 0.2, -0.1, 0.3, -0.1], strict=True)]
+    clear = [v + 0.1 + 0.01 * (i % 3) for i, v in enumerate(base)]
+    worse = [v - 0.1 for v in base]
+    kept = guard.decide({0.0: _result(base), 0.5: _result(noisy), 1.0: _result(worse)})
+    assert kept["pick"] == 0.0 and "kept the base" in guard.describe(kept)
+    won = guard.decide({0.0: _result(base), 0.5: _result(clear), 1.0: _result(noisy)})
+    assert won["pick"] == 0.5 and won["threshold"] == pytest.approx(0.025)
+    assert "delivered α=0.5" in guard.describe(won)
+
+
+def test_alphas_are_parsed_and_checked():
+    assert parse_alphas("1,0.5, 0.5") == [0.5, 1.0]
+    for bad in ("", "0", "1.5", "a"):
+        with pytest.raises(ValueError, match="guard-alphas"):
+            parse_alphas(bad)
+
+
+def _state(model_dir):
+    from retrctl.models import Encoder
+
+    return Encoder.load(model_dir, device="cpu").model.state_dict()
+
+
+def test_train_with_the_guard_delivers_its_pick_and_records_it(tiny_bert, tmp_path, runner):
+    docs = corpus()
+    corpus_file = write_jsonl(tmp_path / "corpus.jsonl", [{"_id": d, **v} for d, v in docs.items()])
+    groups_file = write_jsonl(tmp_path / "groups.jsonl", groups(16))
+    out = tmp_path / "m"
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in FAST.items()]
+    r = runner("train", groups_file, "--corpus", corpus_file, "--model", tiny_bert, "-o", out, "--max-steps", 3,
+               "--guard-shards", 3, "--guard-alphas", "0.5,1", *flags)
+    assert r.exit_code == 0, r.output
+    record = json.loads((out / "guard.json").read_text())
+    assert [c["alpha"] for c in record["candidates"]] == [0.0, 0.5, 1.0]
+    assert record["queries"] >= 2 and record["pick"] in (0.0, 0.5, 1.0)
+    assert "guard: " in r.stderr and ("kept the base" in r.stderr or "delivered" in r.stderr)
+    delivered, base = _state(out), _state(tiny_bert)
+    assert all(torch.equal(delivered[k], base[k]) for k in base) == (record["pick"] == 0.0)
+
+
+def test_select_writes_the_picks_weights(tiny_bert, tmp_path, monkeypatch):
+    from retrctl.models import Encoder
+
+    trained_dir = tmp_path / "trained"
+    enc = Encoder.load(tiny_bert, device="cpu")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    enc.save(trained_dir)
+    trained = _state(trained_dir)
+    docs = corpus()
+    dev = groups(16)
+    monkeypatch.setattr(guard, "decide", lambda results, level=0.05: {  # force each pick in turn
+        "pick": 0.5, "threshold": level, "level": level, "queries": 16, "measure": guard.MEASURE,
+        "candidates": [{"alpha": a, guard.MEASURE: r.mean[guard.MEASURE], "gain": 0.0, "p": 1.0} for a, r in results.items()]})
+    decision = guard.select(trained_dir, str(tiny_bert), dev, docs, alphas=[0.5, 1.0], seed=0, batch_size=8)
+    assert decision["pool_docs"] == 40 and decision["pick"] == 0.5
+    want = guard.interpolate(_state(tiny_bert), trained, 0.5)
+    delivered = _state(trained_dir)
+    assert all(torch.allclose(delivered[k], want[k], atol=1e-6) for k in want)
+    assert json.loads((trained_dir / "guard.json").read_text())["pick"] == 0.5
+
+
+def test_guard_needs_a_corpus_and_two_shards(tiny_bert, tmp_path, runner):
+    groups_file = write_jsonl(tmp_path / "groups.jsonl", groups(16))
+    r = runner("train", groups_file, "--model", tiny_bert, "-o", tmp_path / "m", "--guard-shards", 1)
+    assert r.exit_code == 2 and "--guard-shards" in r.stderr
+    r = runner("train", groups_file, "--model", tiny_bert, "-o", tmp_path / "m", "--guard-shards", 3)
+    assert r.exit_code == 2 and "needs --corpus" in r.stderr
+    assert not (tmp_path / "m").exists()
