@@ -26,8 +26,8 @@ import torch
 from _run import subcorpus
 
 from retrctl import metrics, records
-from retrctl.export.runtime import load_encoder
 from retrctl.models import Encoder
+from retrctl.models.runtime import load_encoder
 from stages.export import export
 
 

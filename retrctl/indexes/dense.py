@@ -38,6 +38,21 @@ from retrctl.models.config import SETTINGS as ENCODER_KEYS
 log = logging.getLogger("retrctl.index")
 logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build loaded is not news for stderr
 
+CHECKPOINT_EVERY = base.Flag("checkpoint_every", "Dense: save encoded vectors every N docs under IDX.partial, so a "
+                             "killed run resumes from there.", int, low=1, default=4096)
+SPARSE_TOP_K = base.Flag("sparse_top_k", "Sparse: terms kept per doc [default: the model's sparse head's].", int, low=1)
+INDEX_FLAGS = (
+    base.Flag("index_type", "faiss factory string, inner product: Flat, HNSW32, IVF1024,PQ32, …", default="Flat"),
+    CHECKPOINT_EVERY,
+    base.Flag("heads", "Dense: the model's heads to index, each a sub-index built in the same pass, from dense, sparse "
+              "(= lexical), colbert; dense required (e.g. dense,colbert). [default: every head the model has]"),
+    SPARSE_TOP_K,
+)
+SEARCH_FLAGS = (
+    base.Flag("ef_search", "HNSW: candidates explored per query (default: the index's).", int, low=1),
+    base.Flag("nprobe", "IVF: inverted lists probed per query (default: the index's).", int, low=1),
+)
+
 
 class DenseIndex(base.Index):
     name = "dense"
@@ -45,6 +60,7 @@ class DenseIndex(base.Index):
     needs_encoder = True
     flags = ("index_type", "batch_size", "checkpoint_every", "heads", "sparse_top_k")
     search_knobs = ("batch_size", "ef_search", "nprobe")
+    index_flags = INDEX_FLAGS
     multi_head: type | None = None  # indexes/heads.py's HeadsIndex registers itself: the vectors + the other heads
 
     def __init__(self, encoder, index_type: str = "Flat", batch_size: int = 32, *, chunk_size: int = 4096,
@@ -83,7 +99,7 @@ class DenseIndex(base.Index):
     def encoder_for(cls, model: str | None, manifest: dict | None, **settings):
         if model is None:
             return encoder_from_manifest(manifest, **settings)
-        from retrctl.export.runtime import load_encoder  # torch weights, or an exported ONNX graph
+        from retrctl.models.runtime import load_encoder  # torch weights, or an exported ONNX graph
 
         device, dtype = settings.pop("device", None), settings.pop("dtype", None)
         return load_encoder(model, device=device, dtype=dtype, **settings)
@@ -462,8 +478,8 @@ def encoder_from_manifest(manifest: dict, *, device: str | None = None, warn: Pa
     set) win over the manifest. With ``warn`` (the index being opened to search) overriding a setting the doc
     vectors were made with is warned about; an update passes none, as it rebuilds when such a setting changes.
     ``query_encoder`` (search only): see ``DenseIndex.load``."""
-    from retrctl.export.runtime import load_encoder  # torch weights, or an exported ONNX graph
     from retrctl.models import lookup
+    from retrctl.models.runtime import load_encoder  # torch weights, or an exported ONNX graph
 
     desc = manifest["encoder"]
     settings = {k: desc[k] for k in ENCODER_KEYS if k in desc}
