@@ -17,8 +17,7 @@ from pathlib import Path
 from retrctl.indexes import store
 from retrctl.indexes.base import Index, read_manifest
 from retrctl.indexes.bm25 import BM25Index
-from retrctl.indexes.dense import DenseIndex
-from retrctl.indexes.heads import HeadsIndex  # registers itself as DenseIndex.multi_head
+from retrctl.indexes.dense import DenseIndex, HeadsIndex
 from retrctl.indexes.sparse import SparseIndex
 from retrctl.indexes.store import Version, resolve
 
