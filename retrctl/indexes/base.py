@@ -60,6 +60,16 @@ class Flag:
     def option(self) -> str:
         return "--" + self.name.replace("_", "-")
 
+    def check(self, value) -> str | None:
+        """What is wrong with ``value`` given through the Python API (the command line checks it in click), or None."""
+        if value is None or isinstance(self.type, tuple) or self.type not in (int, float):
+            return None
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return f"{self.option} must be {'more than' if self.low_open else 'at least'} {self.low:g}"
+        if self.high is not None and value > self.high:
+            return f"{self.option} must be at most {self.high:g}"
+        return None
+
 
 class Index:
     """Backends subclass this and register under ``name`` in ``retrctl.indexes.BACKENDS``; the stages ask the

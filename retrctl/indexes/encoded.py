@@ -7,11 +7,11 @@ the rest), checkpointed as one file, and handed out column by column, so the hea
 and removed together and cannot drift apart. A store (``faiss_store.FaissStore``, ``sparse.SparseRowStore``,
 ``multivector.TokenStore``) knows rows by position only:
 
-- ``width``; ``append(rows)``; ``apply(replaced: position → row, removed: positions, n)``; ``finish()`` (work left
-  before a search or a write: an IVF's training);
-- ``vectors(n)``, ``vectors_at(rows, n)``, ``search(queries, k, key, docids, **knobs)`` (``knobs``: the search
-  settings it reads off the index), ``dot(query, rows, n)``;
-- ``write(directory, n)``, a classmethod ``read``, and ``joined(stores, counts)`` for merges.
+- ``width``, ``knobs`` (the search settings it reads off the index); ``append(rows)``; ``apply(replaced: position →
+  row, removed: positions, n)``; ``finish()`` (work left before a search or a write: an IVF's training);
+- ``write(directory, n)``, a classmethod ``read``, and ``joined(stores, counts)`` for merges;
+- a store a search ranks by (``searched``) also has ``vectors(n)``, ``vectors_at(rows, n)``, ``search(queries, k,
+  key, docids, **knobs)`` and ``dot(query, rows, n)``; a head's own scoring (``TokenStore.maxsim``) is its own.
 
 A backend subclass chooses the stores (``new_stores``), encodes a chunk of texts into rows (``_doc_rows``) and
 queries into what its searched store takes (``_encode_queries``), and lays out its manifest and files.
