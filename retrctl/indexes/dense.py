@@ -38,10 +38,11 @@ from retrctl.indexes.multivector import TokenStore, to_lanes
 from retrctl.indexes.sparse import SEARCH_FLAGS as SPARSE_FLAGS
 from retrctl.indexes.sparse import SPARSE_TOP_K, SparseRowStore, pack
 from retrctl.models.config import INDEX_HEADS, PASSAGE_KEYS
+from retrctl.models.config import SETTINGS as ENCODER_KEYS  # the encoder settings a manifest records
 
 log = logging.getLogger("retrctl.index")
 
-__all__ = ["DenseIndex", "HeadsIndex", "encoder_from_manifest"]
+__all__ = ["ENCODER_KEYS", "PASSAGE_KEYS", "DenseIndex", "HeadsIndex", "encoder_from_manifest"]
 
 
 class DenseIndex(EncodedIndex):
