@@ -25,8 +25,8 @@ import torch
 from _run import ndcg, nearest, subcorpus
 
 from retrctl import records
-from retrctl.export.runtime import load_encoder
 from retrctl.models import Encoder
+from retrctl.models.runtime import load_encoder
 from stages.export import export
 
 

@@ -332,8 +332,44 @@ def write_output(result, output: str, writes: str) -> int | None:
     return n
 
 
+@functools.cache
+def flag_option(flag) -> click.Option:
+    """A backend's flag declaration (``retrctl.indexes.base.Flag``) as a click option: its type, bounds, default
+    and parser, a bad value a usage error naming the flag. One option per declaration, so every parse of a command
+    sees the same objects."""
+    kind, bounds = flag.type, {"min": flag.low, "max": flag.high, "min_open": flag.low_open}
+    if isinstance(kind, tuple):
+        kind = click.Choice(list(kind))
+    elif kind in (int, float) and (flag.low is not None or flag.high is not None):
+        kind = click.IntRange(**bounds) if kind is int else click.FloatRange(**bounds)
+
+    def parse(ctx, param, value):
+        if value is None or flag.parse is None:
+            return value
+        try:
+            return flag.parse(value)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint=flag.option) from None
+
+    return click.Option([flag.option], type=kind, default=flag.default, show_default=flag.default is not None,
+                        help=flag.help, callback=parse)
+
+
+class RegistryOptions(StageCommand):
+    """A command whose options include flags read from a registry (``more_options``) each time it parses or shows
+    --help, so an entry registered after the command was built (a plugin, a test) brings its own flags."""
+
+    more_options: Callable[[], Iterable[click.Option]] = staticmethod(lambda: ())
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        params = super().get_params(ctx)
+        have = {p.name for p in params}
+        extra = [o for o in self.more_options() if o.name not in have]
+        return [*self.params, *extra, *params[len(self.params):]]  # before --help
+
+
 def stage(func: Callable | None = None, *, reads: str | None = None, writes: str | None = None, atomic: bool = True,
-          name: str | None = None):
+          name: str | None = None, more_options: Callable[[], Iterable[click.Option]] | None = None):
     """Make a click command of a stage.
 
     reads:  a record kind: adds an INPUT argument ('-' = stdin, the default) and --shard-id/--shard-num, and
@@ -349,7 +385,8 @@ def stage(func: Callable | None = None, *, reads: str | None = None, writes: str
     A body that names ``output`` gets the output path; one that names ``shard_id``/``shard_num`` gets the
     shard (checked here: 0 <= id < num), whether the records were sharded here or the body shards its own
     input. A ``UsageError`` from the body (a flag that cannot work, a checkpoint made with other settings) exits 2
-    with the command's usage line (``StageCommand``).
+    with the command's usage line (``StageCommand``). ``more_options``: options read from a registry at each
+    parse (the index backends' flags), passed to the body with the others.
     """
 
     def deco(body: Callable) -> click.Command:
@@ -396,7 +433,10 @@ def stage(func: Callable | None = None, *, reads: str | None = None, writes: str
             help="Logging on stderr; 'debug' also shows tracebacks.",
         )(run)
         doc = body.__doc__ or (func.__doc__ if func is not None else "") or ""
-        cmd = click.command(name=name or (func.__name__ if func else body.__name__), help=doc.strip(), cls=StageCommand)(run)
+        cmd = click.command(name=name or (func.__name__ if func else body.__name__), help=doc.strip(),
+                            cls=RegistryOptions if more_options else StageCommand)(run)
+        if more_options:
+            cmd.more_options = more_options
         _copy_defaults(cmd, func)
         return cmd
 

@@ -195,8 +195,8 @@ def _export_onnx(enc, d: Path, names: list[str], ref: dict, texts: list[str], so
     import dataclasses
 
     from retrctl.export import onnx
-    from retrctl.export.runtime import OnnxEncoder
     from retrctl.export.st import cosines
+    from retrctl.models.runtime import OnnxEncoder
 
     d.mkdir()
     enc.tokenizer.save_pretrained(d)

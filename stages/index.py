@@ -21,7 +21,7 @@ arXiv:2407.03618). A doc is "title text" in both (BEIR's convention, Thakur et a
 | shard of the corpus (stable hash of docid) | `--shard-id/--shard-num`, then `--merge` | one shard |
 
 Heads: a model with a sparse head (SPLADE, or BGE-M3's lexical head) or BGE-M3's colbert head is indexed with every
-head by default, in one pass over the corpus, as sub-indexes of one dense index (retrctl/indexes/heads.py): the
+head by default, in one pass over the corpus, as stores of one dense index (retrctl/indexes/dense.py): the
 colbert head's token vectors are kept as fp16, one flat array + per-doc offsets (indexes/multivector.py), and go
 through the updates, resume and shard merges below with the vectors; the log gives each head's bytes per doc.
 
@@ -69,10 +69,9 @@ import click
 
 from retrctl import records
 from retrctl.errors import UsageError
-from retrctl.indexes import BACKENDS, DEFAULT_BACKEND
-from retrctl.indexes.bm25 import METHODS as BM25_METHODS
+from retrctl.indexes import BACKENDS, DEFAULT_BACKEND, declared_flags
 from retrctl.indexes.store import KEEP
-from retrctl.stage import check_shard, encoder_overrides, options, progress, shard, stage
+from retrctl.stage import check_shard, encoder_overrides, flag_option, options, progress, shard, stage
 
 log = logging.getLogger("retrctl.index")
 
@@ -98,25 +97,29 @@ class BackendChoice(click.Choice):
 
 
 def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None = None, method: str | None = None,
-          index_type: str = "Flat", batch_size: int = 32, k1: float = 0.9, b: float = 0.4, stopwords: str | None = "en",
-          bm25_method: str = "lucene", delete: bool = True, rebuild: bool = False, keep: int = KEEP,
-          checkpoint_every: int = 4096, heads: str | None = None, sparse_top_k: int | None = None, meta: dict | None = None,
-          encoder_settings: dict | None = None) -> dict:
+          batch_size: int = 32, delete: bool = True, rebuild: bool = False, keep: int = KEEP, meta: dict | None = None,
+          encoder_settings: dict | None = None, **backend_options) -> dict:
     """Build the index at ``output`` from doc records, or bring an existing one in line with them.
 
+    ``backend_options``: the flags the registered backends declare (``retrctl.indexes.declared_flags``); the
+    backend gets those it names in its ``flags``, an option left out (or None) taking the backend's default.
     Holds ``output``'s writer lock throughout (records.BusyError when another writer has it) and publishes
     the result as a new version (``keep`` = versions that must supersede an old one before it is deleted).
     Returns the counts {"added", "updated", "unchanged", "removed"}, "encoded" (docs run through the encoder,
     dense) and "rebuilt"/"written" flags.
     """
-    from retrctl.indexes import store
+    from retrctl.indexes import declared_flags, store
 
     output = Path(output)
-    if keep < 1 or checkpoint_every < 1:
-        raise SettingsError("--keep and --checkpoint-every must be at least 1")
-    options = {"index_type": index_type, "batch_size": batch_size, "k1": k1, "b": b, "stopwords": stopwords,
-               "bm25_method": bm25_method, "checkpoint_every": checkpoint_every, "heads": heads,
-               "sparse_top_k": sparse_top_k}
+    if keep < 1:
+        raise SettingsError("--keep must be at least 1")
+    declared = declared_flags("index")
+    for name, value in backend_options.items():
+        if name not in declared:
+            raise TypeError(f"index() got an unexpected keyword argument {name!r} (no index backend declares it)")
+        if (problem := declared[name].check(value)) is not None:
+            raise SettingsError(problem)
+    options = {"batch_size": batch_size, **backend_options}
     with store.writer(output):
         return _index(docs, output, model=model, method=method, delete=delete, rebuild=rebuild, keep=keep, meta=meta,
                       encoder_settings=encoder_settings, options=options)
@@ -143,7 +146,8 @@ def _index(docs, output: Path, *, model, method, delete, rebuild, keep, meta, en
         encoder = backend.encoder_for(model, same, **(encoder_settings or {}))
     elif model or encoder_settings:
         log.warning("--model and encoder flags are ignored by --method %s", method)
-    options = {k: v for k, v in options.items() if k in backend.flags}  # the others are other backends' flags
+    # the others are other backends' flags; None (not given) leaves the backend's default
+    options = {k: v for k, v in options.items() if k in backend.flags and v is not None}
     fresh = backend.create(encoder, **options)
     idx = _reuse(output, old_manifest, fresh, rebuild, lambda: open_index(old, encoder=encoder))
     idx.prepare_update(workdir, **options)
@@ -228,26 +232,20 @@ def merge(parts: list[str | os.PathLike], output: str | os.PathLike, keep: int =
     return len(merged)
 
 
-@stage(index, writes="dir", atomic=False)  # a versioned store: built and published by store.writer
+def backend_options() -> list[click.Option]:
+    """The registered backends' `index` flags, read at each parse so a backend registered later brings its own."""
+    return [flag_option(flag) for flag in declared_flags("index").values()]
+
+
+@stage(index, writes="dir", atomic=False, more_options=backend_options)  # a versioned store: built and published by store.writer
 @options("model", "encoder", "runtime", "batch_size", "shard", "input_format")
 @click.argument("inputs", nargs=-1)
 @click.option("--method", type=BackendChoice(), help=f"Index backend: {', '.join(f'{n} ({b.summary})' for n, b in BACKENDS.items())}. "
               f"[default: {DEFAULT_BACKEND}, or the existing index's]")
-@click.option("--index-type", help="faiss factory string, inner product: Flat, HNSW32, IVF1024,PQ32, …")
-@click.option("--k1", type=float, help="BM25 term-frequency saturation.")
-@click.option("--b", type=float, help="BM25 length normalization.")
-@click.option("--stopwords", help="BM25 stopword list (bm25s: en, de, fr, …) or 'none'.")
-@click.option("--bm25-method", type=click.Choice(BM25_METHODS), help="BM25 variant.")
 @click.option("--delete/--no-delete", default=True, show_default=True, help="On update, delete docs no longer in the corpus.")
 @click.option("--rebuild", is_flag=True, help="Build from scratch even if -o holds an up-to-date-able index.")
 @click.option("--keep", type=click.IntRange(min=1), help="Delete an old version once this many newer ones exist "
               "(2: a searcher that opened the previous version is not pulled from under it).")
-@click.option("--checkpoint-every", type=click.IntRange(min=1), help="Dense: save encoded vectors every N docs "
-              "under IDX.partial, so a killed run resumes from there.")
-@click.option("--heads", help="Dense: the model's heads to index, each a sub-index built in the same pass, from dense, "
-              "sparse (= lexical), colbert; dense required (e.g. dense,colbert). [default: every head the model has]")
-@click.option("--sparse-top-k", type=click.IntRange(min=1), help="Sparse: terms kept per doc [default: the model's "
-              "sparse head's].")
 @click.option("--merge", "merge_", is_flag=True, help="INPUTS are index dirs (e.g. shards) to merge into -o.")
 def command(inputs, output, merge_, shard_id, shard_num, input_format, **opts):
     """Build (or update) a dense, learned-sparse or BM25 index of a corpus (JSONL/Parquet/BEIR folder, '-' = stdin)."""

@@ -51,8 +51,7 @@ import click
 
 from retrctl import records
 from retrctl.errors import UsageError
-from retrctl.indexes.sparse import SEARCHES
-from retrctl.stage import Output, encoder_overrides, options, progress, stage
+from retrctl.stage import Output, encoder_overrides, flag_option, options, progress, stage
 
 log = logging.getLogger("retrctl.search")
 
@@ -113,7 +112,32 @@ def provenance(idx, index_dir: str, queries: str, tag: str, rows: int, settings:
                                                            "versions") if k in manifest}}
 
 
-@stage(search, writes="run")
+def backend_options() -> list[click.Option]:
+    """The registered backends' `search` flags, read at each parse so a backend registered later brings its own."""
+    from retrctl.indexes import declared_flags
+
+    return [flag_option(flag) for flag in declared_flags("search").values()]
+
+
+def set_knobs(idx, knobs: dict) -> None:
+    """Set the search flags given (not None) on the opened index, for this run: those it takes (``search_knobs``);
+    one it does not take is the usage error its declaration words (the shared fusion flags: a multi-head index's),
+    or ignored where it words none."""
+    from retrctl.indexes import declared_flags
+    from retrctl.indexes.heads import FUSION_KNOBS, ONE_HEAD
+
+    declared = declared_flags("search")
+    for name, value in knobs.items():
+        if value is None:
+            continue
+        refused = ONE_HEAD if name in FUSION_KNOBS else declared[name].refused if name in declared else None
+        if name in idx.search_knobs:
+            setattr(idx, name, value)
+        elif refused:
+            raise UsageError(refused.format(flag=name.replace("_", "-"), backend=idx.name))
+
+
+@stage(search, writes="run", more_options=backend_options)
 @options("input_format", "batch_size", "corpus", "encoder", "runtime", "fusion", "weights")
 @click.argument("index_dir")
 @click.argument("queries", default="-", required=False)
@@ -122,28 +146,15 @@ def provenance(idx, index_dir: str, queries: str, tag: str, rows: int, settings:
 @click.option("--output-format", type=click.Choice(["trec", "jsonl", "parquet"]), help="Run format. [default: by -o extension, else trec]")
 @click.option("--run-tag", help="TREC tag column. [default: names the retriever]")
 @click.option("--with-text", is_flag=True, help="Add query_text, title and text to each row (JSONL/Parquet), for rerank in a pipe.")
-@click.option("--ef-search", type=click.IntRange(min=1), help="HNSW: candidates explored per query (default: the index's).")
-@click.option("--nprobe", type=click.IntRange(min=1), help="IVF: inverted lists probed per query (default: the index's).")
 @click.option("--query-encoder", type=click.Choice(["auto", "full", "token-lookup"]), default="auto", show_default=True,
               help="Dense: auto = by token lookup when the model ships a table (LightRetriever; no transformer loaded), "
                    "else the full model; full or token-lookup to insist.")
-@click.option("--heads", help="An index of a multi-head model: the heads to search, from dense, sparse (= lexical), colbert "
-              "(comma-separated); without colbert their lists are fused, with it candidates are re-scored. "
-              "[default: every head the index holds]")
-@click.option("--candidates", help="With colbert: the heads whose top --depth are re-scored (dense, sparse, comma-separated), "
-              "or all (every doc, brute force). [default: the other heads searched; colbert alone: all]")
-@click.option("--sparse-search", type=click.Choice(list(SEARCHES)),
-              help="Sparse head: exact (scipy CSR) or seismic (approximate inverted index, candidates rescored exactly). "
-                   "[default: auto = seismic from 100,000 docs]")
-@click.option("--query-cut", type=click.IntRange(min=1), help="Seismic: the query's largest terms searched. [default: 20]")
-@click.option("--heap-factor", type=click.FloatRange(min=0, max=1, min_open=True), help="Seismic: block-skipping threshold; lower is faster, less exact. [default: 0.9]")
 def command(index_dir, queries, output, input_format, batch_size, corpus, hits, remove_query, output_format, run_tag,
-            with_text, ef_search, nprobe, query_encoder, heads, fusion_method, norm, weights, rrf_k, depth, candidates,
-            sparse_search, query_cut, heap_factor, **opts):
+            with_text, query_encoder, fusion_method, **opts):
     """Search an index (from `retrctl index`) with queries (JSONL/Parquet/BEIR folder, '-' = stdin); write a run."""
     from retrctl.indexes import open_index
 
-    overrides = encoder_overrides(opts)
+    overrides = encoder_overrides(opts)  # what is left in opts: the backends' search flags
     device = overrides.pop("device", None)
     # one version, resolved once: an update publishing meanwhile cannot mix versions into this search
     idx = open_index(index_dir, device=device, query_encoder=query_encoder, **overrides)
@@ -152,17 +163,7 @@ def command(index_dir, queries, output, input_format, batch_size, corpus, hits, 
     if not idx.needs_encoder and (overrides or device):
         log.warning("encoder flags are ignored by a %s index", idx.name)
     log.info("%s index %s: %s", idx.name, index_dir, idx.describe())
-    knobs = {"batch_size": batch_size, "ef_search": ef_search, "nprobe": nprobe, "heads": heads, "fusion": fusion_method,
-             "norm": norm, "weights": weights, "rrf_k": rrf_k, "depth": depth, "candidates": candidates,
-             "sparse_search": sparse_search, "query_cut": query_cut, "heap_factor": heap_factor}
-    for name, value in knobs.items():
-        if value is not None and name in idx.search_knobs:
-            setattr(idx, name, value)
-        elif value is not None and name in ("heads", "fusion", "norm", "weights", "rrf_k", "depth", "candidates"):
-            raise UsageError(f"--{name.replace('_', '-')}: this {idx.name} index has one head (index it with a "
-                                   "model trained with --heads dense,sparse)")
-        elif value is not None and name in ("sparse_search", "query_cut", "heap_factor"):
-            raise UsageError(f"--{name.replace('_', '-')}: this {idx.name} index holds no sparse head")
+    set_knobs(idx, {"batch_size": batch_size, "fusion": fusion_method, **opts})
     fmt = output_format
     if with_text:
         if fmt == "trec":

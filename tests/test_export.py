@@ -59,7 +59,7 @@ def test_stock_sentence_transformers_reproduces_the_encoder(bert_dist, tiny_bert
 
 
 def test_onnx_fp32_and_int8_parity(bert_dist, tiny_bert):
-    from retrctl.export.runtime import OnnxEncoder, load_encoder
+    from retrctl.models.runtime import OnnxEncoder, load_encoder
 
     ref_q = _torch_vectors(tiny_bert, "query", query_prompt="query: ")
     ref_p = _torch_vectors(tiny_bert)
@@ -85,8 +85,8 @@ def test_onnx_fp32_and_int8_parity(bert_dist, tiny_bert):
 
 
 def test_torch_weights_stay_the_default_backend(bert_dist):
-    from retrctl.export.runtime import OnnxEncoder, load_encoder
     from retrctl.models import Encoder
+    from retrctl.models.runtime import OnnxEncoder, load_encoder
 
     assert isinstance(load_encoder(bert_dist), Encoder)
     assert isinstance(load_encoder(bert_dist, backend="onnx"), OnnxEncoder)
@@ -184,7 +184,7 @@ def test_dim_refused_unless_trained_with_it_or_forced(runner, tiny_bert, tmp_pat
     assert got.shape == (len(TEXTS), 16)
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)  # renormalised after truncating
     np.testing.assert_allclose(got, want, atol=1e-5)
-    from retrctl.export.runtime import load_encoder
+    from retrctl.models.runtime import load_encoder
 
     np.testing.assert_allclose(load_encoder(dist / "onnx").encode(TEXTS), want, atol=1e-4)
     assert "mrl_dims" in (dist / "README.md").read_text()
@@ -194,7 +194,7 @@ def test_forced_dim_without_mrl_training(runner, tiny_bert, tmp_path):
     r = runner("export", tiny_bert, "-o", tmp_path / "d", "--format", "onnx", "--dim", "8", "--force")
     assert r.exit_code == 0, r.stderr
     assert not (tmp_path / "d" / "modules.json").exists()  # only what was asked for
-    from retrctl.export.runtime import load_encoder
+    from retrctl.models.runtime import load_encoder
 
     assert load_encoder(tmp_path / "d").dim == 8  # only onnx/ and no torch weights: the ONNX backend
 
@@ -235,7 +235,7 @@ def test_bidirectional_decoder_with_eos_pooling(runner, tiny_llama, tmp_path):
     from sentence_transformers import SentenceTransformer
 
     np.testing.assert_allclose(SentenceTransformer(str(dist), device="cpu").encode(TEXTS), ref, atol=1e-5)
-    from retrctl.export.runtime import load_encoder
+    from retrctl.models.runtime import load_encoder
 
     np.testing.assert_allclose(load_encoder(dist / "onnx").encode(TEXTS), ref, atol=1e-4)
     assert "is_causal" in (dist / "README.md").read_text()

@@ -215,9 +215,9 @@ def test_resaving_a_pruned_model_keeps_its_removals_and_ships_no_code(llama4, co
 
 
 def test_inference_loads_skip_removed_sublayers_with_the_same_vectors(runner, llama4, corpus_file, tmp_path):
-    from retrctl.export.runtime import load_encoder
     from retrctl.indexes import open_index
     from retrctl.models import Encoder
+    from retrctl.models.runtime import load_encoder
 
     small = prune(str(llama4), output=tmp_path / "small", calibration=corpus_file, drop_mlp=1, drop_attn=1)
     removed = json.loads((small / "config.json").read_text())["retrctl_pruned"]

@@ -255,7 +255,7 @@ def _ids(run):
 
 def test_a_sparse_model_indexes_both_heads_in_one_pass_and_fuses_them(sparse_model, tmp_path):
     from retrctl import fusion
-    from retrctl.indexes.heads import HeadsIndex
+    from retrctl.indexes import HeadsIndex
 
     model, _ = sparse_model
     docs = [{"docid": k, **v} for k, v in _corpus().items()]

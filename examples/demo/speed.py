@@ -30,8 +30,8 @@ def main(model: str, dist: str, corpus: str, queries: str) -> None:
     from sentence_transformers import SentenceTransformer
 
     from retrctl import records
-    from retrctl.export.runtime import OnnxEncoder
     from retrctl.models import Encoder, lookup
+    from retrctl.models.runtime import OnnxEncoder
 
     texts = [records.passage_text(d) for d in records.read(corpus, "doc")][:200]
     qs = [q["query_text"] for q in records.read(queries, "query")]

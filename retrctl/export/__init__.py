@@ -5,26 +5,16 @@
   and its parity check with stock ``SentenceTransformer``.
 - ``onnx``: ``torch.onnx.export`` (TorchScript exporter, opset 17) of backbone + pooling + truncation +
   normalisation in one graph, and onnxruntime's dynamic int8 quantisation (MatMul only, per channel).
-- ``runtime``: ``OnnxEncoder`` (the ``Encoder`` surface ``indexes/dense.py`` uses) and ``load_encoder``, which
-  picks ONNX or torch from what a model path holds. Tokenizing is ``models.backbone.Tokenizer``, shared with
-  ``Encoder``, so prompts, cuts and EOS cannot drift between backends.
+- the graph runs in ``models.runtime`` (``OnnxEncoder``, and ``load_encoder``, which picks ONNX or torch from what a
+  model path holds), so inference never imports this package.
 - ``card``: README.md from the model's own records and the parity figures.
 
 Nothing here is imported by ``retrctl --help``; onnx and onnxruntime are imported only when used.
 """
 
-from retrctl.errors import UsageError
+from retrctl.models.runtime import MISSING, require_runtime
 
-MISSING = "ONNX export and encoding need onnx and onnxruntime: pip install 'retrctl[onnx]'"
-
-
-def require_runtime() -> None:
-    """onnx and onnxruntime are an extra (retrctl[onnx]): a clear usage error when they are absent."""
-    try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
-    except ImportError:
-        raise UsageError(MISSING) from None
+__all__ = ["MISSING", "SAMPLE_TEXTS", "require_runtime"]
 
 
 SAMPLE_TEXTS = [

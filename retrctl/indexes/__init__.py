@@ -6,8 +6,9 @@ the pointer once and the backend reads only that version, so an update running m
 Each backend describes itself (retrctl.indexes.base.Index): whether it needs an encoder, the `index` flags it
 takes (``create``), what the stored data depends on (``content_settings``, which decides whether an update may
 reuse a version), how it reopens from its manifest (``load``), its run tag and log line, and how it scores a
-query against given docs (``score``). The stages ask it and never branch on its name, so a new backend is one
-module here and one entry in ``BACKENDS``: `retrctl index --method` lists it from there.
+query against given docs (``score``), and the command-line flags it takes (``index_flags``, ``search_flags``). The
+stages ask it and never branch on its name, so a new backend is one module here and one entry in ``BACKENDS``:
+`retrctl index --method` lists it from there, and `index`/`search` offer its flags (``declared_flags``).
 """
 
 from __future__ import annotations
@@ -15,15 +16,25 @@ from __future__ import annotations
 from pathlib import Path
 
 from retrctl.indexes import store
-from retrctl.indexes.base import Index, read_manifest
+from retrctl.indexes.base import Flag, Index, read_manifest
 from retrctl.indexes.bm25 import BM25Index
-from retrctl.indexes.dense import DenseIndex
-from retrctl.indexes.heads import HeadsIndex  # registers itself as DenseIndex.multi_head
+from retrctl.indexes.dense import DenseIndex, HeadsIndex
 from retrctl.indexes.sparse import SparseIndex
 from retrctl.indexes.store import Version, resolve
 
 BACKENDS: dict[str, type[Index]] = {"dense": DenseIndex, "sparse": SparseIndex, "bm25": BM25Index}
 DEFAULT_BACKEND = "dense"  # `index --method` when not given and -o holds no index yet
+
+
+def declared_flags(command: str) -> dict[str, Flag]:
+    """The flags the registered backends declare for `retrctl index` (``command="index"``: ``index_flags``) or
+    `retrctl search` (``"search"``: ``search_flags``), by name, in registry order; the first declaration of a name
+    serves every backend that takes it."""
+    out: dict[str, Flag] = {}
+    for backend in BACKENDS.values():
+        for flag in backend.index_flags if command == "index" else backend.search_flags:
+            out.setdefault(flag.name, flag)
+    return out
 
 
 def open_index(directory: str | Path | Version, **kw) -> Index:
@@ -41,4 +52,5 @@ def open_index(directory: str | Path | Version, **kw) -> Index:
     return store.open_consistent(directory, load)
 
 
-__all__ = ["BACKENDS", "DEFAULT_BACKEND", "BM25Index", "DenseIndex", "HeadsIndex", "Index", "SparseIndex", "Version", "open_index", "read_manifest", "resolve"]
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "BM25Index", "DenseIndex", "Flag", "HeadsIndex", "Index", "SparseIndex", "Version",
+           "declared_flags", "open_index", "read_manifest", "resolve"]

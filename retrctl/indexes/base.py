@@ -21,7 +21,8 @@ way out (``--rebuild``), never as a bare library exception.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,44 @@ from retrctl import records
 from retrctl.indexes import store
 
 DOCIDS = "docids.parquet"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A command-line option a backend declares: `retrctl index` passes it to ``create`` (``index_flags``),
+    `retrctl search` sets it on the opened index for one run (``search_flags``). The stages read the declarations
+    from ``BACKENDS`` and never list them, so a backend brings its own flags; one declaration per name serves every
+    backend that names it in ``flags`` or ``search_knobs``.
+
+    ``type``: str, int or float, or a tuple of the allowed values; ``low``/``high`` bound a number (``low_open``:
+    excluded); ``parse`` turns the text into the value (ValueError: a bad value); ``default`` is shown by --help
+    and passed when the flag is not given. ``refused`` (search): the usage error when the flag is given for an
+    index that does not take it, ``{backend}`` standing for its name; None ignores the flag there.
+    """
+
+    name: str  # the keyword; the flag is --name with "-" for "_"
+    help: str
+    type: type | tuple = str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    default: object = None
+    parse: Callable[[str], object] | None = None
+    refused: str | None = None
+
+    @property
+    def option(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def check(self, value) -> str | None:
+        """What is wrong with ``value`` given through the Python API (the command line checks it in click), or None."""
+        if value is None or isinstance(self.type, tuple) or self.type not in (int, float):
+            return None
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return f"{self.option} must be {'more than' if self.low_open else 'at least'} {self.low:g}"
+        if self.high is not None and value > self.high:
+            return f"{self.option} must be at most {self.high:g}"
+        return None
 
 
 class Index:
@@ -45,6 +84,8 @@ class Index:
     needs_encoder = False  # True: built with an encoder (`index` needs --model or an old manifest; encoder flags apply)
     flags: tuple[str, ...] = ()  # the `index` options it takes: ``create`` and ``prepare_update`` get these only
     search_knobs: tuple[str, ...] = ()  # attributes `search` may set for one run; they do not change stored content
+    index_flags: tuple[Flag, ...] = ()  # declarations of `index` options named in ``flags`` (or another backend's)
+    search_flags: tuple[Flag, ...] = ()  # declarations of `search` options named in ``search_knobs``
     encoder = None  # the encoder behind the index; None for backends without one
     encoded = 0  # docs this object ran through its encoder (updates report how many were not reused)
 

@@ -119,6 +119,12 @@ class BM25Index(base.Index):
     name = "bm25"
     summary = "bm25s"
     flags = ("k1", "b", "stopwords", "bm25_method")
+    index_flags = (
+        base.Flag("k1", "BM25 term-frequency saturation.", float, default=0.9),
+        base.Flag("b", "BM25 length normalization.", float, default=0.4),
+        base.Flag("stopwords", "BM25 stopword list (bm25s: en, de, fr, …) or 'none'.", default="en"),
+        base.Flag("bm25_method", "BM25 variant.", METHODS, default="lucene"),
+    )
 
     def __init__(self, k1: float = 0.9, b: float = 0.4, stopwords: str | None = "en", method: str = "lucene"):
         if method not in METHODS:

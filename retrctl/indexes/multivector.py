@@ -10,9 +10,9 @@ each token as the id of its nearest of ~√T k-means centroids plus its residual
 ColBERTv2 reports 6–10x smaller than fp16 vectors — and candidate generation by the centroids nearest to the query's
 tokens, so MaxSim need not see every doc. Neither is built here: candidates come from the other heads (or every doc).
 
-Inside an index build the tokens ride in the dense index's fixed-width chunk rows (``to_lanes``): [n_tokens | the
-doc's fp16 values paired into float32 lanes, zero-padded to the chunk's longest doc], so checkpointing, updates and
-merges are ``DenseIndex``'s. A float32 lane is non-finite only if its high half is an fp16 inf/NaN, so finite tokens
+Inside an index build the tokens ride in the encoded chunk rows (``to_lanes``): [n_tokens | the doc's fp16 values
+paired into float32 lanes, zero-padded to the chunk's longest doc], the last columns of the row, so checkpointing,
+updates and merges are ``EncodedIndex``'s (indexes/encoded.py) and this store takes what the other heads leave. A float32 lane is non-finite only if its high half is an fp16 inf/NaN, so finite tokens
 never trip ``_encode``'s NaN check; a doc whose tokens are not finite gets NaN for its count, so the check names it.
 """
 
@@ -50,14 +50,22 @@ def from_lanes(rows: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class TokenStore:
-    """The docs' token vectors in row order: appended chunk by chunk, consolidated into one flat array + offsets."""
+    """The colbert head's store: the docs' token vectors in row order, appended chunk by chunk, consolidated into one
+    flat array + offsets. Its columns of an encoded row are the rest of the row (``width`` None)."""
+
+    width = None
+    knobs = ()
 
     def __init__(self, dim: int):
         self.dim = dim
         self._parts: list[tuple[np.ndarray, np.ndarray]] = []  # (tokens [T, dim] float16, counts [n] int64)
 
-    def append_lanes(self, rows: np.ndarray) -> None:
+    def append(self, rows: np.ndarray) -> None:
+        """Docs given as ``to_lanes`` rows."""
         self._parts.append(from_lanes(rows, self.dim))
+
+    def finish(self) -> None:
+        """Nothing waits: tokens are scored once appended."""
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(tokens float16 [T, dim], offsets int64 [N+1]) of every doc."""
@@ -68,7 +76,7 @@ class TokenStore:
         tokens, counts = self._parts[0]
         return tokens, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
-    def apply(self, replaced: dict[int, np.ndarray], removed: list[int]) -> None:
+    def apply(self, replaced: dict[int, np.ndarray], removed: list[int], n: int | None = None) -> None:
         """Replace docs by position (``replaced``: position → its ``to_lanes`` row) and drop ``removed``."""
         tokens, offsets = self.arrays()
         docs = np.split(tokens, offsets[1:-1]) if len(offsets) > 1 else []
@@ -80,7 +88,7 @@ class TokenStore:
                         np.array([len(d) for d in kept], np.int64))]
 
     @classmethod
-    def joined(cls, stores: list[TokenStore]) -> TokenStore:
+    def joined(cls, stores: list[TokenStore], counts: list[int] | None = None) -> TokenStore:
         out = cls(stores[0].dim)
         out._parts = [part for s in stores for part in s._parts]
         return out
@@ -119,7 +127,7 @@ class TokenStore:
         tokens, _ = self.arrays()
         return {"dim": self.dim, "dtype": "float16", "tokens": len(tokens), "files": dict(FILES)}
 
-    def write(self, directory: Path) -> None:
+    def write(self, directory: Path, n: int | None = None) -> None:
         tokens, offsets = self.arrays()
         np.save(directory / FILES["tokens"], tokens)
         np.save(directory / FILES["offsets"], offsets)

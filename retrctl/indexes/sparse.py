@@ -1,10 +1,11 @@
-"""Sparse index: a model's SPLADE head (models/sparse.py) over the corpus, searched exactly as a scipy CSR matrix.
+"""The sparse head's store (``SparseRowStore``) and the sparse backend (``SparseIndex``): a model's SPLADE head
+(models/sparse.py) over the corpus, searched exactly as a scipy CSR matrix.
 
 Each doc keeps the ``top_k`` largest of its term weights. Rows are stored fixed-width (ELLPACK: ``terms.npy``
-int32 [N, k] and ``weights.npy`` float32 [N, k], zero-padded), which is what lets this backend reuse the dense
-index's plumbing unchanged — content-hash updates, encoding in checkpointed chunks that a killed run resumes,
-atomic versions, shard merges — with the pair packed side by side as one float32 row [terms | weights] in memory
-(term ids < 2^24 are exact in float32). Search builds the CSR matrix once per opened index and scores every doc:
+int32 [N, k] and ``weights.npy`` float32 [N, k], zero-padded), with the pair packed side by side as one float32 row
+[terms | weights] in memory (term ids < 2^24 are exact in float32): one encoded row per doc, so the store rides on
+``EncodedIndex``'s content-hash updates, checkpointed encoding, versions and merges, alone (``--method sparse``) or
+beside the dense head's vectors (indexes/dense.py). Search builds the CSR matrix once per opened index and scores every doc:
 ``Q @ Dᵀ``, ties by docid, the same order as every other backend.
 
 Queries: the head's ``query`` mode — LightRetriever's token counts (no model runs for a query) or the head itself
@@ -28,7 +29,6 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +36,13 @@ import numpy as np
 from retrctl import records
 from retrctl.errors import UsageError
 from retrctl.indexes import base, store
-from retrctl.indexes.dense import DenseIndex, _describe, _same_encoder, encoder_from_manifest
+from retrctl.indexes.encoded import (
+    CHECKPOINT_EVERY,
+    EncodedIndex,
+    describe,
+    encoder_from_manifest,
+    same_encoder,
+)
 
 log = logging.getLogger("retrctl.index")
 QUERY_CHUNK = 64  # queries scored at once: [chunk, N] dense scores
@@ -141,43 +147,101 @@ def seismic_search(built, docs, qrows: np.ndarray, k: int, key: np.ndarray, doci
 
 SEISMIC_FILE = "sparse.index.seismic"  # what SeismicIndex.save("<dir>/sparse") writes
 
+SPARSE_TOP_K = base.Flag("sparse_top_k", "Sparse: terms kept per doc [default: the model's sparse head's].", int, low=1)
+NO_SPARSE = "--{flag}: this {backend} index holds no sparse head"
+SEARCH_FLAGS = (
+    base.Flag("sparse_search", "Sparse head: exact (scipy CSR) or seismic (approximate inverted index, candidates "
+              "rescored exactly). [default: auto = seismic from 100,000 docs]", SEARCHES, refused=NO_SPARSE),
+    base.Flag("query_cut", "Seismic: the query's largest terms searched. [default: 20]", int, low=1, refused=NO_SPARSE),
+    base.Flag("heap_factor", "Seismic: block-skipping threshold; lower is faster, less exact. [default: 0.9]", float,
+              low=0, high=1, low_open=True, refused=NO_SPARSE),
+)
 
-class SparseSearch:
-    """The sparse side's search knobs and its exact-or-Seismic choice, shared by the sparse and multi-head indexes."""
 
-    sparse_search, query_cut, heap_factor = "auto", 20, 0.9  # a token-count query has ~20 terms, all weight 1
-    _seismic = None  # (the CSR matrix it was built from, the Seismic index)
-    _seismic_saved = None  # the version's saved Seismic index, loaded at the first Seismic search
+class SparseRowStore:
+    """The sparse head's store: each doc's top-k (term, weight) pairs as one packed float32 row, row-aligned with the
+    owning index's docs; the CSR matrix built from them once per change; exact or Seismic search."""
 
-    def write_seismic(self, directory: Path, docs) -> dict:
-        """Build and save the Seismic index of a large corpus into the version being written; its manifest entry."""
-        if docs.shape[0] < SEISMIC_FROM:
-            return {}
-        if self._seismic is None or self._seismic[0] is not docs:
-            self._seismic = (docs, seismic_index(docs))
-        with _stdout_to_stderr():
-            self._seismic[1].save(str(directory / SEISMIC_FILE.removesuffix(".index.seismic")))
-        return {"seismic": SEISMIC_FILE}
+    knobs = ("sparse_search", "query_cut", "heap_factor")  # the search settings ``search`` reads off the index
 
-    def _rows_changed(self) -> None:
+    def __init__(self, top_k: int | None, vocab: int | None):
+        self.top_k, self.vocab = top_k, vocab
+        self._rows: list[np.ndarray] = []
+        self.files: dict = {}  # the Seismic index the last write saved beside the rows, if any
+        self._seismic = None  # (the CSR matrix it was built from, the Seismic index)
+        self._changed()
+
+    @property
+    def width(self) -> int:
+        return 2 * self.top_k
+
+    def _changed(self) -> None:
         """The stored rows changed in memory: the CSR matrix and a loaded version's Seismic index no longer hold."""
         self._csr, self._seismic_saved = None, None
 
-    def find_seismic(self, directory: Path, files: dict) -> None:
-        """Remember the version's saved Seismic index (a load with the rows, so it is read only when searched)."""
-        self._seismic_saved = directory / files["seismic"] if "seismic" in files else None
+    def vectors(self, n: int | None = None) -> np.ndarray:
+        """All packed rows (a copy)."""
+        if not self._rows:
+            return np.zeros((0, 2 * (self.top_k or 0)), np.float32)
+        stored = np.concatenate(self._rows) if len(self._rows) != 1 else self._rows[0]
+        self._rows = [stored]
+        return stored.copy()
 
-    def search_rows(self, docs, qrows: np.ndarray, k: int, key: np.ndarray, docids: list[str]):
-        if self.sparse_search not in SEARCHES:
-            raise UsageError(f"--sparse-search {self.sparse_search}: choose one of {', '.join(SEARCHES)}")
-        use = self.sparse_search if self.sparse_search != "auto" else ("seismic" if docs.shape[0] >= SEISMIC_FROM else "exact")
+    def vectors_at(self, rows: np.ndarray, n: int | None = None) -> np.ndarray:
+        return self.vectors()[rows]
+
+    def append(self, rows: np.ndarray) -> None:
+        self._rows.append(rows)
+        self._changed()
+
+    def finish(self) -> None:
+        """Nothing waits: rows are searchable once appended."""
+
+    def apply(self, replaced: dict[int, np.ndarray], removed: list[int], n: int | None = None) -> None:
+        rows = self.vectors()
+        for pos, row in replaced.items():
+            rows[pos] = row
+        keep = np.ones(len(rows), dtype=bool)
+        keep[removed] = False
+        self._rows = [np.ascontiguousarray(rows[keep])]
+        self._changed()
+
+    @classmethod
+    def joined(cls, stores: list[SparseRowStore], counts: list[int]) -> SparseRowStore:
+        out = cls(stores[0].top_k, stores[0].vocab)
+        out._rows = [np.concatenate([s.vectors() for s in stores])]
+        return out
+
+    def matrix(self):
+        """The docs as a scipy CSR matrix [N, vocab] (built once per change)."""
+        from retrctl.models.sparse import to_csr
+
+        if self._csr is None:
+            self._csr = to_csr(*unpack(self.vectors()), self.vocab)
+        return self._csr
+
+    # ------------------------------------------------------------ search
+
+    def search(self, qrows: np.ndarray, k: int, key: np.ndarray, docids: list[str], *, sparse_search: str = "auto",
+               query_cut: int = 20, heap_factor: float = 0.9) -> tuple[np.ndarray, list[list[str]]]:
+        """Top min(k, N) docs per packed query row: (scores [nq, k], docids), best first, ties by ``key``; exact,
+        or Seismic's candidates rescored exactly (``sparse_search`` auto picks Seismic from ``SEISMIC_FROM`` docs)."""
+        docs = self.matrix()
+        if sparse_search not in SEARCHES:
+            raise UsageError(f"--sparse-search {sparse_search}: choose one of {', '.join(SEARCHES)}")
+        use = sparse_search if sparse_search != "auto" else ("seismic" if docs.shape[0] >= SEISMIC_FROM else "exact")
         if use == "exact" or docs.shape[0] == 0:
             return exact_search(docs, qrows, k, key, docids)
         if self._seismic is None or self._seismic[0] is not docs:
             self._seismic = (docs, self._load_seismic() or seismic_index(docs))
-        return seismic_search(self._seismic[1], docs, qrows, k, key, docids, query_cut=self.query_cut,
-                              heap_factor=self.heap_factor)
+        return seismic_search(self._seismic[1], docs, qrows, k, key, docids, query_cut=query_cut, heap_factor=heap_factor)
 
+    def dot(self, qrow: np.ndarray, rows: np.ndarray, n: int | None = None) -> np.ndarray:
+        """The packed query row's dot product with the docs at ``rows`` (what search ranks by)."""
+        from retrctl.models.sparse import to_csr
+
+        q = to_csr(*unpack(qrow[None]), self.vocab)
+        return (self.matrix()[rows] @ q.T).toarray()[:, 0]
 
     def _load_seismic(self):
         path = self._seismic_saved
@@ -190,13 +254,53 @@ class SparseSearch:
         log.info("seismic: loaded %s", path)
         return built
 
+    # ------------------------------------------------------------ files
 
-class SparseIndex(SparseSearch, DenseIndex):
+    def nonzeros(self) -> int:
+        return int(self.matrix().nnz) if sum(len(r) for r in self._rows) else 0
+
+    def write(self, directory: Path, n: int | None = None) -> None:
+        """``terms.npy``/``weights.npy``, and the Seismic index of a large corpus (named in ``files``), so a search
+        process loads it instead of building it."""
+        terms, weights = unpack(self.vectors())
+        np.save(directory / "terms.npy", terms)
+        np.save(directory / "weights.npy", weights)
+        docs = self.matrix()
+        self.files = {}
+        if docs.shape[0] < SEISMIC_FROM:
+            return
+        if self._seismic is None or self._seismic[0] is not docs:
+            self._seismic = (docs, seismic_index(docs))
+        with _stdout_to_stderr():
+            self._seismic[1].save(str(directory / SEISMIC_FILE.removesuffix(".index.seismic")))
+        self.files = {"seismic": SEISMIC_FILE}
+
+    @classmethod
+    def read(cls, directory: Path, files: dict, n_docs: int, top_k: int, vocab: int) -> SparseRowStore:
+        """A version's rows (``files``: its terms and weights, and the Seismic index it saved, read only when searched),
+        checked against the doc count."""
+        arrays = []
+        for name in ("terms", "weights"):
+            path = directory / files[name]
+            with base.reading(path):
+                arrays.append(np.load(path))
+            if arrays[-1].shape != (n_docs, top_k):
+                raise store.damaged(path, f"shape {arrays[-1].shape} for {n_docs} ids")
+        out = cls(top_k, vocab)
+        out._rows = [pack(*arrays)]
+        out._seismic_saved = directory / files["seismic"] if "seismic" in files else None
+        return out
+
+
+class SparseIndex(EncodedIndex):
     name = "sparse"
     summary = "learned sparse: the model's SPLADE head, exact scipy CSR"
-    needs_encoder = True
     flags = ("batch_size", "checkpoint_every", "sparse_top_k")
     search_knobs = ("batch_size", "sparse_search", "query_cut", "heap_factor")
+    index_flags = (CHECKPOINT_EVERY, SPARSE_TOP_K)
+    search_flags = SEARCH_FLAGS
+    searched = "sparse"
+    sparse_search, query_cut, heap_factor = "auto", 20, 0.9  # a token-count query has ~20 terms, all weight 1
 
     def __init__(self, encoder, batch_size: int = 32, *, chunk_size: int = 4096, top_k: int | None = None):
         if encoder is not None and getattr(encoder, "sparse", None) is None:
@@ -207,8 +311,12 @@ class SparseIndex(SparseSearch, DenseIndex):
             if not self.top_k:
                 raise UsageError("a sparse index keeps each doc's top-k terms: give --sparse-top-k N")
             encoder.sparse.top_k = self.top_k
-        super().__init__(encoder, "Flat", batch_size, chunk_size=chunk_size)
         self.vocab = encoder.sparse.vocab if encoder is not None else None
+        super().__init__(encoder, batch_size, chunk_size)
+        self._clear()
+
+    def new_stores(self) -> dict:
+        return {"sparse": SparseRowStore(self.top_k, self.vocab)}
 
     def config(self) -> dict:
         return {"batch_size": self.batch_size, "chunk_size": self.chunk_size, "top_k": self.top_k}
@@ -229,84 +337,35 @@ class SparseIndex(SparseSearch, DenseIndex):
         mode = self.encoder.sparse.query if self.encoder is not None else "?"
         return f"{len(self)} docs, sparse top-{self.top_k} terms, queries by {mode}, encoder {(self.encoder_desc or {}).get('model')}"
 
-    # ------------------------------------------------------------ storage: packed rows instead of faiss
-
-    def _clear(self) -> None:
-        base.Index._clear(self)
-        self._invalidate()
-        self.index, self._vectors, self._pending = None, [], []
-        self._rows_changed()
-
-    def _lossless(self) -> bool:
-        return True
-
-    def vectors(self) -> np.ndarray:
-        if not self._vectors:
-            return np.zeros((0, 2 * (self.top_k or 0)), np.float32)
-        stored = np.concatenate(self._vectors) if len(self._vectors) != 1 else self._vectors[0]
-        self._vectors = [stored]
-        return stored.copy()
-
-    def get_vectors(self, docids: Iterable[str]) -> np.ndarray:
-        return self.vectors()[[self._pos[d] for d in docids]]
-
-    def _append_vectors(self, vecs: np.ndarray) -> None:
-        self._vectors.append(vecs)
-        self._rows_changed()
-
-    def _train_pending(self) -> None:
-        pass
-
-    def _rebuild(self, vecs: np.ndarray) -> None:
-        self._invalidate()
-        self._vectors = [vecs]
-        self._rows_changed()
-
-    def _doc_vectors(self, texts: list[str]) -> np.ndarray:
+    def _doc_rows(self, texts: list[str]) -> np.ndarray:
         return pack(*self.encoder.encode_sparse(texts, "passage", self.batch_size))
-
-    def matrix(self):
-        """The docs as a scipy CSR matrix [N, vocab] (built once per change)."""
-        from retrctl.models.sparse import to_csr
-
-        if self._csr is None:
-            self._csr = to_csr(*unpack(self.vectors()), self.vocab)
-        return self._csr
-
-    # ------------------------------------------------------------ search
 
     def _encode_queries(self, queries: list[dict]) -> np.ndarray:
         if self.encoder is None:
             raise ValueError("this SparseIndex has no encoder to encode queries")
         return pack(*self.encoder.encode_sparse([q["query_text"] for q in queries], "query", self.batch_size))
 
-    def search_vectors(self, qvecs: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
-        return self.search_rows(self.matrix(), qvecs, k, self._order_key(), self.docids)
+    def matrix(self):
+        """The docs as a scipy CSR matrix [N, vocab] (built once per change)."""
+        return self.stores["sparse"].matrix()
 
-    def _dot(self, qvec: np.ndarray, docids: list[str]) -> np.ndarray:
-        from retrctl.models.sparse import to_csr
-
-        q = to_csr(*unpack(qvec[None]), self.vocab)
-        return (self.matrix()[[self._pos[d] for d in docids]] @ q.T).toarray()[:, 0]
+    @property
+    def _seismic_saved(self):
+        return self.stores["sparse"]._seismic_saved
 
     # ------------------------------------------------------------ files
 
-    def manifest(self, extra_files: dict | None = None) -> dict:
+    def manifest(self) -> dict:
         return {"backend": self.name, "settings": self.config(), "encoder": self.encoder_desc, "vocab": self.vocab,
-                "metric": "dot", "doc_count": len(self), "nonzeros": int(self.matrix().nnz) if len(self) else 0,
-                "files": {"terms": "terms.npy", "weights": "weights.npy", "docids": base.DOCIDS, **(extra_files or {})},
+                "metric": "dot", "doc_count": len(self), "nonzeros": self.stores["sparse"].nonzeros(),
+                "files": {"terms": "terms.npy", "weights": "weights.npy", "docids": base.DOCIDS,
+                          **self.stores["sparse"].files},
                 **self.meta}
 
-    def save(self, directory: str | Path, keep: int = base.KEEP) -> None:
-        with store.new_version(directory, keep) as tmp:
-            self.write_files(tmp)
-
     def write_files(self, directory: Path) -> None:
-        terms, weights = unpack(self.vectors())
-        np.save(directory / "terms.npy", terms)
-        np.save(directory / "weights.npy", weights)
+        self.stores["sparse"].write(directory)
         base.write_docids(directory, self.docids, self._hash)
-        base.write_manifest(directory, self.manifest(self.write_seismic(directory, self.matrix())))
+        base.write_manifest(directory, self.manifest())
 
     @classmethod
     def load(cls, directory, encoder=None, device: str | None = None, query_encoder: str = "full", **overrides) -> SparseIndex:
@@ -316,20 +375,11 @@ class SparseIndex(SparseSearch, DenseIndex):
             encoder = encoder_from_manifest(manifest, device=device, warn=directory, **overrides)
         settings = manifest["settings"]
         idx = cls(encoder, settings.get("batch_size", 32), chunk_size=settings.get("chunk_size", 4096), top_k=settings["top_k"])
-        idx.encoder_desc, idx.vocab = manifest["encoder"], manifest["vocab"]
-        idx.meta = {k: manifest[k] for k in ("source", "shard") if k in manifest}
-        arrays = []
-        for name in ("terms", "weights"):
-            path = directory / manifest["files"][name]
-            with base.reading(path):
-                arrays.append(np.load(path))
+        idx._read_meta(manifest)
+        idx.vocab = manifest["vocab"]
         docids, hashes = base.read_docids(directory)
-        for name, a in zip(("terms", "weights"), arrays, strict=True):
-            if a.shape != (len(docids), settings["top_k"]):
-                raise store.damaged(directory / manifest["files"][name], f"shape {a.shape} for {len(docids)} ids")
+        idx.stores["sparse"] = SparseRowStore.read(directory, manifest["files"], len(docids), settings["top_k"], idx.vocab)
         idx._set_ids(docids, hashes)
-        idx._vectors = [pack(*arrays)]
-        idx.find_seismic(directory, manifest["files"])
         idx.version = version
         return idx
 
@@ -351,10 +401,9 @@ class SparseIndex(SparseSearch, DenseIndex):
     def merge(cls, parts: list[SparseIndex]) -> SparseIndex:
         first = parts[0]
         for p in parts[1:]:
-            if p.top_k != first.top_k or _same_encoder(p.encoder_desc) != _same_encoder(first.encoder_desc):
+            if p.top_k != first.top_k or same_encoder(p.encoder_desc) != same_encoder(first.encoder_desc):
                 raise ValueError("cannot merge sparse indexes built with different encoders or top-k")
         out = cls(first.encoder, **{k: v for k, v in first.config().items() if k != "top_k"}, top_k=first.top_k)
-        out.encoder_desc = first.encoder_desc or (_describe(first.encoder) if first.encoder is not None else None)
-        out._set_ids([d for p in parts for d in p.docids], [h for p in parts for h in p._hash])
-        out._rebuild(np.concatenate([p.vectors() for p in parts]))
+        out.encoder_desc = first.encoder_desc or (describe(first.encoder) if first.encoder is not None else None)
+        out._joined_stores(parts)
         return out

@@ -1,4 +1,4 @@
-"""Encoding with an exported ONNX model, and the one place that picks the backend from a model path.
+"""Loading an encoder for inference: the one place that picks torch or an exported ONNX graph from a model path.
 
 ``load_encoder(model, backend=None, …)`` gives an ``Encoder`` (torch) or an ``OnnxEncoder``:
 
@@ -27,10 +27,20 @@ from retrctl.errors import UsageError
 from retrctl.models import loading
 from retrctl.models.config import EncoderConfig
 
-log = logging.getLogger("retrctl.export")
+log = logging.getLogger("retrctl.models")
 
 GRAPH_KEYS = ("pooling", "normalize", "dims", "bidirectional")
+MISSING = "ONNX export and encoding need onnx and onnxruntime: pip install 'retrctl[onnx]'"
 TORCH_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def require_runtime() -> None:
+    """onnx and onnxruntime are an extra (retrctl[onnx]): a clear usage error when they are absent."""
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        raise UsageError(MISSING) from None
 
 
 def onnx_file(model) -> Path | None:
@@ -91,8 +101,6 @@ class OnnxEncoder:
     @classmethod
     def load(cls, path, **overrides) -> OnnxEncoder:
         from transformers import AutoTokenizer
-
-        from retrctl.export import require_runtime
 
         require_runtime()
         path = Path(path)

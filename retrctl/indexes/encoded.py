@@ -1,0 +1,289 @@
+"""What every index built by an encoder shares: doc ids and content-hash sync, chunked encoding with checkpoints a
+killed run resumes from, versioned saves, merges; the rows themselves live in one store per head.
+
+``EncodedIndex`` owns ``stores``, a dict head → store, in the order of the encoded row: each chunk of docs is encoded
+once into one float32 array, [the first store's columns | the next's | …] (a store's ``width`` columns; ``None``:
+the rest), checkpointed as one file, and handed out column by column, so the heads of one doc are added, replaced
+and removed together and cannot drift apart. A store (``faiss_store.FaissStore``, ``sparse.SparseRowStore``,
+``multivector.TokenStore``) knows rows by position only:
+
+- ``width``, ``knobs`` (the search settings it reads off the index); ``append(rows)``; ``apply(replaced: position →
+  row, removed: positions, n)``; ``finish()`` (work left before a search or a write: an IVF's training);
+- ``write(directory, n)``, a classmethod ``read``, and ``joined(stores, counts)`` for merges;
+- a store a search ranks by (``searched``) also has ``vectors(n)``, ``vectors_at(rows, n)``, ``search(queries, k,
+  key, docids, **knobs)`` and ``dot(query, rows, n)``; a head's own scoring (``TokenStore.maxsim``) is its own.
+
+A backend subclass chooses the stores (``new_stores``), encodes a chunk of texts into rows (``_doc_rows``) and
+queries into what its searched store takes (``_encode_queries``), and lays out its manifest and files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from retrctl import records
+from retrctl.errors import UsageError
+from retrctl.indexes import base, store
+
+# the encoder settings a manifest records, and those that change the doc vectors (overriding them at search time
+# mismatches the index): declared once, in retrctl/models/config.py
+from retrctl.models.config import PASSAGE_KEYS
+from retrctl.models.config import SETTINGS as ENCODER_KEYS
+
+log = logging.getLogger("retrctl.index")
+
+CHECKPOINT_EVERY = base.Flag("checkpoint_every", "Dense: save encoded vectors every N docs under IDX.partial, so a "
+                             "killed run resumes from there.", int, low=1, default=4096)
+
+
+class EncodedIndex(base.Index):
+    """Docs encoded by ``encoder`` into ``stores``; ``searched`` names the store a one-head search ranks by."""
+
+    needs_encoder = True
+    searched = "dense"
+
+    def __init__(self, encoder, batch_size: int = 32, chunk_size: int = 4096):
+        super().__init__()
+        self.encoder, self.batch_size, self.chunk_size = encoder, batch_size, chunk_size
+        self.encoder_desc = describe(encoder) if encoder is not None else None
+        self.workdir: Path | None = None
+        self.encoded = 0
+        self._last_queries: dict[str, np.ndarray] = {}  # query text -> its encoding, of the last search
+        self.stores: dict = {}
+
+    def new_stores(self) -> dict:
+        """Empty stores, head → store, in the encoded row's order."""
+        raise NotImplementedError
+
+    def _doc_rows(self, texts: list[str]) -> np.ndarray:
+        """One float32 row per text: the stores' columns side by side."""
+        raise NotImplementedError
+
+    def _encode_queries(self, queries: list[dict]) -> np.ndarray:
+        """The queries as the ``searched`` store takes them."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ what the stages ask
+
+    @classmethod
+    def encoder_for(cls, model: str | None, manifest: dict | None, **settings):
+        if model is None:
+            return encoder_from_manifest(manifest, **settings)
+        from retrctl.models.runtime import load_encoder  # torch weights, or an exported ONNX graph
+
+        device, dtype = settings.pop("device", None), settings.pop("dtype", None)
+        return load_encoder(model, device=device, dtype=dtype, **settings)
+
+    def prepare_update(self, workdir: Path, *, batch_size: int | None = None, checkpoint_every: int | None = None,
+                       **_other) -> None:
+        self.batch_size = batch_size or self.batch_size
+        self.chunk_size = checkpoint_every or self.chunk_size
+        self.workdir = workdir
+
+    def report_update(self, stats: dict, workdir: Path) -> None:
+        self.encoder.report_truncation({"passage": self.encoded})
+        if self.encoded != stats["added"] + stats["updated"]:
+            log.info("encoded %d docs; %d came from the checkpoints in %s", self.encoded,
+                     stats["added"] + stats["updated"] - self.encoded, workdir)
+
+    # ------------------------------------------------------------ rows
+
+    def _clear(self) -> None:
+        super()._clear()
+        self._invalidate()
+        self.stores = self.new_stores()
+
+    def _split(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """A chunk's rows → each store's columns."""
+        if len(self.stores) == 1:
+            return {name: rows for name in self.stores}
+        out, at = {}, 0
+        for name, st in self.stores.items():
+            width = st.width
+            out[name] = rows[:, at:] if width is None else rows[:, at : at + width]
+            at += width or 0
+        return out
+
+    def _append_vectors(self, rows: np.ndarray) -> None:
+        """Append encoded rows (docs already appended to the ids) to every store."""
+        for name, part in self._split(rows).items():
+            self.stores[name].append(part)
+
+    def _finish(self) -> None:
+        for st in self.stores.values():
+            st.finish()
+
+    def vectors(self) -> np.ndarray:
+        """The searched store's rows, aligned with ``docids`` (a copy)."""
+        return self.stores[self.searched].vectors(len(self))
+
+    def get_vectors(self, docids: Iterable[str]) -> np.ndarray:
+        """The searched store's rows of the given docs (KeyError for an unknown id)."""
+        return self.vectors_at(np.array([self._pos[d] for d in docids], np.int64))
+
+    def vectors_at(self, rows: np.ndarray) -> np.ndarray:
+        return self.stores[self.searched].vectors_at(rows, len(self))
+
+    # ------------------------------------------------------------ encoding with checkpoints
+
+    def _encode(self, chunk: list[tuple[dict, str, int | None]], n: int) -> np.ndarray:
+        ids = [d["docid"] for d, _, _ in chunk]
+        hashes = [h for _, h, _ in chunk]
+        ckpt = self.workdir / f"{n:06d}" if self.workdir is not None else None
+        if ckpt is not None and ckpt.with_suffix(".json").exists():
+            saved = json.loads(ckpt.with_suffix(".json").read_text())
+            if saved == {"docids": ids, "hashes": hashes}:
+                return np.load(ckpt.with_suffix(".npy"))
+        vecs = self._doc_rows([records.passage_text(d) for d, _, _ in chunk])
+        bad = ~np.isfinite(vecs).all(axis=1)
+        if bad.any():  # a broken forward gives NaN embeddings that search would rank silently (tevatron#103)
+            raise ValueError(f"the encoder returned NaN/inf vectors for {int(bad.sum())} docs, e.g. {ids[int(np.argmax(bad))]!r}")
+        self.encoded += len(chunk)
+        if ckpt is not None:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            np.save(ckpt.with_suffix(".npy"), vecs)
+            # the JSON is written last: its presence marks the chunk complete
+            tmp = ckpt.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps({"docids": ids, "hashes": hashes}))
+            tmp.replace(ckpt.with_suffix(".json"))
+        return vecs
+
+    # ------------------------------------------------------------ updates
+
+    def sync(self, docs: Iterable[dict], delete: bool = True) -> dict:
+        if self.encoder is None:
+            raise ValueError(f"this {type(self).__name__} has no encoder: load it with an encoder to add docs")
+        stats, seen = base.new_stats(), set()
+        replaced: dict[int, tuple[str, np.ndarray]] = {}
+        for n, chunk in enumerate(records.batched(self._classify(docs, seen, stats), self.chunk_size)):
+            vecs = self._encode(chunk, n)
+            new = [i for i, (_, _, pos) in enumerate(chunk) if pos is None]
+            for i, (_, h, pos) in enumerate(chunk):
+                if pos is not None:
+                    replaced[pos] = (h, vecs[i])
+            if new:
+                self._invalidate()
+                self._append_ids([chunk[i][0]["docid"] for i in new], [chunk[i][1] for i in new])
+                self._append_vectors(np.ascontiguousarray(vecs[new]))
+        removed = self._missing_rows(seen) if delete else []
+        stats["removed"] = len(removed)
+        self._apply(replaced, removed)
+        return stats
+
+    def remove(self, docids: Iterable[str]) -> int:
+        rows = sorted({self._pos[d] for d in docids if d in self._pos})
+        self._apply({}, rows)
+        return len(rows)
+
+    def _apply(self, replaced: dict[int, tuple[str, np.ndarray]], removed: list[int]) -> None:
+        """Replace changed docs' rows in place and drop removed docs, in the ids and in every store."""
+        if not replaced and not removed:
+            self._finish()
+            return
+        n = len(self)
+        parts = {pos: self._split(row[None]) for pos, (_, row) in replaced.items()}
+        for pos, (h, _) in replaced.items():
+            self._hash[pos] = h
+        keep = np.ones(n, dtype=bool)
+        keep[removed] = False
+        self._keep_rows(keep)
+        self._invalidate()
+        for name, st in self.stores.items():
+            st.apply({pos: p[name][0] for pos, p in parts.items()}, removed, n)
+
+    # ------------------------------------------------------------ search
+
+    def search_knob_values(self, st) -> dict:
+        return {name: getattr(self, name) for name in st.knobs}
+
+    def search_vectors(self, qvecs: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
+        """Top min(k, len) docs per encoded query of the searched store: (scores [nq, k], docids), best first,
+        ties by docid."""
+        st = self.stores[self.searched]
+        return st.search(qvecs, k, self._order_key(), self.docids, **self.search_knob_values(st))
+
+    def search(self, queries: list[dict], k: int) -> dict[str, list[tuple[str, float]]]:
+        qvecs = self._encode_queries(queries)
+        # kept until the next search: scoring this chunk's positives (mine) costs no second forward pass
+        self._last_queries = {q["query_text"]: v for q, v in zip(queries, qvecs, strict=True)}
+        scores, docids = self.search_vectors(qvecs, k)
+        return {q["query_id"]: [(d, float(s)) for d, s in zip(ids, row, strict=False)] for q, ids, row in zip(queries, docids, scores, strict=True)}
+
+    def score(self, query: dict, docids: Iterable[str]) -> dict[str, float]:
+        """The encoded query's score with each given doc's stored row (what search ranks by)."""
+        docids = [d for d in docids if d in self._pos]
+        if not docids:
+            return {}
+        qvec = self._last_queries.get(query["query_text"])
+        if qvec is None:
+            qvec = self._encode_queries([query])[0]
+        rows = np.array([self._pos[d] for d in docids], np.int64)
+        return dict(zip(docids, self.stores[self.searched].dot(qvec, rows, len(self)).tolist(), strict=True))
+
+    # ------------------------------------------------------------ files
+
+    def save(self, directory: str | Path, keep: int = base.KEEP) -> None:
+        """Publish this index as a new version of ``directory`` (see retrctl.indexes.store)."""
+        self._finish()
+        with store.new_version(directory, keep) as tmp:
+            self.write_files(tmp)
+
+    def _read_meta(self, manifest: dict) -> None:
+        self.encoder_desc = manifest["encoder"]
+        self.meta = {k: manifest[k] for k in ("source", "shard") if k in manifest}
+
+    def _joined_stores(self, parts: list[EncodedIndex]) -> None:
+        """This (empty) index holds the docs of ``parts``, in order: ids, hashes and every store."""
+        self._set_ids([d for p in parts for d in p.docids], [h for p in parts for h in p._hash])
+        counts = [len(p) for p in parts]
+        self.stores = {name: type(st).joined([p.stores[name] for p in parts], counts) for name, st in self.stores.items()}
+
+
+def encoder_from_manifest(manifest: dict, *, device: str | None = None, warn: Path | None = None,
+                          query_encoder: str = "full", **overrides):
+    """The encoder a manifest describes (its model and ENCODER_KEYS), loaded; the one place that maps a manifest to
+    ``Encoder.load``. ``overrides`` (flags the user set: pooling, query_prompt, dtype, …; None = not set) win over
+    the manifest. With ``warn`` (the index being opened to search) overriding a setting the doc vectors were made
+    with is warned about; an update passes none, as it rebuilds when such a setting changes. ``query_encoder``
+    (search only): ``auto`` encodes queries by token lookup when the model ships a table (models/lookup.py: no
+    transformer loaded), ``full`` with the full model, ``token-lookup`` insists."""
+    from retrctl.models import lookup
+    from retrctl.models.runtime import load_encoder  # torch weights, or an exported ONNX graph
+
+    desc = manifest["encoder"]
+    settings = {k: desc[k] for k in ENCODER_KEYS if k in desc}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    dtype = overrides.pop("dtype", None)
+    if warn is not None:
+        for k, v in overrides.items():
+            if k in PASSAGE_KEYS and v != settings.get(k):
+                log.warning("index %s was built with %s=%r; overriding it with %r mismatches the doc vectors", warn, k, settings.get(k), v)
+    settings.update(overrides)
+    if query_encoder == "token-lookup" or (query_encoder == "auto" and lookup.has_table(desc["model"])):
+        if not lookup.has_table(desc["model"]):
+            raise UsageError(f"--query-encoder token-lookup: {desc['model']} has no token-lookup table (train it with "
+                             "--query-encoder token-lookup, or search with --query-encoder full)")
+        log.info("queries by token lookup (%s/%s): no transformer loaded", desc["model"], lookup.TABLE_DIR)
+        return lookup.TokenLookupEncoder.load(desc["model"], **settings)
+    return load_encoder(desc["model"], device=device, dtype=dtype, **settings)
+
+
+def describe(encoder) -> dict:
+    """The encoder's description for a manifest, a local model path made absolute."""
+    from retrctl.models import SHIPPED
+
+    desc = dict(encoder.describe())
+    model = desc.get("model", "")
+    if model not in SHIPPED and Path(model).exists():
+        desc["model"] = str(Path(model).resolve())
+    return desc
+
+
+def same_encoder(desc: dict) -> dict:
+    """What must agree between shards: every setting, and the model by name (paths differ across machines)."""
+    return {**desc, "model": Path(str(desc.get("model", ""))).name}
