@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from retrctl import fusion
 from retrctl.errors import UsageError
 from retrctl.indexes import base, store
 from retrctl.indexes import heads as multi_head
@@ -272,7 +273,7 @@ class HeadsIndex(DenseIndex):
 
     search_knobs = (*DenseIndex.search_knobs, "heads", "fusion", "norm", "weights", "rrf_k", "depth", "candidates",
                     "sparse_search", "query_cut", "heap_factor")
-    fusion, norm, weights, rrf_k, depth = "linear", "minmax", None, 60.0, 100
+    fusion, norm, weights, rrf_k, depth = fusion.METHOD, fusion.NORM, None, fusion.RRF_K, 100
     candidates = None  # with colbert: heads whose top --depth are re-scored, or "all"
     sparse_search, query_cut, heap_factor = "auto", 20, 0.9  # a token-count query has ~20 terms, all weight 1
     _last_parts: dict[str, dict] = {}  # query text -> its encoded heads, of the last hybrid search

@@ -166,7 +166,7 @@ def _candidate_heads(idx, heads: list[str]) -> list[str]:
 
 
 def _rank_weights(idx, heads: list[str]) -> list[float]:
-    if (idx.fusion, idx.norm, idx.rrf_k) != ("linear", "minmax", 60.0):
+    if (idx.fusion, idx.norm, idx.rrf_k) != (fusion.METHOD, fusion.NORM, fusion.RRF_K):  # the defaults: none given
         raise UsageError("--fusion/--norm/--rrf-k: a search with colbert ranks by the weighted sum of raw scores "
                          "(--weights), not by fusion")
     if idx.weights is None:
