@@ -164,3 +164,23 @@ def test_without_a_teacher_an_embedding_weight_or_a_corpus_alone_is_refused(tiny
                "-o", tmp_path / "m")
     assert r.exit_code == 2 and "--embed-distill-weight" in r.stderr, r.stderr
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("heal_teacher", ["--heal-teacher", "--no-heal-teacher"])
+def test_prune_heals_a_trained_retriever_by_distilling_its_unpruned_self(tiny_llama, files, tmp_path, runner, heal_teacher):
+    from retrctl.models import Encoder
+
+    c, g = files
+    source = tmp_path / "retriever"
+    Encoder.load(tiny_llama, device="cpu", bidirectional=True, pooling="mean").save(source)  # a retrctl model dir
+    small = tmp_path / "small"
+    r = runner("prune", source, "-o", small, "--slim-mlp", 0.5, "--groups", g, "--corpus", c, "--slim-steps", 1,
+               "--heal-steps", 2, "--train-batch-size", 4, "--lr", 1e-3, "--passage-max-len", 24, "--query-max-len", 16,
+               heal_teacher)
+    assert r.exit_code == 0, r.stderr
+    slim = json.loads((small / "prune.json").read_text())["slimming"]
+    if heal_teacher == "--heal-teacher":
+        assert slim["heal_teacher"] == str(source)
+        assert {"ce", "kl", "embed_mse"} <= set(slim["metrics"]["heal"])
+    else:
+        assert slim["heal_teacher"] is None and "embed_mse" not in slim["metrics"]["heal"]
