@@ -132,7 +132,7 @@ class Trainer:
             torch.manual_seed(cfg.seed)  # LoRA init identical in every process
             trained = prepare(encoder.to(self.dist.device), cfg, teacher_dim=teacher_dim)
         self.enc, self.layout = trained.encoder, trained.layout  # the engines train the Encoder's own weights
-        if self.vectors is not None:
+        if self.vectors is not None and cfg.embed_distill_weight:  # the target of a text is of what the student reads
             self.vectors.read_as(self.enc)
         if "lookup" in self.layout:  # both query encoders in one forward (models/lookup.py)
             lookup.check_prefix(self.enc)
