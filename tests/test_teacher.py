@@ -107,6 +107,8 @@ def test_a_corpus_alone_trains_through_the_cli(tiny_bert, no_dropout_bert, files
     assert r.stdout == ""
     assert (out / "model.safetensors").is_file() and not out.with_name("healed.partial").exists()
     assert len(losses(out)) == 2
+    plan = json.loads((out / "train_config.json").read_text())["plan"]
+    assert plan["teacher_bytes"] > 0  # the teacher's forward is part of the memory plan
 
 
 def test_resume_with_another_teacher_is_refused_naming_the_key(tiny_bert, no_dropout_bert, wide_teacher, files, tmp_path,
