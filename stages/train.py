@@ -200,7 +200,7 @@ def command(groups, output, corpus, config_file, **flags):
     Distillation from a frozen --teacher MODEL: with groups, its scores of each group's passages (--distill-weight,
     default 1 then); without a GROUPS argument the corpus alone is the data (--corpus C --teacher T: each doc's
     passage and a sentence crop of it, the student's vectors regressed onto the teacher's; 1 epoch, lr 1e-4,
-    batch 32 by default: SciFact's 5,183 docs in under 30 min on 2 CPU cores). With --teacher, groups come from
+    batch 32 by default: sized for SciFact's 5,183 docs in under 30 min on 2 CPU cores). With --teacher, groups come from
     stdin only as GROUPS '-'."""
     cfg = (TrainConfig.from_json(config_file) if config_file else TrainConfig()).replace(**flags)
     train(groups, output=output, corpus=corpus, config=cfg)
