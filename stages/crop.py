@@ -42,11 +42,11 @@ from __future__ import annotations
 
 import click
 
-from retrctl.crops import crop, segments, sentences, units
+from retrctl.crops import _rng, crop, segments, sentences, units
 from retrctl.errors import UsageError
 from retrctl.stage import options, stage
 
-__all__ = ["command", "crop", "segments", "sentences", "units"]  # the cutting lives in retrctl/crops.py
+__all__ = ["_rng", "command", "crop", "segments", "sentences", "units"]  # the cutting lives in retrctl/crops.py
 
 
 @stage(crop, reads="doc", writes="query")

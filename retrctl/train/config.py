@@ -266,7 +266,8 @@ def resume_conflicts(saved: dict, cfg: TrainConfig, *, groups: bool = True) -> l
     """The settings of ``cfg`` that differ from a checkpoint's train_config.json, as 'key (checkpoint X, now Y)'.
     ``groups``: whether this run trains on groups (a setting added since the checkpoint takes the default such a
     run settles on)."""
-    now = dataclasses.asdict(cfg)
+    # both sides as they apply: a setting left unset (None) takes the default the run settles on
+    now = dataclasses.asdict(dataclasses.replace(cfg).settle(teacher=cfg.teacher is not None, groups=groups))
     then = {**dataclasses.asdict(TrainConfig()), **saved}  # a field added since the checkpoint: its default
     then.update({k: v for k, v in dataclasses.asdict(TrainConfig().settle(teacher=then["teacher"] is not None,
                                                                           groups=groups)).items()
