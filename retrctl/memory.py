@@ -244,13 +244,14 @@ class StepCost:
     queries: int  # texts per step in this process
     passages: int
     embeddings: int = 0  # GradCache's cached embeddings and their gradients
+    teacher: int = 0  # an online teacher's no-grad forward over one chunk (its weights are held already)
 
     def plain(self) -> int:
-        return self.state + int(ACTIVATION_FACTOR * (self.queries * self.per_query + self.passages * self.per_passage))
+        return self.state + self.teacher + int(ACTIVATION_FACTOR * (self.queries * self.per_query + self.passages * self.per_passage))
 
     def cached(self, chunk: int) -> int:
         alive = max(min(chunk, self.queries) * self.per_query, min(chunk, self.passages) * self.per_passage)
-        return self.state + self.embeddings + int(CACHED_FACTOR * alive)
+        return self.state + self.teacher + self.embeddings + int(CACHED_FACTOR * alive)
 
 
 def cached_outputs(layout, queries: int, passages: int, world: int = 1) -> int:
@@ -294,7 +295,7 @@ class Plan:
                 "plain_peak_bytes": self.budget.held + self.plain_need, "available_bytes": self.budget.total,
                 "held_bytes": self.budget.held, "source": self.budget.source, "reason": self.reason,
                 **({"state_bytes": self.cost.state, "per_query_bytes": self.cost.per_query,
-                    "per_passage_bytes": self.cost.per_passage} if self.cost else {})}
+                    "per_passage_bytes": self.cost.per_passage, "teacher_bytes": self.cost.teacher} if self.cost else {})}
 
 
 def plan_step(cost: StepCost, *, mode: str, chunk_size: int, budget: Budget, batch_size: int, group_size: int) -> Plan:

@@ -17,7 +17,11 @@ source kept): ``SentenceTransformer(dir)`` loads it with no retrctl code.
 
 EffiR's fine step, self-slimming of the MLP width (``--slim-mlp F``, retrctl/prune/slimming.py): a gate per MLP
 neuron trained on retrieval groups with InfoNCE + λ·L0, the top F of all gates kept across layers, the mask frozen
-and the model trained on with InfoNCE (``--heal-steps``); the training is ``retrctl train``'s ``Trainer``.
+and the model trained on with InfoNCE (``--heal-steps``); the training is ``retrctl train``'s ``Trainer``. When the
+source is a trained retriever (a retrctl or sentence-transformers dir, or a shipped name that is one), the healing
+also distils it, unpruned, as the teacher (``--heal-teacher``, on by default): the student's vectors of the groups'
+queries and passages regress onto the source's (``train --embed-distill-weight 1``) and the source's scores of each
+group's passages are distilled (``--distill-weight 1``), as ``train --teacher`` does.
 
 | knob | flag | default |
 |---|---|---|
@@ -30,6 +34,7 @@ and the model trained on with InfoNCE (``--heal-steps``); the training is ``retr
 | reuse the scores of an earlier run (its prune.json) | ``--scores FILE`` | compute them |
 | self-slimming: MLP neurons kept, ranked globally | ``--slim-mlp F`` with ``--groups FILE --corpus FILE`` | off |
 | gate training / healing steps, L0 weight, gate learning rate | ``--slim-steps``, ``--heal-steps``, ``--slim-lambda``, ``--gate-lr`` | 20, 20, 1.0, 0.05 |
+| heal by distillation from the unpruned source (a trained retriever) | ``--heal-teacher/--no-heal-teacher`` | on |
 | the training batch (self-slimming) | ``--train-batch-size``, ``--train-group-size``, ``--lr`` | 32, 2, 2e-5 |
 
 The calibration passes run the model as the encoder runs it (``--bidirectional``, prompts), so the scores
@@ -112,7 +117,7 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
           slim_mlp: float | None = None, groups=None, corpus=None, slim_steps: int = 20, heal_steps: int = 20,
           slim_lambda: float = 1.0, gate_lr: float = 0.05, target_shape: str | None = None, objective: str = "lm",
           shape_steps: int = 20, shape_warmup: int | None = None, mask_lr: float = 1.0, batch_size: int = 16,
-          seed: int = 0, encoder_settings: dict | None = None, train_settings: dict | None = None,
+          heal_teacher: bool = True, seed: int = 0, encoder_settings: dict | None = None, train_settings: dict | None = None,
           resume: bool = False, save_steps: int = 0, save_minutes: float = 10.0) -> Path:
     """Prune ``model`` and save it to ``output`` (see the module docstring). Returns the output dir."""
     run = {k: v for k, v in locals().items() if k not in PER_INVOCATION}  # what a --resume must match
@@ -197,12 +202,15 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
             kept = [i for i in range(n) if i not in p.blocks]  # source numbers of the blocks left
             removed = (getattr(enc.model.config, "retrctl_pruned", None) or {}).get("mlp", [])
             full = enc.model.layers[0].mlp.down_proj.in_features
+            teacher = str(model) if heal_teacher and heal_steps and is_retriever(model) else None
             enc, gates, masks, metrics = slimming.self_slim(
                 enc, slim_mlp, groups, records.read_corpus(corpus) if corpus is not None else None, phases,
                 slim_steps=slim_steps, heal_steps=heal_steps, slim_lambda=slim_lambda, gate_lr=gate_lr,
-                removed=removed, seed=seed, **_phase_settings(train_settings, save_steps, save_minutes, resume))
+                removed=removed, seed=seed, heal_teacher=teacher,
+                **_phase_settings(train_settings, save_steps, save_minutes, resume))
             report["slimming"] = {
                 "keep": slim_mlp, "groups": str(groups), "slim_steps": slim_steps, "heal_steps": heal_steps,
+                "heal_teacher": teacher,
                 "lambda": slim_lambda, "gate_lr": gate_lr, "train": train_settings or {}, "full_width": full,
                 "blocks": [kept[i] for i in sorted(masks)], "widths": [int(masks[i].sum()) for i in sorted(masks)],
                 "metrics": metrics}
@@ -215,6 +223,15 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
         diff = _write(enc, tmp, report, texts, max_length, gates=gates)
     log.info("wrote %s (stock reload matches: max |diff| %.1e)", output, diff)
     return Path(output)
+
+
+def is_retriever(model) -> bool:
+    """Whether ``model`` is a trained retriever (a retrctl or sentence-transformers dir, or a shipped name that
+    resolves to one), not a bare language model: the unpruned source then teaches the healing."""
+    from retrctl.models import resolve
+
+    root = Path(resolve(model))
+    return root.is_dir() and ((root / "retrctl.json").is_file() or (root / "modules.json").is_file())
 
 
 def _write(enc, tmp: Path, report: dict, texts: list[str], max_length: int, **extra) -> float:
@@ -304,6 +321,9 @@ def _shape(model, shape, *, output, calibration, calibration_size, max_length, o
 @click.option("--groups", help="Training groups for --slim-mlp (retrctl mine's output; the records train reads).")
 @click.option("--slim-steps", type=click.IntRange(min=1), default=20, show_default=True, help="Steps training the gates (InfoNCE + L0).")
 @click.option("--heal-steps", type=click.IntRange(min=0), default=20, show_default=True, help="Steps of InfoNCE after the mask is frozen.")
+@click.option("--heal-teacher/--no-heal-teacher", default=True, show_default=True,
+              help="Heal also by distillation from the unpruned source when it is a trained retriever (a retrctl or "
+                   "sentence-transformers dir): its vectors and scores of the groups' texts (train --teacher).")
 @click.option("--slim-lambda", type=click.FloatRange(min=0), default=1.0, show_default=True, help="Weight of the gates' relaxed L0 norm.")
 @click.option("--gate-lr", type=click.FloatRange(min=0, min_open=True), default=0.05, show_default=True, help="Learning rate of the gates.")
 @click.option("--target-shape", help="Sheared-LLaMA: prune to exactly this shape, e.g. layers=24,hidden=512,heads=6,intermediate=1024 (decoders only).")

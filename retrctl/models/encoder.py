@@ -58,6 +58,9 @@ class Encoder(torch.nn.Module):
         self.sides = {"query": Side(self, "query", self.head), "passage": Side(self, "passage", self.head)}
         self.sparse = None  # a SparseHead (models/sparse.py) beside the dense one, when the model has or trains one
         self.colbert = None  # a ColbertHead (models/colbert.py): BGE-M3's multi-vector head, beside the dense one
+        # a Linear from the hidden size to a teacher's width, while a run distils a teacher of another width into
+        # this encoder (train/model.py); never saved
+        self.distill_projection = None
         self.set_bidirectional(config.bidirectional)
 
     # -- construction
@@ -176,6 +179,8 @@ class Encoder(torch.nn.Module):
                 parts["sparse"] = self.sparse(hidden, mask, ids)
             elif part.name == "colbert":
                 parts["colbert"] = self.colbert.block(self.colbert(hidden, mask, ids), part.shape[0])
+            elif part.name == "projected":
+                parts["projected"] = self.distill_projection(dense)
             else:
                 raise ValueError(f"the encoder computes no training part {part.name!r}")
         return parts

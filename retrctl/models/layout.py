@@ -13,7 +13,9 @@ The parts, in order:
 - ``sparse``: the sparse head's term weights, vocabulary wide (absent on the query side when queries are token
   counts);
 - ``colbert``: the colbert head's unit token vectors, a fixed [side's cap × dim] block (zero rows for padding and
-  special tokens) so chunks of any length concatenate.
+  special tokens) so chunks of any length concatenate;
+- ``projected``: the dense output mapped to a teacher's width by a learned projection (embedding distillation from
+  a teacher of another width; the projection is dropped at save), teacher width wide.
 
 A new part (a teacher's vector, an extra projection) is one more entry in ``TrainingLayout.of`` plus where it is
 computed (``Encoder.training_parts``, or by the caller into ``join``'s dict); the losses read it by name from
@@ -134,19 +136,21 @@ class TrainingLayout:
     passage: HeadLayout
 
     @classmethod
-    def of(cls, enc, *, sparse: bool = False, colbert: bool = False, lookup: bool = False) -> TrainingLayout:
+    def of(cls, enc, *, sparse: bool = False, colbert: bool = False, lookup: bool = False,
+           projected: int = 0) -> TrainingLayout:
         """The layout of ``enc`` (an ``Encoder``) training its dense head, plus the sparse head, the colbert head
-        and LightRetriever's token-lookup query encoder where asked. The sparse part sits on the query side only
-        when the sparse head encodes queries (else queries are token counts, computed by the objective)."""
+        and LightRetriever's token-lookup query encoder where asked, and the dense output projected to a
+        teacher's width ``projected`` (0: none). The sparse part sits on the query side only when the sparse head
+        encodes queries (else queries are token counts, computed by the objective)."""
         hidden = enc.model.config.hidden_size
         vocab = enc.sparse.vocab if sparse else 0
         dim = enc.colbert.out_dim if colbert else 0
         query_vocab = vocab if sparse and enc.sparse.query == "encoder" else 0
         return cls(
             query=HeadLayout.of(("dense", hidden), ("lookup", hidden if lookup else 0), ("sparse", query_vocab),
-                               ("colbert", (enc.config.query_max_len, dim) if dim else 0)),
+                               ("colbert", (enc.config.query_max_len, dim) if dim else 0), ("projected", projected)),
             passage=HeadLayout.of(("dense", hidden), ("sparse", vocab),
-                                  ("colbert", (enc.config.passage_max_len, dim) if dim else 0)))
+                                  ("colbert", (enc.config.passage_max_len, dim) if dim else 0), ("projected", projected)))
 
     @classmethod
     def from_sizes(cls, query_width: int, passage_width: int, *, vocab: int = 0, colbert_dim: int = 0,

@@ -119,10 +119,11 @@ def widths(model, masks: dict[int, torch.Tensor]) -> list[int]:
 
 
 def self_slim(enc, keep: float, groups, corpus: dict | None, scratch, *, slim_steps: int, heal_steps: int,
-              slim_lambda: float, gate_lr: float, removed=(), **train_settings) -> tuple:
+              slim_lambda: float, gate_lr: float, removed=(), heal_teacher: str | None = None, **train_settings) -> tuple:
     """EffiR's fine step on ``enc`` (an Encoder; gated and trained in place): gates trained ``slim_steps``
     steps with InfoNCE + λ·L0 (``retrctl train``'s Trainer, groups as ``train`` reads them), the top ``keep``
-    of the gates kept globally, then ``heal_steps`` steps of plain InfoNCE with the mask frozen (0: none).
+    of the gates kept globally, then ``heal_steps`` steps of plain InfoNCE with the mask frozen (0: none), plus
+    distillation from ``heal_teacher`` (the unpruned model: its vectors and scores of the groups' texts) when given.
     Each phase trains into ``scratch`` (``gates/``, ``healed/``; a finished phase is not trained again, an
     interrupted one resumes from its checkpoints: stages/prune.py's --resume).
     Returns (the slimmed Encoder, each block's gate values, each block's kept mask, the two phases' last metrics)."""
@@ -153,7 +154,8 @@ def self_slim(enc, keep: float, groups, corpus: dict | None, scratch, *, slim_st
     if heal_steps:
         out = scratch / "healed"
         if not work.finished(out):
-            Trainer(TrainConfig(max_steps=heal_steps, **train_settings), groups, corpus, out, encoder=slim).fit()
+            teach = {"teacher": heal_teacher, "embed_distill_weight": 1.0} if heal_teacher else {}
+            Trainer(TrainConfig(max_steps=heal_steps, **teach, **train_settings), groups, corpus, out, encoder=slim).fit()
         metrics["heal"] = work.last_metrics(out)
         slim = Encoder.load(out, device="cpu")
     return slim, values, masks, metrics

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 
 _LAZY = {"TrainConfig": "config", "resume_conflicts": "config", "RESUME_MAY_CHANGE": "config",
-         "Trainer": "loop", "build_encoder": "loop", "prepare": "loop", "check_output": "checkpoint",
+         "Trainer": "loop", "build_encoder": "model", "prepare": "model", "check_output": "checkpoint",
          "GroupSource": "data", "Batches": "data", "Example": "data"}
 
 

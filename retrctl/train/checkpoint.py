@@ -56,6 +56,9 @@ def foreign_files(d: Path, partial: bool = False) -> list[str]:
         elif real_dir and partial and p.name == "checkpoints":
             out += [f"checkpoints/{q.name}" for q in sorted(p.iterdir())
                     if not (q.is_dir() and not q.is_symlink() and re.fullmatch(r"step-\d+(\.tmp)?", q.name))]
+        elif real_dir and partial and p.name == "teacher":  # a teacher's vectors of the corpus (train/distill.py)
+            out += [f"teacher/{q.name}" for q in sorted(p.iterdir())
+                    if not (q.is_file() and re.fullmatch(r"(query|passage)-\d+(\.tmp)?\.(npy|json)", q.name))]
         elif not (p.is_file() and any(fnmatch.fnmatchcase(p.name, pat) for pat in names)):
             out.append(p.name + ("/" if p.is_dir() else ""))
     return out

@@ -40,7 +40,6 @@ import torch.distributed as dist
 from retrctl import memory, records
 from retrctl.errors import UsageError
 from retrctl.models import Encoder, lookup
-from retrctl.models.layout import TrainedEncoder, TrainingLayout
 from retrctl.train import losses, objective
 from retrctl.train.checkpoint import (
     check_output,
@@ -51,59 +50,21 @@ from retrctl.train.checkpoint import (
     rng_state,
     set_rng_state,
 )
-from retrctl.train.config import TrainConfig, parse_train_heads, resume_conflicts
+from retrctl.train.config import TrainConfig, resume_conflicts
 from retrctl.train.data import Batches, Example, GroupSource
 from retrctl.train.engines import DeepSpeedEngine, PlainEngine, import_deepspeed, lora_b_norm, setup_processes
-from retrctl.train.teacher import Teacher, teacher_scores
+from retrctl.train.model import build_encoder, prepare
+from retrctl.train.teacher import (
+    Teacher,
+    TeacherVectors,
+    check_teacher,
+    forward_bytes,
+    load_teacher,
+    teacher_scores,
+)
 
 log = logging.getLogger("retrctl.train")
 
-
-
-# ---------------------------------------------------------------- model
-
-
-def build_encoder(cfg: TrainConfig, device: str, *, for_training: bool = True) -> TrainedEncoder:
-    """The encoder ``cfg.model`` names, made ready to train (``prepare``)."""
-    torch.manual_seed(cfg.seed)  # LoRA init identical in every process
-    return prepare(Encoder.load(cfg.model, device=device, **cfg.encoder_overrides()), cfg, for_training=for_training)
-
-
-def prepare(enc: Encoder, cfg: TrainConfig, *, for_training: bool = True) -> TrainedEncoder:
-    """The flags' encoder settings applied, BERT's unused pooler frozen, gradient checkpointing and LoRA set up, the
-    heads ``cfg`` trains attached; with the layout of what a step computes (models/layout.py)."""
-    for key, value in cfg.encoder_overrides().items():
-        if key == "bidirectional":
-            enc.set_bidirectional(value)
-        else:
-            setattr(enc.config, key, value)  # in place: the sides and the head read this config
-    for name, p in enc.model.named_parameters():
-        if name.startswith("pooler."):  # BERT's pooler is unused by our pooling; frozen, it gets no None grads
-            p.requires_grad_(False)
-    if cfg.gradient_checkpointing and for_training:
-        enc.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if cfg.lora_r:
-            enc.model.enable_input_require_grads()  # open-unlearning#178: else LoRA under checkpointing trains nothing
-    if cfg.lora_r:
-        from peft import LoraConfig, get_peft_model
-
-        lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                          target_modules="all-linear", exclude_modules=r".*pooler.*", task_type="FEATURE_EXTRACTION")
-        enc.model = get_peft_model(enc.model, lora)
-    enc.config.temperature = cfg.temperature
-    heads = parse_train_heads(cfg.heads)
-    kind = "lexical" if "lexical" in heads else "splade" if "sparse" in heads else None
-    if kind is not None:
-        if enc.sparse is None or enc.sparse.weights != kind:
-            enc.add_sparse_head(top_k=cfg.sparse_top_k, query=cfg.sparse_queries(), weights=kind)
-        enc.sparse.top_k, enc.sparse.query = cfg.sparse_top_k, cfg.sparse_queries()
-    if "colbert" in heads:
-        if enc.colbert is None or enc.colbert.out_dim != cfg.colbert_dim:
-            enc.add_colbert_head(cfg.colbert_dim)
-    enc.train(for_training)
-    layout = TrainingLayout.of(enc, sparse=kind is not None, colbert="colbert" in heads,
-                               lookup=cfg.query_encoder == "token-lookup")
-    return TrainedEncoder(enc, layout)
 
 
 # ---------------------------------------------------------------- the loop
@@ -128,7 +89,9 @@ class Trainer:
     None then). ``teacher``: scores each example's passages for its query on the fly for the distillation term
     (``cfg.distill_weight``), instead of the scores stored in the groups: a callable ``(query, passages) ->
     scores`` or an Encoder. Neither is part of what a resume can check (the data and ``cfg`` are): resume with the
-    same ones.
+    same ones. ``cfg.teacher`` names a model loaded as the teacher (a resume compares the name); an Encoder
+    teacher's vectors of each text are computed once (``TeacherVectors``) and, with ``cfg.embed_distill_weight``,
+    the student's vectors regress onto them (through a learned projection when the widths differ).
 
     For a stage that trains extra parameters inside the encoder (prune's self-slimming gates): ``penalty``, a
     term of the parameters alone added to every step's loss (reported as ``penalty``); ``finish``, applied to the
@@ -140,36 +103,37 @@ class Trainer:
                  on_step: Callable[[int, dict], None] | None = None, encoder: Encoder | None = None,
                  teacher: Teacher | Encoder | None = None, penalty: Callable[[], torch.Tensor] | None = None,
                  finish: Callable[[Encoder], None] | None = None, after_export: Callable[[Path], None] | None = None):
+        cfg.settle(teacher=bool(cfg.teacher) or teacher is not None, groups=self.GROUPS)
         cfg.check(needs_model=encoder is None)
+        if cfg.embed_distill_weight and not (cfg.teacher or isinstance(teacher, Encoder)):
+            raise UsageError("--embed-distill-weight needs a teacher model (--teacher)")
+        if cfg.teacher:
+            check_teacher(cfg.teacher, output)
         check_output(output, cfg)
         if isinstance(corpus, (str, Path)):  # read once the settings and the output are known to be usable
             corpus = records.read_corpus(corpus)
         self.cfg, self.output, self.on_step, self.teacher = cfg, Path(output), on_step, teacher
         self.penalty, self.finish, self.after_export = penalty, finish, after_export
         self.dist = setup_processes(cfg)
-        if self.dist.world > 1 and groups == "-":
-            raise UsageError("with several processes read groups from a file, not stdin (every process reads them)")
-        self.source = GroupSource(groups, corpus)
-        self.n_groups = self.source.validate()
+        per_epoch = self._read_data(groups, corpus)
         self.resume_from = self.resume_point() if cfg.resume else None  # checked before any model is loaded
         rank, world = self.dist.rank, self.dist.world
-        self.batches = Batches(self.source, group_size=cfg.train_group_size, global_batch=cfg.batch_size * world,
-                               seed=cfg.seed, drop_last=world > 1, group_by_length=cfg.group_by_length)
-        per_epoch = self.batches.per_epoch(self.n_groups)
-        if per_epoch == 0:
-            raise records.RecordError(self.source.path, message=f"{self.n_groups} groups: fewer than one global batch of {cfg.batch_size * world}")
         self.total = cfg.max_steps or per_epoch * cfg.epochs
         self.warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * self.total)
-        log.info("%d groups, %d steps of %d groups (%d per process × %d), group size %d, warmup %d",
-                 self.n_groups, self.total, cfg.batch_size * world, cfg.batch_size, world, cfg.train_group_size, self.warmup)
+        if cfg.teacher and teacher is None:  # after every cheaper check: loading a model takes a while
+            self.teacher = load_teacher(cfg.teacher, self.dist.device)
+        self.vectors = TeacherVectors(self.teacher, cfg.chunk_size) if isinstance(self.teacher, Encoder) else None
+        teacher_dim = self.vectors.dim if self.vectors is not None and cfg.embed_distill_weight else None
         self.template = None  # what the trained weights are exported into, when the encoder was given
         if encoder is None:
-            trained = build_encoder(cfg, self.dist.device)
+            trained = build_encoder(cfg, self.dist.device, teacher_dim=teacher_dim)
         else:
             self.template = copy.deepcopy(encoder).to("cpu")  # before LoRA wraps it or ZeRO-3 partitions it
             torch.manual_seed(cfg.seed)  # LoRA init identical in every process
-            trained = prepare(encoder.to(self.dist.device), cfg)
+            trained = prepare(encoder.to(self.dist.device), cfg, teacher_dim=teacher_dim)
         self.enc, self.layout = trained.encoder, trained.layout  # the engines train the Encoder's own weights
+        if self.vectors is not None and cfg.embed_distill_weight:  # the target of a text is of what the student reads
+            self.vectors.read_as(self.enc)
         if "lookup" in self.layout:  # both query encoders in one forward (models/lookup.py)
             lookup.check_prefix(self.enc)
         legacy_keys(self.enc)  # resume checkpoints written before the Encoder was trained directly
@@ -187,12 +151,31 @@ class Trainer:
         self.partial = self.output.with_name(self.output.name + ".partial")
         self.ckpt_root = self.partial / "checkpoints"
 
+    GROUPS = True  # the data are groups (train/distill.py's subclass trains on a corpus alone)
+
     # -- helpers
+
+    def _read_data(self, groups, corpus) -> int:
+        """The groups validated (exit 2 on bad input) and batched; returns the global batches per epoch."""
+        cfg, world = self.cfg, self.dist.world
+        if world > 1 and groups == "-":
+            raise UsageError("with several processes read groups from a file, not stdin (every process reads them)")
+        self.source = GroupSource(groups, corpus)
+        self.n_groups = self.source.validate()
+        self.group_size = cfg.train_group_size
+        self.batches = Batches(self.source, group_size=cfg.train_group_size, global_batch=cfg.batch_size * world,
+                               seed=cfg.seed, drop_last=world > 1, group_by_length=cfg.group_by_length)
+        per_epoch = self.batches.per_epoch(self.n_groups)
+        if per_epoch == 0:
+            raise records.RecordError(self.source.path, message=f"{self.n_groups} groups: fewer than one global batch of {cfg.batch_size * world}")
+        log.info("%d groups, %d steps of %d groups (%d per process × %d), group size %d", self.n_groups,
+                 cfg.max_steps or per_epoch * cfg.epochs, cfg.batch_size * world, cfg.batch_size, world, cfg.train_group_size)
+        return per_epoch
 
     def _probe_texts(self) -> list[str]:
         """A few texts whose embeddings must change in training and survive saving (FlagEmbedding#1547)."""
         batch = next(iter(self.batches.epoch(0)))
-        return [t for e in batch[:4] for t in (e.query, e.passages[0])]
+        return [t for e in batch[:4] for t in (e.query, e.passages[0]) if t]
 
     @staticmethod
     def _embed(enc: Encoder, texts: list[str]) -> np.ndarray:
@@ -231,10 +214,12 @@ class Trainer:
             per[kind] = measured[width]
         trainable = sum(p.numel() for p in enc.parameters() if p.requires_grad)
         zero = cfg.ds_stage() if self.dist.deepspeed else None
-        b, g = cfg.batch_size, cfg.train_group_size
+        b, g = cfg.batch_size, self.group_size
+        # the teacher's weights are loaded already (in what the process holds); its forward over one chunk is not
+        teacher = forward_bytes(self.vectors.teacher, cfg.chunk_size) if self.vectors is not None else 0
         cost = memory.StepCost(state=memory.optimizer_state(trainable, zero_stage=zero, world=self.dist.world),
                                per_query=per["query"], per_passage=per["passage"], queries=b, passages=b * g,
-                               embeddings=memory.cached_outputs(self.layout, b, b * g, self.dist.world))
+                               embeddings=memory.cached_outputs(self.layout, b, b * g, self.dist.world), teacher=teacher)
         budget = memory.agree(memory.available(dev, cfg.max_memory), dev)
         plan = memory.plan_step(cost, mode=cfg.grad_cache, chunk_size=cfg.chunk_size, budget=budget, batch_size=b, group_size=g)
         if self.dist.rank == 0:
@@ -243,21 +228,31 @@ class Trainer:
 
     # -- one step
 
-    def step(self, batch: list[Example], first: bool) -> dict:
+    def objective(self, batch: list[Example]) -> tuple[list[str], list[str], Callable, torch.Tensor]:
+        """This process's query texts, passage texts, ``loss_fn(q, p)`` over their training outputs, and the
+        false-negative mask (reported)."""
         cfg, rank, g = self.cfg, self.dist.rank, self.cfg.train_group_size
         b = len(batch) // self.dist.world
         local = batch[rank * b : (rank + 1) * b]
-        qb = self._tokenize([e.query for e in local], "query", first and cfg.first_step_max_len)
-        pb = self._tokenize([p for e in local for p in e.passages], "passage", first and cfg.first_step_max_len)
         labels = [(rank * b + j) * g for j in range(b)]
         mask = losses.false_negative_mask([e.positive_keys for e in local], [k for e in batch for k in e.keys], labels)
-        teacher = valid = None
+        teacher = valid = vectors = None
         if cfg.distill_weight and self.teacher is not None:  # scored now, for every example
-            teacher, valid = teacher_scores(self.teacher, local), torch.ones(len(local), dtype=torch.bool)
+            teacher, valid = teacher_scores(self.teacher, local, self.vectors), torch.ones(len(local), dtype=torch.bool)
         elif cfg.distill_weight:
             valid = torch.tensor([e.teacher is not None for e in local])
             teacher = torch.tensor([e.teacher or [0.0] * g for e in local], dtype=torch.float32)
-        loss_fn = objective.step_loss(cfg, self.enc, self.layout, local, mask, teacher, valid, self.steps_done)
+        if cfg.embed_distill_weight:
+            vectors = (self.vectors([e.query for e in local], "query"),
+                       self.vectors([p for e in local for p in e.passages], "passage"), self.vectors.unit)
+        loss_fn = objective.step_loss(cfg, self.enc, self.layout, local, mask, teacher, valid, self.steps_done, vectors)
+        return [e.query for e in local], [p for e in local for p in e.passages], loss_fn, mask
+
+    def step(self, batch: list, first: bool) -> dict:
+        cfg = self.cfg
+        queries, passages, loss_fn, mask = self.objective(batch)
+        qb = self._tokenize(queries, "query", first and cfg.first_step_max_len)
+        pb = self._tokenize(passages, "passage", first and cfg.first_step_max_len)
         # forward in length-sorted chunks cut to their longest row: padding costs nothing (except at step 1)
         trim = not (first and cfg.first_step_max_len)
         qc, qinv = losses.sorted_chunks(qb, self.plan.chunk_size, trim)
@@ -325,7 +320,7 @@ class Trainer:
         state = read_state(d / "trainer_state.json")
         if state.get("world_size") != self.dist.world:
             raise records.RecordError(d, message=f"written by {state.get('world_size')} processes; resume with the same number (now {self.dist.world})")
-        differ = resume_conflicts(read_state(d / "train_config.json"), self.cfg)
+        differ = resume_conflicts(read_state(d / "train_config.json"), self.cfg, groups=self.GROUPS)
         if state.get("data_hash") != self.data_hash:
             differ.insert(0, "the data (groups, or the text of the docs they name)")
         if differ:
@@ -465,7 +460,7 @@ class Trainer:
         else:
             torch.manual_seed(self.cfg.seed)
             fresh = prepare(self.template, self.cfg, for_training=False).encoder
-        fresh.load_state_dict(state)
+        fresh.load_state_dict({k: v for k, v in state.items() if not k.startswith("distill_projection.")})
         if self.finish is not None:
             self.finish(fresh)
         after = self._embed(fresh, self.probe)

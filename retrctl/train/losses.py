@@ -11,6 +11,8 @@
   hash) are removed from the softmax instead of being pushed away (ST#3189, #3453).
 - Matryoshka (Kusupati et al. 2022, arXiv:2205.13147): the loss is summed over truncated, re-normalized prefixes.
 - Distillation: KL(teacher || student) over each query's own group, teacher scores as given by a reranker.
+- Embedding distillation (sentence-transformers' model distillation; TinyBERT/MiniLM distil hidden states): the
+  student's vector of a text regresses onto a frozen teacher's vector of the same text (squared distance or 1 − cos).
 - GradCache (Gao et al. 2021, "Scaling Deep Contrastive Learning Batch Size under Memory Limited Setup",
   arXiv:2101.06983): embeddings without a graph, the loss gradient w.r.t. the embeddings cached, then a chunked
   re-forward (same RNG state, so dropout matches) and backward of <embedding, cached gradient>.
@@ -216,6 +218,42 @@ def sparse_loss(q: torch.Tensor, p: torch.Tensor, *, loss, group_size: int, flop
     reg = flops(p_sparse) + (flops(q_sparse) if query_terms is None else 0.0)
     parts = {**parts, "ce_sparse": ce.detach(), "flops": reg.detach()}
     return total + ce + flops_weight * reg, parts
+
+
+def embed_distill(student: torch.Tensor, teacher: torch.Tensor, *, kind: str = "mse", normalize: bool = True) -> torch.Tensor:
+    """Mean over rows of the distance of the student's vectors [N, D] to the teacher's [N, D] of the same texts:
+    ``mse``, the squared L2 distance (the per-element MSE of sentence-transformers' MSELoss × D, so the term does not
+    shrink with the width); ``cosine``, 1 − cos. ``normalize``: the teacher's vectors are unit, so the student's are
+    normalized first (its finished vectors are compared). No rows: 0."""
+    if student.size(0) == 0:
+        return student.sum() * 0.0
+    s = F.normalize(student.float(), dim=-1) if normalize else student.float()
+    t = teacher.to(s)
+    if kind == "cosine":
+        return (1 - F.cosine_similarity(s, t, dim=-1)).mean()
+    return (s - t).pow(2).sum(-1).mean()
+
+
+def embed_distill_loss(q: torch.Tensor, p: torch.Tensor, *, layout: TrainingLayout, teacher_q: torch.Tensor,
+                       teacher_p: torch.Tensor, weight: float, kind: str = "mse", normalize: bool = True,
+                       loss=None) -> tuple[torch.Tensor, dict]:
+    """Embedding distillation beside the step's other terms: the student's ``projected`` part (a teacher of
+    another width) or its ``dense`` part, of queries and passages, regressed onto the teacher's vectors of the
+    same rows (``teacher_q``, ``teacher_p``), ``weight`` × the mean over every text (``embed_distill``). ``loss``:
+    the rest of the objective, handed every part but ``projected``; None when embedding distillation is the whole
+    objective (a corpus without groups)."""
+    read = "projected" if "projected" in layout else "dense"
+    if loss is not None:
+        rest = [n for n in layout.passage.names if n != "projected"]
+        rest_q = [n for n in layout.query.names if n != "projected"]
+        total, parts = loss(layout.query.columns(q, rest_q), layout.passage.columns(p, rest))
+    else:
+        total, parts = q.new_zeros(()) if q.numel() else p.new_zeros(()), {}
+    sq, sp = layout.query.split(q)[read], layout.passage.split(p)[read]
+    rows = sq.size(0) + sp.size(0)
+    term = (embed_distill(sq, teacher_q, kind=kind, normalize=normalize) * sq.size(0)
+            + embed_distill(sp, teacher_p, kind=kind, normalize=normalize) * sp.size(0)) / max(1, rows)
+    return total + weight * term, {**parts, f"embed_{kind}": term.detach()}
 
 
 def _soft_ce(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:

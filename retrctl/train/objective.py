@@ -16,9 +16,16 @@ from retrctl.train.config import TrainConfig, parse_floats
 
 
 def step_loss(cfg: TrainConfig, enc, layout: TrainingLayout, local: list, mask: torch.Tensor, teacher, valid,
-              steps_done: int):
+              steps_done: int, teacher_vectors: tuple | None = None):
     """``loss_fn(q, p) -> (loss, parts)`` for this process's examples ``local``, ``q`` and ``p`` laid out by
-    ``layout``."""
+    ``layout``. ``teacher_vectors``: (the teacher's vectors of the queries, of the passages, whether they are
+    unit vectors) when the step distils the teacher's embeddings (``--embed-distill-weight``)."""
+    if teacher_vectors is not None:  # outermost: it reads the projected (or dense) part, the rest gets the others
+        inner = step_loss(cfg, enc, layout.keeping(set(layout.query.names + layout.passage.names) - {"projected"}),
+                          local, mask, teacher, valid, steps_done)
+        tq, tp, unit = teacher_vectors
+        return functools.partial(losses.embed_distill_loss, loss=inner, layout=layout, teacher_q=tq, teacher_p=tp,
+                                 weight=cfg.embed_distill_weight, kind=cfg.embed_distill_loss, normalize=unit)
     g = cfg.train_group_size
     loss_fn = functools.partial(
         losses.group_loss, group_size=g, temperature=cfg.temperature, normalize=enc.config.normalize,

@@ -1,30 +1,105 @@
-"""Online teachers: scores of each training example's passages for its query, computed during training.
+"""Online teachers: a frozen model (or a callable) whose outputs the student learns during training.
 
-A teacher is a callable ``(query, passages) -> scores`` or an ``Encoder`` scored with its own similarity of query
-and passage vectors; the trainer distils these scores (``--distill-weight``) instead of those stored in the groups.
+A teacher is a callable ``(query, passages) -> scores`` or an ``Encoder``. An Encoder teacher (``--teacher``:
+a model dir or a shipped name, loaded frozen for inference) gives the scores of each example's passages for its
+query (its own similarity of its query and passage vectors), distilled by ``--distill-weight``, and its vectors
+of the texts themselves, distilled by ``--embed-distill-weight``. It encodes the raw texts with its own tokenizer,
+prompts and lengths, so its tokenizer need not be the student's. The teacher is frozen, so each text's vector is
+computed once and kept (``TeacherVectors``).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+import numpy as np
 import torch
 
+from retrctl import memory, records
+from retrctl.errors import UsageError
 from retrctl.models import Encoder
 from retrctl.train.data import Example
 
 Teacher = Callable[[str, Sequence[str]], Sequence[float]]
 
 
-def teacher_scores(teacher: Teacher | Encoder, examples: list[Example]) -> torch.Tensor:
+def check_teacher(name: str, output) -> None:
+    """Refuse a teacher that is, is inside or contains the output dir (or its ``.partial``), before anything is
+    read or written (exit 2 naming both)."""
+    out = Path(output)
+    for o in (out, out.with_name(out.name + ".partial")):
+        if os.path.lexists(name):
+            records.check_outputs([o], [name], dir_output=True)
+
+
+def load_teacher(name: str, device: str) -> Encoder:
+    """The teacher ``name`` names (a model dir, GGUF file or shipped name), frozen for inference; a name that does
+    not load exits 2 naming it."""
+    try:
+        teacher = Encoder.load(name, device=device, inference=True)
+    except UsageError:
+        raise
+    except Exception as e:  # whatever the loaders raise for a dir that is no model: one line naming it
+        raise records.RecordError(name, message=f"--teacher: not a model retrctl can load ({type(e).__name__}: {e})") from None
+    teacher.requires_grad_(False)
+    teacher.eval()
+    return teacher
+
+
+def forward_bytes(teacher: Encoder, texts: int) -> int:
+    """Working memory of the teacher's no-grad forward over ``texts`` texts at its longest length."""
+    cfg = teacher.model.config
+    width = max(teacher.config.query_max_len, teacher.config.passage_max_len)
+    width = min(width, getattr(cfg, "max_position_embeddings", width) or width)
+    return texts * memory.inference_per_text(cfg, width, next(teacher.model.parameters()).element_size())
+
+
+class TeacherVectors:
+    """The teacher's vector of each text it has seen, per side, computed once (the teacher is frozen)."""
+
+    def __init__(self, teacher: Encoder, batch_size: int = 32):
+        self.teacher, self.batch_size = teacher, batch_size
+        self.cache: dict[str, dict[str, np.ndarray]] = {"query": {}, "passage": {}}
+
+    def read_as(self, student: Encoder) -> None:
+        """Cap the teacher's lengths at the student's: the teacher's vector of a text is then of what the student
+        reads of it (the prefix a cap keeps), a target the student can reach."""
+        for key in ("query_max_len", "passage_max_len"):
+            setattr(self.teacher.config, key, min(getattr(self.teacher.config, key), getattr(student.config, key)))
+
+    @property
+    def unit(self) -> bool:
+        """Whether the teacher's vectors are normalized (the student's are then compared normalized)."""
+        return bool(self.teacher.config.normalize)
+
+    @property
+    def dim(self) -> int:
+        return self.teacher.dim
+
+    def __call__(self, texts: list[str], kind: str) -> torch.Tensor:
+        """[len(texts), teacher dim] float32, in order; texts not seen before encoded in one pass."""
+        seen = self.cache[kind]
+        new = list(dict.fromkeys(t for t in texts if t not in seen))
+        if new:
+            for text, vec in zip(new, self.teacher.encode(new, kind=kind, batch_size=self.batch_size), strict=True):
+                seen[text] = vec
+        if not texts:
+            return torch.zeros((0, self.dim))
+        return torch.from_numpy(np.stack([seen[t] for t in texts]))
+
+
+def teacher_scores(teacher: Teacher | Encoder, examples: list[Example], vectors: TeacherVectors | None = None) -> torch.Tensor:
     """[len(examples), group size] scores of each example's passages for its query, from an online teacher: a
-    callable ``(query, passages) -> scores`` or an Encoder (its own similarity of query and passage vectors)."""
+    callable ``(query, passages) -> scores`` or an Encoder (its own similarity of query and passage vectors, read
+    from ``vectors`` when given, so a text is encoded once)."""
     if isinstance(teacher, Encoder):
+        vectors = vectors or TeacherVectors(teacher)
+        q = vectors([e.query for e in examples], "query")
+        p = vectors([t for e in examples for t in e.passages], "passage")
+        g = len(examples[0].passages) if examples else 0
         with torch.inference_mode():
-            rows = []
-            for e in examples:
-                q = torch.from_numpy(teacher.encode([e.query], kind="query"))
-                p = torch.from_numpy(teacher.encode(e.passages, kind="passage"))
-                rows.append(teacher.similarity(q, p)[0])
-            return torch.stack(rows).float()
+            return torch.stack([teacher.similarity(q[i : i + 1], p[i * g : (i + 1) * g])[0]
+                                for i in range(len(examples))]).float()
     return torch.tensor([[float(x) for x in teacher(e.query, e.passages)] for e in examples], dtype=torch.float32)

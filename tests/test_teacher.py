@@ -1,0 +1,188 @@
+"""train --teacher: distillation from a frozen teacher model, with groups (its scores, its vectors) or from a corpus
+alone (its vectors of each passage and a sentence crop of it), on tiny models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from trainkit import FAST, corpus, groups, losses, write_jsonl
+
+from stages.train import train
+
+TEXTS = ["cat purr memory", "python code safety rust", "hot water tea leaf"]
+
+
+@pytest.fixture(scope="module")
+def wide_teacher(tmp_path_factory) -> Path:
+    """A 2-layer, hidden-48 BERT (another width than tiny_bert's 32) with the MiniLM tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from retrctl.models import locate_shipped
+
+    torch.manual_seed(1)
+    out = tmp_path_factory.mktemp("wide_teacher")
+    tok = AutoTokenizer.from_pretrained(str(locate_shipped("minilm")))
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=48, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128)
+    BertModel(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture
+def files(tmp_path):
+    return (write_jsonl(tmp_path / "corpus.jsonl", [{"docid": k, **v} for k, v in corpus().items()]),
+            write_jsonl(tmp_path / "groups.jsonl", groups()))
+
+
+def _encode(model, texts=TEXTS):
+    from retrctl.models import Encoder
+
+    return Encoder.load(model, device="cpu").encode(texts)
+
+
+def test_a_student_distilled_from_itself_stays_where_it_is(no_dropout_bert, files, tmp_path):
+    c, _ = files
+    # at the default learning rate of a corpus alone (1e-4): Adam turns float noise into steps of about lr
+    out = train(None, corpus=str(c), output=tmp_path / "m", model=str(no_dropout_bert), teacher=str(no_dropout_bert),
+                max_steps=5, **{**FAST, "lr": None})
+    assert losses(out)[0] < 1e-9 and max(losses(out)) < 1e-4
+    cos = (_encode(out) * _encode(no_dropout_bert)).sum(1)
+    assert cos.min() > 0.999, cos
+
+
+def test_the_embedding_loss_falls_and_a_teacher_of_another_width_is_learned_through_a_dropped_projection(
+        tiny_bert, wide_teacher, files, tmp_path):
+    from safetensors import safe_open
+    from sentence_transformers import SentenceTransformer
+
+    c, _ = files
+    out = train(None, corpus=str(c), output=tmp_path / "m", model=str(tiny_bert), teacher=str(wide_teacher),
+                max_steps=30, **{**FAST, "lr": 3e-3})
+    seen = losses(out)
+    assert np.mean(seen[-5:]) < 0.7 * np.mean(seen[:5]), seen
+    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert "embed_mse" in metrics
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert not [k for k in f.keys() if "projection" in k]
+    assert not [p for p in out.rglob("*") if "projection" in p.name]
+    stock = SentenceTransformer(str(out), device="cpu")
+    assert stock.encode(TEXTS).shape == (3, 32)
+    cfg = json.loads((out / "train_config.json").read_text())
+    assert cfg["teacher"] == str(wide_teacher) and cfg["embed_distill_weight"] == 1.0 and cfg["epochs"] == 1
+
+
+def test_a_teacher_with_another_tokenizer_encodes_its_own_texts(tiny_bert, tiny_llama, files, tmp_path):
+    """tiny_llama pads left and ends with EOS: it tokenizes the raw texts itself, so it teaches tiny_bert as is."""
+    c, g = files
+    out = train(str(g), corpus=str(c), output=tmp_path / "m", model=str(tiny_bert), teacher=str(tiny_llama),
+                embed_distill_weight=0.5, max_steps=2, **FAST)
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert {"ce", "kl", "embed_mse"} <= set(last)
+    cfg = json.loads((out / "train_config.json").read_text())
+    assert cfg["distill_weight"] == 1.0 and cfg["epochs"] == 3  # the defaults with a teacher and groups
+
+
+def test_the_teachers_scores_are_distilled_with_groups(no_dropout_bert, tiny_bert, files, tmp_path, runner):
+    c, g = files
+    out = tmp_path / "m"
+    r = runner("train", g, "--corpus", c, "--model", tiny_bert, "--teacher", no_dropout_bert, "--distill-loss",
+               "margin-mse", "--max-steps", 2, "--batch-size", 4, "--train-group-size", 3, "--query-max-len", 16,
+               "--passage-max-len", 24, "-o", out)
+    assert r.exit_code == 0, r.stderr
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert "margin_mse" in last and "embed_mse" not in last
+
+
+def test_a_corpus_alone_trains_through_the_cli(tiny_bert, no_dropout_bert, files, tmp_path, runner):
+    c, _ = files
+    out = tmp_path / "healed"
+    r = runner("train", "--corpus", c, "--model", tiny_bert, "--teacher", no_dropout_bert, "-o", out, "--max-steps", 2,
+               "--batch-size", 4, "--query-max-len", 16, "--passage-max-len", 24)
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == ""
+    assert (out / "model.safetensors").is_file() and not out.with_name("healed.partial").exists()
+    assert len(losses(out)) == 2
+    plan = json.loads((out / "train_config.json").read_text())["plan"]
+    assert plan["teacher_bytes"] > 0  # the teacher's forward is part of the memory plan
+
+
+def test_resume_with_another_teacher_is_refused_naming_the_key(tiny_bert, no_dropout_bert, wide_teacher, files, tmp_path,
+                                                              runner):
+    c, _ = files
+    out = tmp_path / "m"
+
+    def crash(step, metrics):
+        if step == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(None, corpus=str(c), output=out, model=str(tiny_bert), teacher=str(no_dropout_bert), max_steps=4,
+              save_steps=1, on_step=crash, **FAST)
+    partial = out.with_name("m.partial")
+    assert (partial / "checkpoints" / "step-1").is_dir() and list((partial / "teacher").glob("passage-*.npy"))
+    r = runner("train", "--corpus", c, "--model", tiny_bert, "--teacher", wide_teacher, "-o", out, "--max-steps", 4,
+               "--save-steps", 1, "--batch-size", 4, "--train-group-size", 3, "--lr", 1e-3, "--query-max-len", 16, "--passage-max-len", 24,
+               "--logging-steps", 1, "--resume")
+    assert r.exit_code == 2, r.stderr
+    assert "differs from the checkpoint in teacher" in r.stderr and str(wide_teacher) in r.stderr
+    assert not out.exists()
+    r = runner("train", "--corpus", c, "--model", tiny_bert, "--teacher", no_dropout_bert, "-o", out, "--max-steps", 4,
+               "--save-steps", 1, "--batch-size", 4, "--train-group-size", 3, "--lr", 1e-3, "--query-max-len", 16, "--passage-max-len", 24,
+               "--logging-steps", 1, "--resume")
+    assert r.exit_code == 0, r.stderr
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+
+
+def test_a_teacher_that_does_not_load_or_is_the_output_exits_2_naming_it(tiny_bert, files, tmp_path, runner):
+    c, g = files
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    out = tmp_path / "m"
+    for groups_arg in ([], [g]):
+        r = runner("train", *groups_arg, "--corpus", c, "--model", tiny_bert, "--teacher", broken, "-o", out,
+                   "--max-steps", 1)
+        assert r.exit_code == 2, r.stderr
+        assert str(broken) in r.stderr and "--teacher" in r.stderr
+        assert not out.exists() and not out.with_name("m.partial").exists()
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    r = runner("train", "--corpus", c, "--model", tiny_bert, "--teacher", trained, "-o", trained, "--max-steps", 1)
+    assert r.exit_code == 2, r.stderr
+    assert str(trained) in r.stderr and "nothing written" in r.stderr
+    assert list(trained.iterdir()) == []
+
+
+def test_without_a_teacher_an_embedding_weight_or_a_corpus_alone_is_refused(tiny_bert, files, tmp_path, runner):
+    c, g = files
+    r = runner("train", g, "--corpus", c, "--model", tiny_bert, "--embed-distill-weight", 1, "-o", tmp_path / "m")
+    assert r.exit_code == 2 and "--teacher" in r.stderr, r.stderr
+    r = runner("train", "--corpus", c, "--model", tiny_bert, "--teacher", tiny_bert, "--embed-distill-weight", 0,
+               "-o", tmp_path / "m")
+    assert r.exit_code == 2 and "--embed-distill-weight" in r.stderr, r.stderr
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("heal_teacher", ["--heal-teacher", "--no-heal-teacher"])
+def test_prune_heals_a_trained_retriever_by_distilling_its_unpruned_self(tiny_llama, files, tmp_path, runner, heal_teacher):
+    from retrctl.models import Encoder
+
+    c, g = files
+    source = tmp_path / "retriever"
+    Encoder.load(tiny_llama, device="cpu", bidirectional=True, pooling="mean").save(source)  # a retrctl model dir
+    small = tmp_path / "small"
+    r = runner("prune", source, "-o", small, "--slim-mlp", 0.5, "--groups", g, "--corpus", c, "--slim-steps", 1,
+               "--heal-steps", 2, "--train-batch-size", 4, "--lr", 1e-3, "--passage-max-len", 24, "--query-max-len", 16,
+               heal_teacher)
+    assert r.exit_code == 0, r.stderr
+    slim = json.loads((small / "prune.json").read_text())["slimming"]
+    if heal_teacher == "--heal-teacher":
+        assert slim["heal_teacher"] == str(source)
+        assert {"ce", "kl", "embed_mse"} <= set(slim["metrics"]["heal"])
+    else:
+        assert slim["heal_teacher"] is None and "embed_mse" not in slim["metrics"]["heal"]
