@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -170,3 +171,22 @@ def machine(device: str = "cpu") -> str:
     if torch is not None:
         parts.append(f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
     return ", ".join(parts)
+
+
+def throughput(models: dict, texts: list[str], rounds: int, batch_size: int) -> dict:
+    """name -> (median wall seconds, median CPU seconds of this process) to encode ``texts`` ``rounds`` times,
+    the models interleaved. On a box shared with other jobs the CPU seconds are the steadier ratio."""
+    import torch
+
+    times = {k: ([], []) for k in models}
+    with torch.inference_mode():
+        for e in models.values():  # warm-up: the first batch pays for allocations
+            e.encode(texts[:batch_size], batch_size=batch_size)
+        for r in range(rounds):
+            for name, e in models.items():
+                t0, c0 = time.perf_counter(), time.process_time()
+                e.encode(texts, batch_size=batch_size)
+                times[name][0].append(time.perf_counter() - t0)
+                times[name][1].append(time.process_time() - c0)
+                print(f"round {r + 1}: {name} wall {times[name][0][-1]:.1f}s cpu {times[name][1][-1]:.1f}s", file=sys.stderr, flush=True)
+    return {k: (statistics.median(w), statistics.median(c)) for k, (w, c) in times.items()}

@@ -26,14 +26,13 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from _run import DATA, encode_and_search, machine, ndcg, subcorpus
+from _run import DATA, encode_and_search, machine, ndcg, subcorpus, throughput
 
 from retrctl import records
 from retrctl.models import Encoder
@@ -68,22 +67,6 @@ def importance_table(scores: dict) -> str:
     rows.append(f"| median | {np.median(a):.4f} | {np.median(m):.4f} | |")
     rows.append(f"| mean | {a.mean():.4f} | {m.mean():.4f} | |")
     return "\n".join(rows)
-
-
-def throughput(models: dict, texts: list[str], rounds: int, batch_size: int) -> dict:
-    """name -> (median wall seconds, median CPU seconds of this process). On a box shared with other jobs wall time
-    swings 2x between rounds; CPU time (one thread: no spin-waiting) tracks the work done."""
-    times = {k: ([], []) for k in models}
-    with torch.inference_mode():
-        models[next(iter(models))].encode(texts[:batch_size], batch_size=batch_size)  # warm-up
-        for r in range(rounds):
-            for name, e in models.items():
-                t0, c0 = time.perf_counter(), time.process_time()
-                e.encode(texts, batch_size=batch_size)
-                times[name][0].append(time.perf_counter() - t0)
-                times[name][1].append(time.process_time() - c0)
-                say(f"round {r + 1}: {name} wall {times[name][0][-1]:.1f}s cpu {times[name][1][-1]:.1f}s")
-    return {k: (statistics.median(w), statistics.median(c)) for k, (w, c) in times.items()}
 
 
 def main():

@@ -20,35 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
-from _run import DATA, retrctl
+from _run import DATA, retrctl, throughput
 from beir_retrieval import machine, score, slice_dataset
 
 
 def say(*a):
     print(*a, file=sys.stderr, flush=True)
-
-
-def throughput(models: dict, texts: list[str], rounds: int, batch_size: int) -> dict:
-    """name -> (median wall seconds, median CPU seconds of this process) to encode ``texts``."""
-    import torch
-
-    times = {k: ([], []) for k in models}
-    with torch.inference_mode():
-        for e in models.values():  # warm-up: the first batch pays for allocations
-            e.encode(texts[:batch_size], batch_size=batch_size)
-        for r in range(rounds):
-            for name, e in models.items():
-                t0, c0 = time.perf_counter(), time.process_time()
-                e.encode(texts, batch_size=batch_size)
-                times[name][0].append(time.perf_counter() - t0)
-                times[name][1].append(time.process_time() - c0)
-                say(f"round {r + 1}: {name} wall {times[name][0][-1]:.1f}s cpu {times[name][1][-1]:.1f}s")
-    return {k: (statistics.median(w), statistics.median(c)) for k, (w, c) in times.items()}
 
 
 def main() -> None:
