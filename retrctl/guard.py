@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -151,10 +150,6 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
         enc.save(model_dir)
         if lookup.has_table(model_dir):  # the token-lookup table is computed from the weights it ships with
             lookup.save_table(Encoder.load(model_dir, device="cpu"), model_dir)
-    (Path(model_dir) / FILE).write_text(json.dumps(decision, indent=1, default=_plain) + "\n", encoding="utf-8")
+    (Path(model_dir) / FILE).write_text(json.dumps(decision, indent=1) + "\n", encoding="utf-8")
     log.info("%s", describe(decision))
     return decision
-
-
-def _plain(x):
-    return None if isinstance(x, float) and math.isnan(x) else float(x)
