@@ -34,7 +34,8 @@ log = logging.getLogger("retrctl.guard")
 FILE = "guard.json"
 MEASURE = "nDCG@10"
 DEPTH = 100  # retrieval depth of the held-out queries in the pool
-MAX_QUERIES = 300  # held-out queries scored (the first by hash): the cost is one encode of their pool per candidate
+MAX_QUERIES = 200  # held-out queries scored (the first by hash): the cost is one encode of their pool per candidate
+MAX_POOL = 2000  # documents in the pool: at ~25 docs/s on 2 CPU cores, under 1.5 min per candidate
 
 
 def hold_out(groups: Iterable[dict], shards: int) -> tuple[list[dict], list[dict]]:
@@ -59,16 +60,25 @@ def interpolate(base: dict, trained: dict, alpha: float) -> dict:
     return out
 
 
-def pool(dev: list[dict], corpus: dict[str, dict], seed: int) -> dict[str, dict]:
-    """The documents the held-out queries are searched among: every doc their groups name, plus as many others
-    drawn at random from the corpus (capped by its size)."""
-    named = {d for g in dev for d in (*g["positive_document_ids"], *g.get("negative_document_ids", [])) if d in corpus}
-    others = sorted((d for d in corpus if d not in named), key=lambda d: stable_int("guard-pool", seed, d))
-    return {d: corpus[d] for d in sorted(named) + others[: len(named)]}
+def pool(dev: list[dict], corpus: dict[str, dict], seed: int, cap: int = MAX_POOL) -> dict[str, dict]:
+    """The documents the held-out queries are searched among: every positive of the scored groups, their
+    negatives, then as many other documents drawn at random from the corpus, in that order up to ``cap`` (every
+    positive is kept even past it, so each query can be answered)."""
+    positives = {d for g in dev for d in g["positive_document_ids"] if d in corpus}
+    negatives = {d for g in dev for d in g.get("negative_document_ids", []) if d in corpus} - positives
+    named = sorted(positives) + sorted(negatives, key=lambda d: stable_int("guard-pool", seed, d))
+    named = named[: max(cap, len(positives))]
+    taken = set(named)
+    others = sorted((d for d in corpus if d not in taken), key=lambda d: stable_int("guard-pool", seed, d))
+    return {d: corpus[d] for d in named + others[: min(len(named), max(cap - len(named), 0))]}
+
+
+def scored(dev: list[dict]) -> list[dict]:
+    """The held-out groups the guard scores: the first MAX_QUERIES by a stable hash of their query id."""
+    return sorted(dev, key=lambda g: stable_int("guard-queries", g["query_id"]))[:MAX_QUERIES]
 
 
 def queries_and_qrels(dev: list[dict]) -> tuple[list[dict], dict[str, dict[str, int]]]:
-    dev = sorted(dev, key=lambda g: stable_int("guard-queries", g["query_id"]))[:MAX_QUERIES]
     queries = [{"query_id": g["query_id"], "query_text": g["query_text"]} for g in dev]
     qrels = {g["query_id"]: {d: 1 for d in g["positive_document_ids"]} for g in dev}
     return queries, qrels
@@ -127,6 +137,7 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
 
     from retrctl.models import Encoder, lookup
 
+    dev = scored(dev)
     queries, qrels = queries_and_qrels(dev)
     if len(queries) < 2:
         raise ValueError(f"the guard needs at least 2 held-out queries, got {len(queries)}: use fewer --guard-shards "

@@ -24,6 +24,18 @@ def test_hold_out_is_shard_zero_of_the_documents():
     assert {g["positive_document_ids"][0] for g in dev} == {d["docid"] for d in shard(docs, 0, 10, "docid")}
 
 
+def test_pool_keeps_every_positive_and_respects_its_cap():
+    docs = {f"d{i}": {"text": "t"} for i in range(100)}
+    dev = [{"query_id": f"q{i}", "positive_document_ids": [f"d{i}"],
+            "negative_document_ids": [f"d{20 + 3 * i + j}" for j in range(3)]} for i in range(10)]
+    full = guard.pool(dev, docs, seed=0, cap=1000)
+    assert len(full) == 80 and {f"d{i}" for i in range(10)} <= full.keys()  # 10 + 30 named, as many others
+    small = guard.pool(dev, docs, seed=0, cap=25)
+    assert len(small) == 25 and {f"d{i}" for i in range(10)} <= small.keys() and small.keys() <= full.keys()
+    assert len(guard.pool(dev, docs, seed=0, cap=4)) == 10  # positives survive a cap below their count
+    assert guard.pool(dev, docs, seed=0, cap=25) == small
+
+
 def test_interpolation_is_exact_at_the_ends():
     base = {"w": torch.tensor([0.0, 2.0]), "step": torch.tensor([1])}
     trained = {"w": torch.tensor([4.0, 6.0]), "step": torch.tensor([9]), "extra": torch.tensor([1.0])}
