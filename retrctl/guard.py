@@ -130,9 +130,12 @@ def describe(decision: dict) -> str:
 
 
 def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, dict], *, alphas: list[float],
-           seed: int, batch_size: int = 32, level: float = 0.05) -> dict:
+           seed: int, batch_size: int = 32, level: float = 0.05, keep: str | Path | None = None) -> dict:
     """Score the base, the trained model in ``model_dir`` and their interpolations on the held-out groups; write
-    the pick's weights into ``model_dir`` (unless it is the trained model) and guard.json beside them."""
+    the pick's weights into ``model_dir`` (unless it is the trained model) and guard.json beside them. ``keep``:
+    a directory that receives the trained model (α = 1) whatever the pick, to audit the decision."""
+    import shutil
+
     import torch
 
     from retrctl.models import Encoder, lookup
@@ -156,6 +159,12 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
         log.info("α=%g %s %.4f", a, MEASURE, results[a].mean[MEASURE])
     decision = decide(results, level)
     decision.update(alphas=alphas, pool_docs=len(docs), base_model=str(base_model))
+    if keep is not None:  # written beside, then renamed: a half-written copy is never mistaken for a model
+        keep, tmp = Path(keep), Path(f"{keep}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(model_dir, tmp, ignore=shutil.ignore_patterns("checkpoints", "teacher", "*.tmp"))
+        shutil.rmtree(keep, ignore_errors=True)
+        tmp.rename(keep)
     if decision["pick"] != 1.0:
         enc.load_state_dict(interpolate(base_state, trained, decision["pick"]))
         enc.save(model_dir)

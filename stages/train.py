@@ -140,7 +140,7 @@ def _guarded(groups, docs, cfg: TrainConfig):
                          "(use fewer shards or more groups)")
     alphas = parse_alphas(cfg.guard_alphas)
     return kept, lambda model_dir: guard.select(model_dir, cfg.model, dev, docs, alphas=alphas, seed=cfg.seed,
-                                                batch_size=cfg.chunk_size)
+                                                batch_size=cfg.chunk_size, keep=cfg.guard_keep or None)
 
 
 # ---------------------------------------------------------------- command line

@@ -83,14 +83,23 @@ def test_train_with_the_guard_delivers_its_pick_and_records_it(tiny_bert, tmp_pa
     out = tmp_path / "m"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in FAST.items()]
     r = runner("train", groups_file, "--corpus", corpus_file, "--model", tiny_bert, "-o", out, "--max-steps", 3,
-               "--guard-shards", 3, "--guard-alphas", "0.5,1", *flags)
+               "--guard-shards", 3, "--guard-alphas", "0.5,1", "--guard-keep", tmp_path / "trained", *flags)
     assert r.exit_code == 0, r.output
     record = json.loads((out / "guard.json").read_text())
     assert [c["alpha"] for c in record["candidates"]] == [0.0, 0.5, 1.0]
     assert record["queries"] >= 2 and record["pick"] in (0.0, 0.5, 1.0)
     assert "guard: " in r.stderr and ("kept the base" in r.stderr or "delivered" in r.stderr)
-    delivered, base = _state(out), _state(tiny_bert)
+    delivered, base, trained = _state(out), _state(tiny_bert), _state(tmp_path / "trained")
     assert all(torch.equal(delivered[k], base[k]) for k in base) == (record["pick"] == 0.0)
+    assert not all(torch.equal(trained[k], base[k]) for k in base)  # the kept model is the trained one, α = 1
+    assert all(torch.equal(delivered[k], trained[k]) for k in base) == (record["pick"] == 1.0)
+    assert not (tmp_path / "trained.tmp").exists()
+
+
+def test_guard_keep_needs_the_guard(tiny_bert, tmp_path, runner):
+    groups_file = write_jsonl(tmp_path / "groups.jsonl", groups(4))
+    r = runner("train", groups_file, "--model", tiny_bert, "-o", tmp_path / "m", "--guard-keep", tmp_path / "t")
+    assert r.exit_code == 2 and "--guard-shards" in r.output and not (tmp_path / "m").exists()
 
 
 def test_select_writes_the_picks_weights(tiny_bert, tmp_path, monkeypatch):

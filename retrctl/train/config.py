@@ -125,6 +125,8 @@ class TrainConfig:
                            "the two, beats it there beyond noise (retrctl/guard.py); 0 = off.")
     guard_alphas: str = _f("0.5,1", "With --guard-shards: weights α of the trained model in α·trained + (1-α)·base tried "
                            "beside the base (WiSE-FT).")
+    guard_keep: str = _f("", "With --guard-shards: also write the trained model (α = 1) to this directory, whatever the "
+                         "guard delivers, to audit its decision against judgements.")
     lora_r: int = _f(0, "LoRA rank (0 = full fine-tuning); adapters are merged on save.")
     lora_alpha: int = _f(32, "LoRA alpha.")
     lora_dropout: float = _f(0.05, "LoRA dropout.")
@@ -242,6 +244,8 @@ class TrainConfig:
             raise UsageError(f"--guard-shards must be 0 (off) or at least 2, got {self.guard_shards}")
         if self.guard_shards:
             parse_alphas(self.guard_alphas)
+        if self.guard_keep and not self.guard_shards:
+            raise UsageError("--guard-keep keeps the trained model beside the guard's pick: give --guard-shards too")
         if self.colbert_dim < 1:
             raise UsageError("--colbert-dim must be positive")
         if "colbert" in heads and self.query_encoder == "token-lookup":
