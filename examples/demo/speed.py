@@ -2,9 +2,10 @@
 
     python speed.py MODEL DIST CORPUS QUERIES
 
-MODEL: the fine-tuned retrctl model (trained with --query-encoder token-lookup); DIST: its `retrctl export`.
-Prints (stdout) how close `SentenceTransformer(DIST)` is to retrctl's vectors, the ONNX encode speed against
-PyTorch on the corpus passages, and the token-lookup query encoding speed against the full query encoder. Each
+MODEL: the delivered retrctl model; DIST: its `retrctl export`. Prints (stdout) how close
+`SentenceTransformer(DIST)` is to retrctl's vectors, the ONNX encode speed against PyTorch on the corpus
+passages, and, for a model trained with --query-encoder token-lookup, the token-lookup query encoding speed
+against the full query encoder. Each
 pair runs in this process, interleaved, best of three (the machine is shared: only ratios are printed).
 """
 
@@ -39,13 +40,15 @@ def main(model: str, dist: str, corpus: str, queries: str) -> None:
     torch_enc = Encoder.load(model, device="cpu", inference=True)
     stock = SentenceTransformer(dist, device="cpu")
     diff = float(np.abs(stock.encode_document(texts[:32], batch_size=32) - torch_enc.encode(texts[:32])).max())
-    print(f"SentenceTransformer('{dist}') loads the fine-tuned model: max |diff| to retrctl's vectors {diff:.1e}")
+    print(f"SentenceTransformer('{dist}') loads the delivered model: max |diff| to retrctl's vectors {diff:.1e}")
 
     onnx_enc = OnnxEncoder.load(f"{dist}/onnx/model.onnx")
     t_torch, t_onnx = interleaved_best(lambda: torch_enc.encode(texts, batch_size=32),
                                        lambda: onnx_enc.encode(texts, batch_size=32), 3)
     print(f"ONNX fp32 encodes {len(texts)} passages {t_torch / t_onnx:.2f}x as fast as PyTorch (this CPU, this run)")
 
+    if not lookup.has_table(model):
+        return
     light = lookup.TokenLookupEncoder.load(model)
     t_full, t_light = interleaved_best(lambda: torch_enc.encode(qs, kind="query", batch_size=len(qs)),
                                        lambda: light.encode(qs), 3)
