@@ -186,3 +186,54 @@ def test_prune_heals_a_trained_retriever_by_distilling_its_unpruned_self(tiny_ll
         assert {"ce", "kl", "embed_mse"} <= set(slim["metrics"]["heal"])
     else:
         assert slim["heal_teacher"] is None and "embed_mse" not in slim["metrics"]["heal"]
+
+
+@pytest.fixture(scope="module")
+def other_vocab_teacher(tmp_path_factory) -> Path:
+    """A 2-layer, hidden-48 BERT with its own small WordPiece vocabulary (not MiniLM's): token ids of the student's
+    tokenizer are out of its range, so it only works if it tokenizes the texts itself."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    torch.manual_seed(2)
+    out = tmp_path_factory.mktemp("other_vocab_teacher")
+    words = sorted({w for d in corpus().values() for w in (d.get("title", "") + " " + d["text"]).lower().split()})
+    letters = sorted({c for w in words for c in w})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters, *(f"##{c}" for c in letters), *words]
+    (out / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
+    tok = BertTokenizerFast(vocab_file=str(out / "vocab.txt"))
+    tok.save_pretrained(out)
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=48, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128)
+    BertModel(cfg).save_pretrained(out)
+    return out
+
+
+def test_a_corpus_alone_is_distilled_from_a_teacher_with_another_vocabulary(tiny_bert, other_vocab_teacher, files,
+                                                                              tmp_path):
+    from transformers import AutoTokenizer
+
+    c, _ = files
+    student_tok, teacher_tok = (AutoTokenizer.from_pretrained(str(m)) for m in (tiny_bert, other_vocab_teacher))
+    assert len(teacher_tok) < 200 < len(student_tok)  # the student's ids would index past the teacher's embeddings
+    out = train(None, corpus=str(c), output=tmp_path / "m", model=str(tiny_bert), teacher=str(other_vocab_teacher),
+                max_steps=30, **{**FAST, "lr": 3e-3})
+    seen = losses(out)
+    assert np.mean(seen[-5:]) < 0.7 * np.mean(seen[:5]), seen
+    assert _encode(out).shape == (3, 32)
+
+
+@pytest.mark.parametrize("where", ["is", "inside"])
+def test_a_teacher_that_holds_the_output_is_refused_even_with_overwrite(tiny_bert, files, tmp_path, runner, where):
+    """`train --model small/ --teacher healed/ -o healed/ --overwrite` would replace the teacher it reads."""
+    c, _ = files
+    teacher = train(None, corpus=str(c), output=tmp_path / "healed", model=str(tiny_bert), teacher=str(tiny_bert),
+                    max_steps=1, **FAST)
+    before = {p: p.read_bytes() for p in teacher.rglob("*") if p.is_file()}
+    out = teacher if where == "is" else teacher / "sub"
+    r = runner("train", "--corpus", c, "--model", tiny_bert, "--teacher", teacher, "-o", out, "--overwrite",
+               "--max-steps", 1)
+    assert r.exit_code == 2, r.stderr
+    assert str(teacher) in r.stderr and "nothing written" in r.stderr
+    assert {p: p.read_bytes() for p in teacher.rglob("*") if p.is_file()} == before
+    assert not out.with_name(out.name + ".partial").exists()
