@@ -16,6 +16,8 @@ arXiv:2407.03618). A doc is "title text" in both (BEIR's convention, Thakur et a
 | encode batch                               | `--batch-size`                          | 32 |
 | a multi-head model's heads, one sub-index each, one pass (BGE-M3: dense, lexical, colbert) | `--heads dense,sparse,colbert` (`lexical` = `sparse`; dense required) | every head the model has |
 | sparse terms kept per doc                  | `--sparse-top-k`                        | the head's (a lexical head: all) |
+| BM25 beside the model's heads (one index, the hybrid) | `--heads dense,bm25` (+ the BM25 flags) | off |
+| the search's fusion defaults, recorded in the index | `--fusion`, `--norm`, `--weights` (per head), `--rrf-k`, `--depth` | none (search's own); an update keeps them |
 | dense resume checkpoint interval (docs)    | `--checkpoint-every`                    | 4096 |
 | old versions kept (see below)              | `--keep`                                | 2 |
 | shard of the corpus (stable hash of docid) | `--shard-id/--shard-num`, then `--merge` | one shard |
@@ -24,6 +26,9 @@ Heads: a model with a sparse head (SPLADE, or BGE-M3's lexical head) or BGE-M3's
 head by default, in one pass over the corpus, as stores of one dense index (retrctl/indexes/dense.py): the
 colbert head's token vectors are kept as fp16, one flat array + per-doc offsets (indexes/multivector.py), and go
 through the updates, resume and shard merges below with the vectors; the log gives each head's bytes per doc.
+`--heads dense,bm25` adds the corpus's BM25 as a head (the bm25 backend's store, statistics recomputed over the
+docs after every change), so a dense + BM25 hybrid is one index; `--weights` (and `--fusion`, `--norm`) record
+how `search` fuses the heads by default.
 
 Updates (pyserini#1964, faiss#3339): run again on an existing IDX and it is brought in line with the corpus by
 content hash — new docs are added, changed docs re-encoded, docs no longer in the corpus deleted (`--no-delete`
