@@ -85,6 +85,10 @@ def test_hybrid_equals_fuse_of_the_standalone_backends_and_survives_updates(tiny
     assert idx.score(QUERIES[0], ["d3"]) == {}  # a fused rank has no per-doc score
     idx.heads = "bm25"
     assert idx.score(QUERIES[1], ["d3", "d2"]) == open_index(tmp_path / "v2-bm25").score(QUERIES[1], ["d3", "d2"])
+    # recording a weight publishes a version and encodes nothing
+    stats = index(changed, out, search_defaults={"weights": [0.9, 0.1]})
+    assert (stats["encoded"], stats["rebuilt"], stats["written"]) == (0, False, True)
+    near(open_index(out).search(MORE_QUERIES, 10), fusion.fuse([dense, bm25], weights=[0.9, 0.1], hits=10))
 
 
 def test_resumed_build_and_shard_merge_keep_the_heads_aligned(tiny_bert, tmp_path):

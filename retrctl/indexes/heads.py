@@ -48,7 +48,8 @@ TRAIN_HINT = {"sparse": "dense,sparse", "colbert": "dense,lexical,colbert"}
 HEADS_TO_INDEX = base.Flag("heads", "Dense: the heads to index, each a sub-index built in the same pass, from the model's "
                         "dense, sparse (= lexical), colbert, and the corpus's bm25; dense required (e.g. dense,bm25). "
                         "[default: every head the model has]")
-ONE_HEAD = "--{flag}: this {backend} index has one head (index it with a model trained with --heads dense,sparse)"
+ONE_HEAD = ("--{flag}: this {backend} index has one head (index it with --heads dense,bm25, or with a model trained "
+            "with --heads dense,sparse)")
 
 
 # the fusion flags (--fusion --norm --weights --rrf-k --depth) are the shared ones of fuse and eval (retrctl/stage.py);
