@@ -212,7 +212,8 @@ OPTIONS: dict[str, Callable] = {
     ),
     "weights": _opt("--weights", callback=check_weights,
                     help="One weight per list fused, comma-separated (e.g. 0.3,0.7): fuse, in the runs' order; search, "
-                         "in dense,sparse,colbert order. [default: 1 each; search with colbert: BGE-M3's 1,0.3,1]"),
+                         "and index (recorded as the search's default), in dense,sparse,colbert,bm25 order. "
+                         "[default: 1 each, or the index's; search with colbert: BGE-M3's 1,0.3,1]"),
     "runtime": _opt("--backend", "runtime", type=click.Choice(["torch", "onnx"]),
                     help="Dense: run the encoder on torch or onnxruntime [default: what the model path holds; torch when both]."),
     "encoder": lambda f: functools.reduce(lambda g, o: o(g), [_encoder_option(fl) for fl in flag_fields()], f),

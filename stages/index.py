@@ -16,6 +16,8 @@ arXiv:2407.03618). A doc is "title text" in both (BEIR's convention, Thakur et a
 | encode batch                               | `--batch-size`                          | 32 |
 | a multi-head model's heads, one sub-index each, one pass (BGE-M3: dense, lexical, colbert) | `--heads dense,sparse,colbert` (`lexical` = `sparse`; dense required) | every head the model has |
 | sparse terms kept per doc                  | `--sparse-top-k`                        | the head's (a lexical head: all) |
+| BM25 beside the model's heads (one index, the hybrid) | `--heads dense,bm25` (+ the BM25 flags) | off |
+| the search's fusion defaults, recorded in the index | `--fusion`, `--norm`, `--weights` (per head), `--rrf-k`, `--depth` | none (search's own); an update keeps them |
 | dense resume checkpoint interval (docs)    | `--checkpoint-every`                    | 4096 |
 | old versions kept (see below)              | `--keep`                                | 2 |
 | shard of the corpus (stable hash of docid) | `--shard-id/--shard-num`, then `--merge` | one shard |
@@ -24,6 +26,9 @@ Heads: a model with a sparse head (SPLADE, or BGE-M3's lexical head) or BGE-M3's
 head by default, in one pass over the corpus, as stores of one dense index (retrctl/indexes/dense.py): the
 colbert head's token vectors are kept as fp16, one flat array + per-doc offsets (indexes/multivector.py), and go
 through the updates, resume and shard merges below with the vectors; the log gives each head's bytes per doc.
+`--heads dense,bm25` adds the corpus's BM25 as a head (the bm25 backend's store, statistics recomputed over the
+docs after every change), so a dense + BM25 hybrid is one index; `--weights` (and `--fusion`, `--norm`) record
+how `search` fuses the heads by default.
 
 Updates (pyserini#1964, faiss#3339): run again on an existing IDX and it is brought in line with the corpus by
 content hash — new docs are added, changed docs re-encoded, docs no longer in the corpus deleted (`--no-delete`
@@ -76,6 +81,10 @@ from retrctl.stage import check_shard, encoder_overrides, flag_option, options, 
 log = logging.getLogger("retrctl.index")
 
 
+# `index`'s fusion flags (the shared ones of fuse, eval and search) → the search knobs they become the defaults of
+SEARCH_DEFAULTS = {"fusion": "fusion_method", "norm": "norm", "rrf_k": "rrf_k", "depth": "depth", "weights": "weights"}
+
+
 class SettingsError(UsageError):
     """Inputs that cannot be indexed together (different encoders, overlapping shards)."""
 
@@ -98,13 +107,15 @@ class BackendChoice(click.Choice):
 
 def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None = None, method: str | None = None,
           batch_size: int = 32, delete: bool = True, rebuild: bool = False, keep: int = KEEP, meta: dict | None = None,
-          encoder_settings: dict | None = None, **backend_options) -> dict:
+          encoder_settings: dict | None = None, search_defaults: dict | None = None, **backend_options) -> dict:
     """Build the index at ``output`` from doc records, or bring an existing one in line with them.
 
     ``backend_options``: the flags the registered backends declare (``retrctl.indexes.declared_flags``); the
     backend gets those it names in its ``flags``, an option left out (or None) taking the backend's default.
     Holds ``output``'s writer lock throughout (records.BusyError when another writer has it) and publishes
     the result as a new version (``keep`` = versions that must supersede an old one before it is deleted).
+    ``search_defaults``: fusion flags (fusion, norm, rrf_k, depth, weights) a multi-head index records for its
+    searches (``Index.record_search_defaults``); those not given keep the updated index's recorded ones.
     Returns the counts {"added", "updated", "unchanged", "removed"}, "encoded" (docs run through the encoder,
     dense) and "rebuilt"/"written" flags.
     """
@@ -122,10 +133,11 @@ def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None 
     options = {"batch_size": batch_size, **backend_options}
     with store.writer(output):
         return _index(docs, output, model=model, method=method, delete=delete, rebuild=rebuild, keep=keep, meta=meta,
-                      encoder_settings=encoder_settings, options=options)
+                      encoder_settings=encoder_settings, options=options, search_defaults=search_defaults or {})
 
 
-def _index(docs, output: Path, *, model, method, delete, rebuild, keep, meta, encoder_settings, options) -> dict:
+def _index(docs, output: Path, *, model, method, delete, rebuild, keep, meta, encoder_settings, options,
+           search_defaults) -> dict:
     from retrctl.indexes import open_index
 
     workdir = output.with_name(output.name + ".partial")
@@ -148,14 +160,22 @@ def _index(docs, output: Path, *, model, method, delete, rebuild, keep, meta, en
         log.warning("--model and encoder flags are ignored by --method %s", method)
     # the others are other backends' flags; None (not given) leaves the backend's default
     options = {k: v for k, v in options.items() if k in backend.flags and v is not None}
+    if old_manifest and old_manifest.get("backend") == method and not rebuild:
+        options = backend.update_options(old_manifest, options)
     fresh = backend.create(encoder, **options)
     idx = _reuse(output, old_manifest, fresh, rebuild, lambda: open_index(old, encoder=encoder))
     idx.prepare_update(workdir, **options)
+    recorded = dict(idx.search_defaults)
+    if idx is fresh and old_manifest and old_manifest.get("search_defaults") and not search_defaults:
+        log.warning("%s: the search defaults of the version replaced (%s) are not carried over; give them again",
+                    output, old_manifest["search_defaults"])
+    idx.record_search_defaults(search_defaults)  # checked before any doc is encoded
 
     before = dict(idx.meta)
     stats = idx.sync(docs, delete=delete) if idx is not fresh else idx.build(docs)
     idx.meta = {**idx.meta, **meta}
-    changed = stats["added"] or stats["updated"] or stats["removed"] or idx is fresh or idx.meta != before
+    changed = (stats["added"] or stats["updated"] or stats["removed"] or idx is fresh or idx.meta != before
+               or idx.search_defaults != recorded)
     log.info("%s index %s: %d docs (%d added, %d updated, %d unchanged, %d removed)", method, output, len(idx),
              stats["added"], stats["updated"], stats["unchanged"], stats["removed"])
     idx.report_update(stats, workdir)
@@ -204,8 +224,10 @@ def _reuse(output: Path, old: dict | None, fresh, rebuild: bool, load):
     return load()
 
 
-def merge(parts: list[str | os.PathLike], output: str | os.PathLike, keep: int = KEEP) -> int:
-    """Join shard indexes into one at ``output``; returns the doc count."""
+def merge(parts: list[str | os.PathLike], output: str | os.PathLike, keep: int = KEEP,
+          search_defaults: dict | None = None) -> int:
+    """Join shard indexes into one at ``output`` (``search_defaults``: as ``index``'s, over the first part's);
+    returns the doc count."""
     from retrctl.indexes import open_index, store
 
     versions = [store.resolve(p) for p in parts]  # each part resolved once
@@ -227,6 +249,7 @@ def merge(parts: list[str | os.PathLike], output: str | os.PathLike, keep: int =
         except ValueError as e:
             raise SettingsError(str(e)) from None
         merged.meta = {k: v for k, v in first.meta.items() if k != "shard"}
+        merged.record_search_defaults(search_defaults or {})
         merged.save(output, keep=keep)
     log.info("merged %d indexes (%d docs) into %s", len(parts), len(merged), output)
     return len(merged)
@@ -238,7 +261,7 @@ def backend_options() -> list[click.Option]:
 
 
 @stage(index, writes="dir", atomic=False, more_options=backend_options)  # a versioned store: built and published by store.writer
-@options("model", "encoder", "runtime", "batch_size", "shard", "input_format")
+@options("model", "encoder", "runtime", "batch_size", "shard", "input_format", "fusion", "weights")
 @click.argument("inputs", nargs=-1)
 @click.option("--method", type=BackendChoice(), help=f"Index backend: {', '.join(f'{n} ({b.summary})' for n, b in BACKENDS.items())}. "
               f"[default: {DEFAULT_BACKEND}, or the existing index's]")
@@ -249,10 +272,14 @@ def backend_options() -> list[click.Option]:
 @click.option("--merge", "merge_", is_flag=True, help="INPUTS are index dirs (e.g. shards) to merge into -o.")
 def command(inputs, output, merge_, shard_id, shard_num, input_format, **opts):
     """Build (or update) a dense, learned-sparse or BM25 index of a corpus (JSONL/Parquet/BEIR folder, '-' = stdin)."""
+    # the fusion flags: a multi-head index's search defaults (a search's own flags win)
+    defaults = {name: opts.pop(key) for name, key in SEARCH_DEFAULTS.items() if opts.get(key) is not None}
+    for key in SEARCH_DEFAULTS.values():
+        opts.pop(key, None)
     if merge_:
         if len(inputs) < 2:
             raise UsageError("--merge needs two or more index directories")
-        merge(list(inputs), output, keep=opts["keep"])
+        merge(list(inputs), output, keep=opts["keep"], search_defaults=defaults)
         return
     if len(inputs) > 1:
         raise UsageError("give one corpus (or --merge with index directories)")
@@ -265,4 +292,4 @@ def command(inputs, output, merge_, shard_id, shard_num, input_format, **opts):
         meta["shard"] = {"id": shard_id, "num": shard_num}
     docs = progress(shard(records.read(path, "doc", input_format), shard_id, shard_num, "docid"), desc="index", unit="doc")
     settings = encoder_overrides(opts)
-    index(docs, output, meta=meta, encoder_settings=settings, **opts)
+    index(docs, output, meta=meta, encoder_settings=settings, search_defaults=defaults, **opts)

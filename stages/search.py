@@ -13,7 +13,7 @@ recorded in the manifest). The flag vocabulary is Pyserini's (`--hits`, `--batch
 | query encoder settings (override the manifest)   | `--query-prompt`, `--query-max-len`, `--pooling`, … | the manifest's |
 | HNSW search breadth / IVF lists probed           | `--ef-search`, `--nprobe`  | the manifest's (128 / 32) |
 | query encoder: LightRetriever token lookup or the full model | `--query-encoder auto|full|token-lookup` | auto: lookup when the model has a table |
-| heads searched, and how their lists are fused (an index of a dense + sparse model) | `--heads dense,sparse`, `--fusion linear|rrf`, `--norm`, `--weights`, `--rrf-k`, `--depth` | every head the index holds; linear, min-max, 1 each, 60, each head's top 100 |
+| heads searched, and how their lists are fused (an index of a dense + sparse model, or dense + bm25) | `--heads dense,sparse,bm25`, `--fusion linear|rrf`, `--norm`, `--weights`, `--rrf-k`, `--depth` | every head the index holds; what `index` recorded, else linear, min-max, 1 each, 60, each head's top 100 |
 | with the colbert head (BGE-M3): candidates re-scored by s_rank = Σ w·raw score | `--heads dense,sparse,colbert`, `--candidates dense,sparse|all`, `--weights`, `--depth` | the other searched heads' top 100 (colbert alone: all docs); 1,0.3,1 |
 | sparse search: exact (scipy CSR) or Seismic (approximate; candidates rescored exactly) | `--sparse-search auto|exact|seismic`, `--query-cut`, `--heap-factor` | auto: Seismic from 100,000 docs; 20; 0.9 |
 | query batch                                      | `--batch-size`             | the manifest's |

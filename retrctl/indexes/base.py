@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from retrctl import records
+from retrctl.errors import UsageError
 from retrctl.indexes import store
 
 DOCIDS = "docids.parquet"
@@ -88,6 +89,7 @@ class Index:
     search_flags: tuple[Flag, ...] = ()  # declarations of `search` options named in ``search_knobs``
     encoder = None  # the encoder behind the index; None for backends without one
     encoded = 0  # docs this object ran through its encoder (updates report how many were not reused)
+    search_defaults: dict = {}  # fusion flags `index` recorded for searches (a multi-head index's; never mutated)
 
     def __init__(self) -> None:
         self._clear_ids()
@@ -108,6 +110,12 @@ class Index:
         set, device and dtype included), or, without a model, the one ``manifest`` (this backend's) was built with,
         those settings overriding its own. Only for backends that ``needs_encoder``."""
         raise ValueError(f"{cls.name} indexes take no encoder")
+
+    @classmethod
+    def update_options(cls, manifest: dict, options: dict) -> dict:
+        """`index`'s options (those given) for an update of the index ``manifest`` describes: a backend fills in the
+        stored settings an update keeps when their flag is not given."""
+        return options
 
     @classmethod
     def content_settings(cls, manifest: dict) -> dict:
@@ -135,6 +143,14 @@ class Index:
         """{docid: score of that doc for ``query``} as ``search`` computes it, for docs outside its top-k (mine's
         margin reference); docs not in the index are left out. A backend that cannot score returns {}."""
         return {}
+
+    def record_search_defaults(self, defaults: dict) -> None:
+        """Keep the fusion flags given to `index` (``fusion``, ``norm``, ``rrf_k``, ``depth``, ``weights``) as this
+        index's search defaults; an index of one head fuses nothing and refuses them."""
+        if defaults:
+            flag = next(iter(defaults)).replace("_", "-")
+            raise UsageError(f"--{flag}: this {self.name} index has one head, so a search fuses nothing (index "
+                             "several heads: --heads dense,bm25)")
 
     def manifest(self) -> dict:
         """The manifest written with the files: backend, settings (``config()``), doc count, backend details."""

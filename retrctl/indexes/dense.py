@@ -5,13 +5,16 @@ encoder normalizes (recorded as ``normalized`` in the manifest), dot product oth
 colbert head is indexed with every head by default (``create``'s ``heads``): the index then holds a
 ``sparse.SparseRowStore`` and a ``multivector.TokenStore`` beside the vectors, fed from one pass of the model
 (``Encoder.encode_heads``), and is a ``HeadsIndex``, whose search is indexes/heads.py's (fusion or BGE-M3's
-re-scoring over the stores). Updates, checkpointed encoding, versions and merges are ``EncodedIndex``'s.
+re-scoring over the stores). ``--heads dense,bm25`` adds the corpus's BM25 (``bm25_store.BM25Store``, the same store
+as the bm25 backend, fed the texts of the chunks the model encodes), so the delivered hybrid is one index.
+Updates, checkpointed encoding, versions and merges are ``EncodedIndex``'s.
 
 Files: ``index.json`` (settings = the constructor's arguments, the encoder's description — pooling, prompts, max
 lengths, normalize —, dim, metric, doc count, and a ``sparse``/``colbert`` section per other head), ``index.faiss``
 (faiss's own format), ``docids.parquet`` (docid + content hash per row), ``vectors.npy`` when the faiss index cannot
 give the exact vectors back (IVF, PQ, SQ…), and the other heads' files (``terms.npy``/``weights.npy``,
-``colbert.tokens.npy``/``colbert.offsets.npy``).
+``colbert.tokens.npy``/``colbert.offsets.npy``, ``bm25/``). ``search_defaults``: the fusion flags `index` was given
+(``--fusion``, ``--norm``, ``--weights`` per head, …), a search's own defaults.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ from retrctl import fusion
 from retrctl.errors import UsageError
 from retrctl.indexes import base, store
 from retrctl.indexes import heads as multi_head
+from retrctl.indexes.bm25 import INDEX_FLAGS as BM25_FLAGS
+from retrctl.indexes.bm25 import bm25_settings
+from retrctl.indexes.bm25_store import FILES as BM25_FILES
+from retrctl.indexes.bm25_store import BM25Store
 from retrctl.indexes.encoded import (
     CHECKPOINT_EVERY,
     EncodedIndex,
@@ -38,10 +45,11 @@ from retrctl.indexes.faiss_store import SEARCH_FLAGS as FAISS_FLAGS
 from retrctl.indexes.multivector import TokenStore, to_lanes
 from retrctl.indexes.sparse import SEARCH_FLAGS as SPARSE_FLAGS
 from retrctl.indexes.sparse import SPARSE_TOP_K, SparseRowStore, pack
-from retrctl.models.config import INDEX_HEADS, PASSAGE_KEYS
+from retrctl.models.config import MODEL_HEADS, PASSAGE_KEYS
 from retrctl.models.config import SETTINGS as ENCODER_KEYS  # the encoder settings a manifest records
 
 log = logging.getLogger("retrctl.index")
+BM25_DIR = "bm25"  # the bm25 head's files, in a folder of their own within a version
 
 __all__ = ["ENCODER_KEYS", "PASSAGE_KEYS", "DenseIndex", "HeadsIndex", "encoder_from_manifest"]
 
@@ -49,14 +57,14 @@ __all__ = ["ENCODER_KEYS", "PASSAGE_KEYS", "DenseIndex", "HeadsIndex", "encoder_
 class DenseIndex(EncodedIndex):
     name = "dense"
     summary = "faiss"
-    flags = ("index_type", "batch_size", "checkpoint_every", "heads", "sparse_top_k")
+    flags = ("index_type", "batch_size", "checkpoint_every", "heads", "sparse_top_k", "k1", "b", "stopwords", "bm25_method")
     search_knobs = ("batch_size", "ef_search", "nprobe")
-    index_flags = (INDEX_TYPE, CHECKPOINT_EVERY, multi_head.HEADS_TO_INDEX, SPARSE_TOP_K)
+    index_flags = (INDEX_TYPE, CHECKPOINT_EVERY, multi_head.HEADS_TO_INDEX, SPARSE_TOP_K, *BM25_FLAGS)
     search_flags = (*FAISS_FLAGS, *multi_head.SEARCH_FLAGS, *SPARSE_FLAGS)  # a HeadsIndex takes the other heads' knobs
 
     def __init__(self, encoder, index_type: str = "Flat", batch_size: int = 32, *, chunk_size: int = 4096,
                  ef_search: int = 128, nprobe: int = 32, train_size: int = 262144, seed: int = 0,
-                 heads: list[str] | tuple[str, ...] = ("dense",), top_k: int | None = None):
+                 heads: list[str] | tuple[str, ...] = ("dense",), top_k: int | None = None, bm25: dict | None = None):
         self.index_type, self.ef_search, self.nprobe, self.train_size, self.seed = index_type, ef_search, nprobe, train_size, seed
         self.built = list(heads)  # the heads stored; ``heads`` (a search knob) are the ones searched
         self.heads = list(heads)
@@ -69,6 +77,8 @@ class DenseIndex(EncodedIndex):
             self.sparse_desc = {"vocab": sp.vocab, "special_ids": sp.special_ids, "query": sp.query, "top_k": sp.top_k}
         cb = getattr(encoder, "colbert", None)
         self.colbert_dim = cb.out_dim if cb is not None and "colbert" in self.built else None
+        self.bm25 = BM25Store(**(bm25 or {})).settings() if "bm25" in self.built else None  # the BM25 variant
+        self.search_defaults: dict = {}
         if self.normalized is False and index_type != "Flat":
             log.warning("the encoder does not normalize: %s searches raw inner products, where graph/IVF recall is "
                         "usually lower than on unit vectors", index_type)
@@ -81,6 +91,8 @@ class DenseIndex(EncodedIndex):
             stores["sparse"] = SparseRowStore(self.top_k, (self.sparse_desc or {}).get("vocab"))
         if "colbert" in self.built:
             stores["colbert"] = TokenStore(self.colbert_dim or 0)
+        if "bm25" in self.built:
+            stores["bm25"] = BM25Store(**self.bm25)
         return stores
 
     def config(self) -> dict:
@@ -88,28 +100,41 @@ class DenseIndex(EncodedIndex):
                "ef_search": self.ef_search, "nprobe": self.nprobe, "train_size": self.train_size, "seed": self.seed}
         if self.built != ["dense"]:
             out.update(heads=self.built, top_k=self.top_k)
+        if self.bm25 is not None:
+            out["bm25"] = self.bm25
         return out
 
     # ------------------------------------------------------------ what the stages ask
 
     @classmethod
     def create(cls, encoder=None, *, index_type: str = "Flat", batch_size: int = 32, checkpoint_every: int = 4096,
-               heads: str | None = None, sparse_top_k: int | None = None) -> DenseIndex:
-        """``heads``: None = every head the model has; with a sparse or colbert head among them, a ``HeadsIndex``."""
+               heads: str | None = None, sparse_top_k: int | None = None, k1: float = 0.9, b: float = 0.4,
+               stopwords: str | None = "en", bm25_method: str = "lucene") -> DenseIndex:
+        """``heads``: None = every head the model has; with a sparse, colbert or bm25 head among them, a
+        ``HeadsIndex`` (``k1``, ``b``, ``stopwords``, ``bm25_method``: the bm25 head's variant)."""
         settings = {"index_type": index_type, "batch_size": batch_size, "chunk_size": checkpoint_every}
-        if heads is None and all(getattr(encoder, h, None) is None for h in INDEX_HEADS[1:]) or heads == "dense":
+        if heads is None and all(getattr(encoder, h, None) is None for h in MODEL_HEADS[1:]) or heads == "dense":
             return cls(encoder, **settings)
         chosen = _heads_to_index(encoder, heads)
         if chosen == ["dense"]:
             return DenseIndex(encoder, **settings)
-        return HeadsIndex(encoder, heads=chosen, top_k=sparse_top_k, **settings)
+        bm25 = bm25_settings(k1, b, stopwords, bm25_method) if "bm25" in chosen else None
+        return HeadsIndex(encoder, heads=chosen, top_k=sparse_top_k, bm25=bm25, **settings)
+
+    @classmethod
+    def update_options(cls, manifest: dict, options: dict) -> dict:
+        """Without ``--heads``, an index holding the bm25 head keeps its heads (the model's default set lacks it)."""
+        heads = manifest.get("settings", {}).get("heads") or []
+        if options.get("heads") is None and "bm25" in heads:
+            return {**options, "heads": ",".join(heads)}
+        return options
 
     @classmethod
     def content_settings(cls, manifest: dict) -> dict:
         """The faiss structure and every encoder setting (the model included): what the stored rows depend on."""
         settings = manifest.get("settings", {})
         return {"index_type": settings.get("index_type"), "heads": settings.get("heads") or ["dense"],
-                "sparse_top_k": settings.get("top_k"), **base.encoder_content(manifest)}
+                "sparse_top_k": settings.get("top_k"), "bm25": settings.get("bm25"), **base.encoder_content(manifest)}
 
     @classmethod
     def run_tag(cls, manifest: dict) -> str:
@@ -143,9 +168,11 @@ class DenseIndex(EncodedIndex):
         return self.stores["sparse"]._seismic_saved
 
     def _doc_rows(self, texts: list[str]) -> np.ndarray:
-        if self.built == ["dense"]:
+        """The model's heads' columns (the bm25 head reads the texts itself: ``EncodedIndex._text_rows``)."""
+        model_heads = [h for h in self.built if h in MODEL_HEADS]
+        if model_heads == ["dense"]:
             return self.encoder.encode(texts, kind="passage", batch_size=self.batch_size)
-        out = self.encoder.encode_heads(texts, "passage", self.batch_size, heads=tuple(self.built))
+        out = self.encoder.encode_heads(texts, "passage", self.batch_size, heads=tuple(model_heads))
         parts = [out["dense"]]
         if "sparse" in self.built:
             parts.append(pack(*out["sparse"]))
@@ -179,6 +206,10 @@ class DenseIndex(EncodedIndex):
                              "files": {"terms": "terms.npy", "weights": "weights.npy", **sp.files}}
         if "colbert" in self.built:
             out["colbert"] = self.stores["colbert"].manifest()
+        if "bm25" in self.built:
+            out["bm25"] = {**self.stores["bm25"].manifest(), "files": {k: f"{BM25_DIR}/{v}" for k, v in BM25_FILES.items()}}
+        if self.search_defaults:
+            out["search_defaults"] = self.search_defaults
         return out
 
     def write_files(self, directory: Path) -> None:
@@ -188,6 +219,8 @@ class DenseIndex(EncodedIndex):
         for name in ("sparse", "colbert"):
             if name in self.stores:
                 self.stores[name].write(directory, len(self))
+        if "bm25" in self.stores:
+            self.stores["bm25"].write(directory / BM25_DIR, len(self))
         manifest = self.manifest()
         self.stores["dense"].write(directory, len(self))
         base.write_docids(directory, self.docids, self._hash)
@@ -233,8 +266,11 @@ class DenseIndex(EncodedIndex):
         if "colbert" in idx.built:
             stores["colbert"] = TokenStore.read(directory, manifest["colbert"], len(idx))
             idx.colbert_dim = stores["colbert"].dim
+        if "bm25" in idx.built:
+            stores["bm25"] = BM25Store.read(directory / BM25_DIR, idx.bm25, len(idx))
         idx.stores = stores
         idx.version = version
+        idx.record_search_defaults(manifest.get("search_defaults") or {})
         return idx
 
     @classmethod
@@ -257,6 +293,8 @@ class DenseIndex(EncodedIndex):
             raise ValueError("cannot merge indexes of different heads or colbert dims")
         if any(p.top_k != first.top_k for p in parts):
             raise ValueError("cannot merge indexes that keep different numbers of sparse terms")
+        if any(p.bm25 != first.bm25 for p in parts):
+            raise ValueError("cannot merge indexes whose bm25 heads have different settings")
         for p in parts[1:]:
             if p.config()["index_type"] != first.index_type or same_encoder(p.encoder_desc) != same_encoder(first.encoder_desc):
                 raise ValueError("cannot merge indexes built with different encoders or index types")
@@ -264,6 +302,7 @@ class DenseIndex(EncodedIndex):
         out.encoder_desc = first.encoder_desc
         out.sparse_desc, out.colbert_dim = first.sparse_desc, first.colbert_dim
         out._joined_stores(parts)
+        out.record_search_defaults(first.search_defaults)
         return out
 
 
@@ -284,9 +323,20 @@ class HeadsIndex(DenseIndex):
             parts.append(f"sparse top-{self.top_k}, queries by {self.sparse_desc['query']}")
         if self.colbert_dim:
             parts.append(f"colbert dim {self.colbert_dim}, {len(self._tokens.arrays()[0])} tokens")
+        if self.bm25 is not None:
+            parts.append(self.stores["bm25"].variant())
+        if self.search_defaults:
+            parts.append("search defaults " + ", ".join(f"{k} {v}" for k, v in self.search_defaults.items()))
         sizes = multi_head.bytes_per_doc(self.version.path, self.version.manifest) if self.version is not None else {}
         size = f"; bytes per doc: {', '.join(f'{h} {b:.0f}' for h, b in sizes.items())}" if sizes else ""
         return f"{super().describe()}; heads {','.join(self.built)} ({'; '.join(parts)}){size}"
+
+    def record_search_defaults(self, defaults: dict) -> None:
+        """Keep `index`'s fusion flags (the recorded ones updated by those given) as this index's search defaults:
+        set now, written in the manifest; ``weights`` are kept per head, so a search of some heads takes theirs."""
+        self.search_defaults = multi_head.search_defaults(self, {**self.search_defaults, **defaults})
+        for name, value in self.search_defaults.items():
+            setattr(self, name, value)
 
     def search(self, queries: list[dict], k: int) -> dict[str, list[tuple[str, float]]]:
         return multi_head.search(self, queries, k)
@@ -305,8 +355,11 @@ class HeadsIndex(DenseIndex):
 def _heads_to_index(encoder, value) -> list[str]:
     """``--heads`` checked against the model: each head it names exists, dense among them."""
     chosen = multi_head.parse_heads(value, encoder)
+    if "colbert" in chosen and "bm25" in chosen:
+        raise UsageError(f"--heads {','.join(chosen)}: a search with colbert re-scores by raw scores, which BM25's "
+                         "scale does not share; index bm25 beside dense and sparse (or search a bm25 index and fuse)")
     for head in chosen:
-        if head != "dense" and getattr(encoder, head, None) is None:
+        if head not in ("dense", "bm25") and getattr(encoder, head, None) is None:
             raise UsageError(f"--heads {','.join(chosen)}: {getattr(encoder, 'source', 'the model')} has no {head} "
                              f"head (train one with --heads {multi_head.TRAIN_HINT[head]})")
     if "dense" not in chosen:

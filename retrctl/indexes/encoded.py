@@ -13,6 +13,10 @@ and removed together and cannot drift apart. A store (``faiss_store.FaissStore``
 - a store a search ranks by (``searched``) also has ``vectors(n)``, ``vectors_at(rows, n)``, ``search(queries, k,
   key, docids, **knobs)`` and ``dot(query, rows, n)``; a head's own scoring (``TokenStore.maxsim``) is its own.
 
+A store with ``reads_text`` (``bm25_store.BM25Store``) takes no columns: it is fed each chunk's texts, turned into
+its own rows (``rows(texts)``, one per doc) beside the encoded ones, and added, replaced and removed with them; those
+rows are cheap and deterministic, so they are made again when a resumed chunk's encoded rows come from a checkpoint.
+
 A backend subclass chooses the stores (``new_stores``), encodes a chunk of texts into rows (``_doc_rows``) and
 queries into what its searched store takes (``_encode_queries``), and lays out its manifest and files.
 """
@@ -99,19 +103,30 @@ class EncodedIndex(base.Index):
         self.stores = self.new_stores()
 
     def _split(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """A chunk's rows → each store's columns."""
-        if len(self.stores) == 1:
-            return {name: rows for name in self.stores}
+        """A chunk's rows → each store's columns (the stores that read text take none)."""
+        columns = {name: st for name, st in self.stores.items() if not getattr(st, "reads_text", False)}
+        if len(columns) == 1:
+            return {name: rows for name in columns}
         out, at = {}, 0
-        for name, st in self.stores.items():
+        for name, st in columns.items():
             width = st.width
             out[name] = rows[:, at:] if width is None else rows[:, at : at + width]
             at += width or 0
         return out
 
-    def _append_vectors(self, rows: np.ndarray) -> None:
-        """Append encoded rows (docs already appended to the ids) to every store."""
+    def _text_rows(self, chunk: list[tuple[dict, str, int | None]]) -> dict[str, list]:
+        """The rows of the stores that read text, one per doc of the chunk: {store: [row, …]}."""
+        readers = [name for name, st in self.stores.items() if getattr(st, "reads_text", False)]
+        if not readers:
+            return {}
+        texts = [records.passage_text(d) for d, _, _ in chunk]
+        return {name: self.stores[name].rows(texts) for name in readers}
+
+    def _append_vectors(self, rows: np.ndarray, text_rows: dict[str, list] | None = None) -> None:
+        """Append encoded rows and the text stores' rows (docs already appended to the ids) to every store."""
         for name, part in self._split(rows).items():
+            self.stores[name].append(part)
+        for name, part in (text_rows or {}).items():
             self.stores[name].append(part)
 
     def _finish(self) -> None:
@@ -159,17 +174,19 @@ class EncodedIndex(base.Index):
         if self.encoder is None:
             raise ValueError(f"this {type(self).__name__} has no encoder: load it with an encoder to add docs")
         stats, seen = base.new_stats(), set()
-        replaced: dict[int, tuple[str, np.ndarray]] = {}
+        replaced: dict[int, tuple[str, np.ndarray, dict]] = {}
         for n, chunk in enumerate(records.batched(self._classify(docs, seen, stats), self.chunk_size)):
             vecs = self._encode(chunk, n)
+            text_rows = self._text_rows(chunk)
             new = [i for i, (_, _, pos) in enumerate(chunk) if pos is None]
             for i, (_, h, pos) in enumerate(chunk):
                 if pos is not None:
-                    replaced[pos] = (h, vecs[i])
+                    replaced[pos] = (h, vecs[i], {name: rows[i] for name, rows in text_rows.items()})
             if new:
                 self._invalidate()
                 self._append_ids([chunk[i][0]["docid"] for i in new], [chunk[i][1] for i in new])
-                self._append_vectors(np.ascontiguousarray(vecs[new]))
+                self._append_vectors(np.ascontiguousarray(vecs[new]),
+                                     {name: [rows[i] for i in new] for name, rows in text_rows.items()})
         removed = self._missing_rows(seen) if delete else []
         stats["removed"] = len(removed)
         self._apply(replaced, removed)
@@ -180,21 +197,22 @@ class EncodedIndex(base.Index):
         self._apply({}, rows)
         return len(rows)
 
-    def _apply(self, replaced: dict[int, tuple[str, np.ndarray]], removed: list[int]) -> None:
+    def _apply(self, replaced: dict[int, tuple[str, np.ndarray, dict]], removed: list[int]) -> None:
         """Replace changed docs' rows in place and drop removed docs, in the ids and in every store."""
         if not replaced and not removed:
             self._finish()
             return
         n = len(self)
-        parts = {pos: self._split(row[None]) for pos, (_, row) in replaced.items()}
-        for pos, (h, _) in replaced.items():
+        parts = {pos: {**{name: cols[0] for name, cols in self._split(row[None]).items()}, **text}
+                 for pos, (_, row, text) in replaced.items()}
+        for pos, (h, _, _) in replaced.items():
             self._hash[pos] = h
         keep = np.ones(n, dtype=bool)
         keep[removed] = False
         self._keep_rows(keep)
         self._invalidate()
         for name, st in self.stores.items():
-            st.apply({pos: p[name][0] for pos, p in parts.items()}, removed, n)
+            st.apply({pos: p[name] for pos, p in parts.items()}, removed, n)
 
     # ------------------------------------------------------------ search
 

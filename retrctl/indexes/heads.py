@@ -19,6 +19,12 @@ both heads equals ``retrctl fuse`` of the two single-head runs. With colbert it 
 re-scored exactly as s_rank = w_dense·s_dense + w_sparse·s_lex + w_colbert·s_mul over the searched heads (raw
 scores: the stored vectors' inner product, the sparse dot product, MaxSim averaged over the query's tokens),
 ``--weights`` in dense,sparse,colbert order, default 1, 0.3, 1 (the paper's).
+
+A ``bm25`` head (``index --heads dense,bm25``: the corpus's BM25 beside the model's heads, the bm25 backend's store)
+is one more list to fuse: a search of dense and bm25 equals ``retrctl fuse`` of the dense and bm25 backends' runs
+at the same settings. `index` may record the fusion flags (``--fusion``, ``--norm``, ``--weights``, …) as the
+index's search defaults (``search_defaults``: weights kept per head), so a recipe's chosen weight needs no flag at
+search time; flags given to `search` win.
 """
 
 from __future__ import annotations
@@ -39,17 +45,18 @@ log = logging.getLogger("retrctl.index")
 RANK_WEIGHTS = {"dense": 1.0, "sparse": 0.3, "colbert": 1.0}  # BGE-M3's s_rank weights (arXiv:2402.03216, §4)
 TRAIN_HINT = {"sparse": "dense,sparse", "colbert": "dense,lexical,colbert"}
 
-HEADS_TO_INDEX = base.Flag("heads", "Dense: the model's heads to index, each a sub-index built in the same pass, from dense, "
-                        "sparse (= lexical), colbert; dense required (e.g. dense,colbert). [default: every head the model "
-                        "has]")
-ONE_HEAD = "--{flag}: this {backend} index has one head (index it with a model trained with --heads dense,sparse)"
+HEADS_TO_INDEX = base.Flag("heads", "Dense: the heads to index, each a sub-index built in the same pass, from the model's "
+                        "dense, sparse (= lexical), colbert, and the corpus's bm25; dense required (e.g. dense,bm25). "
+                        "[default: every head the model has]")
+ONE_HEAD = ("--{flag}: this {backend} index has one head (index it with --heads dense,bm25, or with a model trained "
+            "with --heads dense,sparse)")
 
 
 # the fusion flags (--fusion --norm --weights --rrf-k --depth) are the shared ones of fuse and eval (retrctl/stage.py);
 # `search` sets them on an index that takes them (``FUSION_KNOBS``) and refuses them, with ONE_HEAD, elsewhere
 FUSION_KNOBS = ("fusion", "norm", "weights", "rrf_k", "depth")
 SEARCH_FLAGS = (
-    base.Flag("heads", "An index of a multi-head model: the heads to search, from dense, sparse (= lexical), colbert "
+    base.Flag("heads", "A multi-head index: the heads to search, from dense, sparse (= lexical), colbert, bm25 "
               "(comma-separated); without colbert their lists are fused, with it candidates are re-scored. "
               "[default: every head the index holds]", refused=ONE_HEAD),
     base.Flag("candidates", "With colbert: the heads whose top --depth are re-scored (dense, sparse, comma-separated), "
@@ -105,6 +112,38 @@ def _searched(idx) -> list[str]:
     return heads
 
 
+def search_defaults(idx, defaults: dict) -> dict:
+    """The fusion flags `index` records (``fusion``, ``norm``, ``rrf_k``, ``depth``, ``weights``), checked against
+    the heads ``idx`` holds: ``weights`` as {head: weight}, from a list in the heads' order."""
+    out = {k: v for k, v in defaults.items() if v is not None}
+    unknown = set(out) - set(FUSION_KNOBS)
+    if unknown:
+        raise UsageError(f"search defaults {', '.join(sorted(unknown))}: only {', '.join(FUSION_KNOBS)} are recorded")
+    weights = out.get("weights")
+    if weights is not None and not isinstance(weights, dict):
+        if len(weights) != len(idx.built):
+            raise UsageError(f"--weights {','.join(f'{x:g}' for x in weights)}: give one weight per head indexed, in "
+                             f"{','.join(idx.built)} order")
+        weights = out["weights"] = dict(zip(idx.built, (float(x) for x in weights), strict=True))
+    if weights is not None and set(weights) != set(idx.built):
+        raise UsageError(f"search defaults: weights for {','.join(weights)}, but this index holds {','.join(idx.built)}")
+    if "colbert" in idx.built:
+        if set(out) - {"weights", "depth"}:
+            raise UsageError("--fusion/--norm/--rrf-k: a search with colbert ranks by the weighted sum of raw scores "
+                             "(--weights), not by fusion")
+    else:
+        fusion.check(len(idx.built), out.get("fusion", fusion.METHOD), out.get("rrf_k", fusion.RRF_K),
+                     None if weights is None else list(weights.values()), out.get("norm", fusion.NORM), out.get("depth"))
+    return out
+
+
+def _weights(idx, heads: list[str]) -> list[float] | None:
+    """The weights of the heads searched: ``--weights`` as given, or those the index recorded per head."""
+    if isinstance(idx.weights, dict):
+        return [float(idx.weights[h]) for h in heads]
+    return idx.weights
+
+
 def search(idx, queries: list[dict], k: int) -> dict[str, list[tuple[str, float]]]:
     """``idx``'s search over the heads ``idx.heads`` names: one head's list, their fused lists, or, with colbert,
     the candidates re-scored by s_rank."""
@@ -119,18 +158,25 @@ def search(idx, queries: list[dict], k: int) -> dict[str, list[tuple[str, float]
         scores, docids = _sparse_search(idx, _sparse_queries(idx, queries), depth)
         runs.append({q["query_id"]: [(d, float(s)) for d, s in zip(ids, row, strict=False)]
                      for q, ids, row in zip(queries, docids, scores, strict=True)})
+    if "bm25" in heads:
+        found = idx.stores["bm25"].search([q["query_text"] for q in queries], depth, idx._order_key(), idx.docids)
+        runs.append({q["query_id"]: hits for q, hits in zip(queries, found, strict=True)})
     if len(runs) == 1:
         return runs[0]
     try:
-        return fusion.fuse(runs, method=idx.fusion, k=idx.rrf_k, weights=idx.weights, norm=idx.norm, hits=k)
+        return fusion.fuse(runs, method=idx.fusion, k=idx.rrf_k, weights=_weights(idx, heads), norm=idx.norm, hits=k)
     except ValueError as e:
         raise UsageError(str(e)) from None
 
 
 def score(idx, query: dict, docids) -> dict[str, float]:
-    """With colbert searched, s_rank (what the hybrid search ranks by); the dense score when only the dense head is
-    searched; a fused rank has no per-doc score to give."""
+    """With colbert searched, s_rank (what the hybrid search ranks by); the head's score when only the dense or the
+    bm25 head is searched; a fused rank has no per-doc score to give."""
     heads = _searched(idx)
+    if heads == ["bm25"]:
+        found = {d: idx._pos[d] for d in docids if d in idx._pos}
+        rows = np.fromiter(found.values(), np.int64, count=len(found))
+        return dict(zip(found, idx.stores["bm25"].scores_at(query["query_text"], rows).tolist(), strict=True))
     if "colbert" not in heads:
         return idx.dense_score(query, docids) if heads == ["dense"] else {}
     docids = [d for d in docids if d in idx._pos]
@@ -171,7 +217,7 @@ def _rank_weights(idx, heads: list[str]) -> list[float]:
                          "(--weights), not by fusion")
     if idx.weights is None:
         return [RANK_WEIGHTS[h] for h in heads]
-    w = [float(x) for x in idx.weights]
+    w = [float(x) for x in _weights(idx, heads)]
     if len(w) != len(heads) or not all(math.isfinite(x) for x in w):
         raise UsageError(f"--weights {','.join(f'{x:g}' for x in w)}: give one finite weight per head searched, in "
                          f"{','.join(heads)} order")
@@ -183,7 +229,7 @@ def _encode_parts(idx, queries: list[dict], need: set[str]) -> list[dict]:
     if "colbert" in need and getattr(idx.encoder, "colbert", None) is None:
         raise UsageError("this index's colbert queries run the model's colbert head: search with --query-encoder full")
     by_tokens = "sparse" in need and idx.sparse_desc["query"] == "tokens"
-    model_heads = tuple(h for h in config.INDEX_HEADS if h in need and not (h == "sparse" and by_tokens))
+    model_heads = tuple(h for h in config.MODEL_HEADS if h in need and not (h == "sparse" and by_tokens))
     out = idx.encoder.encode_heads([q["query_text"] for q in queries], "query", idx.batch_size, heads=model_heads)
     if "sparse" in need:
         out["sparse"] = _sparse_queries(idx, queries) if by_tokens else pack(*out["sparse"])
@@ -229,9 +275,15 @@ def bytes_per_doc(directory: Path, manifest: dict) -> dict[str, float]:
     """Each head's files in a version, in bytes per doc (the doc ids, shared, counted in none)."""
     files = manifest["files"]
     heads = {"dense": [files["faiss"], files.get("vectors")]}
-    for head in ("sparse", "colbert"):
+    for head in ("sparse", "colbert", "bm25"):
         if head in manifest:
             heads[head] = list(manifest[head]["files"].values())
     n = max(manifest.get("doc_count") or 0, 1)
-    return {h: sum((directory / f).stat().st_size for f in names if f and (directory / f).is_file()) / n
-            for h, names in heads.items()}
+    return {h: sum(_size(directory / f) for f in names if f) / n for h, names in heads.items()}
+
+
+def _size(path: Path) -> int:
+    """A file's bytes, or every file's under a folder (bm25s's save is one)."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size if path.is_file() else 0

@@ -70,7 +70,8 @@ class LoadOptions:
     device: str | None = _setting(None, side=None, flag="--device", help="Device (default: cuda when present, else cpu).")
 
 
-INDEX_HEADS = ("dense", "sparse", "colbert")  # the heads an index can hold (`retrctl index/search --heads`)
+INDEX_HEADS = ("dense", "sparse", "colbert", "bm25")  # the heads an index can hold (`retrctl index/search --heads`)
+MODEL_HEADS = INDEX_HEADS[:3]  # those a model encodes; bm25 is the corpus's own (its statistics, no model)
 HEAD_ALIASES = {"lexical": "sparse"}  # BGE-M3's lexical head is stored and searched as the model's sparse head
 
 
