@@ -83,6 +83,82 @@ def training_flops(non_embedding: int | None, tokens: float | None) -> float | N
     return 6.0 * non_embedding * tokens if non_embedding and tokens else None
 
 
+# ---------------------------------------------------------------- a cheap proxy: the base LM's loss on the corpus
+
+
+def is_causal_lm(config) -> bool:
+    """A family with a causal LM head and no masked-LM head (Llama, Qwen2, Mistral, …): its next-token loss is
+    the loss it was pretrained on. BERT-family encoders (MiniLM) were pretrained on another loss and get none."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    kind = getattr(config, "model_type", "")
+    return kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+
+def lm_bits_per_byte(model, texts: list[str], max_len: int = 128, batch_size: int = 8) -> tuple[float | None, str]:
+    """(bits per UTF-8 byte, ""), the untrained backbone's next-token loss on ``texts`` (each cut to ``max_len``
+    tokens, run causally as pretrained): per byte, so models with different tokenizers compare; or (None, why) for
+    a model that is no causal LM or whose checkpoint has no LM head (and ties none)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from retrctl.models.loading import resolve, saved_settings
+
+    weights, _ = saved_settings(resolve(model))
+    config = AutoConfig.from_pretrained(str(weights))
+    if not is_causal_lm(config):
+        return None, f"{config.model_type} is not a causal LM"
+    lm, info = AutoModelForCausalLM.from_pretrained(str(weights), dtype=torch.float32, output_loading_info=True)
+    if any(k.startswith("lm_head") for k in info.get("missing_keys", ())) and not getattr(config, "tie_word_embeddings", False):
+        return None, "no LM head in the checkpoint"
+    tok = AutoTokenizer.from_pretrained(str(weights))
+    tok.padding_side = "right"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    lm.eval()
+    nats, n_bytes = 0.0, 0
+    with torch.inference_mode():
+        for start in range(0, len(texts), batch_size):
+            batch = tok(texts[start:start + batch_size], truncation=True, max_length=max_len, padding=True, return_tensors="pt")
+            logits = lm(**batch).logits[:, :-1].float()
+            target, mask = batch["input_ids"][:, 1:], batch["attention_mask"][:, 1:].bool()
+            loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+            nats += float(loss[mask].sum())
+            for ids, keep in zip(target, mask, strict=True):  # the bytes of the predicted tokens
+                n_bytes += len(tok.decode(ids[keep], skip_special_tokens=True).encode("utf-8"))
+    return (nats / math.log(2) / n_bytes, "") if n_bytes else (None, "no text to score")
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None with fewer than three pairs or a constant side."""
+
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=v.__getitem__)
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    if len(xs) < 3:
+        return None
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sx = math.sqrt(sum((a - mx) ** 2 for a in rx))
+    sy = math.sqrt(sum((b - my) ** 2 for b in ry))
+    if not sx or not sy:
+        return None
+    return sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True)) / (sx * sy)
+
+
 # ---------------------------------------------------------------- the cost estimate
 
 
@@ -157,6 +233,8 @@ class Row:
     flops: float | None = None
     ndcg: dict[str, float] = dataclasses.field(default_factory=dict)  # nDCG@10 per collection
     seconds: float | None = None  # wall time of train, index and search
+    proxy: float | None = None  # the untrained backbone's LM loss on the corpus, bits per byte (lm_bits_per_byte)
+    proxy_note: str = ""  # why there is none
 
     @property
     def average(self) -> float | None:
@@ -188,8 +266,9 @@ def nDCG_from_eval(path: Path) -> float:
 
 def build_row(backbone: str, model, *, status: str, work: Path, collections: list[str], log: Path | None = None,
               tokens_fallback: float | None = None) -> Row:
-    """A backbone's row from its work dir (``COLLECTION.eval.json`` per collection, ``*.secs`` per timed step)
-    and its model (counts and tokens). A failed backbone keeps what could be measured, and the reason."""
+    """A backbone's row from its work dir (``COLLECTION.eval.json`` per collection, ``*.secs`` per timed step,
+    ``proxy.json`` when the proxy was computed) and its model (counts and tokens). A failed backbone keeps what
+    could be measured, and the reason."""
     row = Row(backbone=backbone, status=status)
     if status != "ok":
         row.reason = failure_reason(log) if log else "failed"
@@ -206,6 +285,9 @@ def build_row(backbone: str, model, *, status: str, work: Path, collections: lis
             row.ndcg[name] = nDCG_from_eval(result)
     if row.status == "ok" and len(row.ndcg) < len(collections):
         row.status, row.reason = "failed", "no evaluation of " + ", ".join(c for c in collections if c not in row.ndcg)
+    if (work / "proxy.json").is_file():
+        proxy = json.loads((work / "proxy.json").read_text())
+        row.proxy, row.proxy_note = proxy.get("bits_per_byte"), proxy.get("note", "")
     secs = [float(p.read_text()) for p in sorted(work.glob("*.secs"))]
     row.seconds = sum(secs) if secs else None
     return row
@@ -226,12 +308,13 @@ def _si(x: float | None) -> str:
 def table(rows: list[Row], collections: list[str]) -> str:
     """The study's table in Markdown: one line per backbone, failed ones included with their reason."""
     head = ["backbone", "status", "params (non-emb.)", "params (total)", "pretraining tokens", "FLOPs 6·N·D",
-            *[f"nDCG@10 {c}" for c in collections], "average", "wall s"]
+            "LM bits/byte", *[f"nDCG@10 {c}" for c in collections], "average", "wall s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
     for r in rows:
         status = r.status if r.status == "ok" else f"failed: {r.reason}".replace("|", "/")
         tokens = f"{_si(r.tokens)} ({r.tokens_source})" if r.tokens else r.tokens_source
         cells = [r.backbone, status, _si(r.params_non_embedding), _si(r.params_total), tokens, _si(r.flops),
+                 f"{r.proxy:.3f}" if r.proxy is not None else "—",
                  *[f"{r.ndcg[c]:.4f}" if c in r.ndcg else "—" for c in collections],
                  f"{r.average:.4f}" if r.average is not None and r.status == "ok" else "—",
                  f"{r.seconds:.0f}" if r.seconds is not None else "—"]
@@ -277,10 +360,16 @@ def loglinear_fit(rows: list[Row], axis: str) -> Fit | None:
 
 
 def fit_lines(rows: list[Row]) -> list[str]:
+    """The two fits, then the proxy's rank correlation with average nDCG@10 (lower loss ranks higher)."""
     lines = []
     for axis in ("FLOPs", "params"):
         fit = loglinear_fit(rows, axis)
         lines.append(fit.line() if fit else f"fit on {axis}: needs two finished backbones of different {axis}")
+    both = [r for r in rows if r.status == "ok" and r.proxy is not None and r.average is not None]
+    rho = spearman([-r.proxy for r in both], [r.average for r in both])
+    lines.append(f"LM proxy (bits/byte, lower first) vs average nDCG@10: Spearman rho {rho:+.3f} over {len(both)} backbones"
+                 if rho is not None else f"LM proxy vs average nDCG@10: needs three finished backbones with a proxy "
+                 f"and some spread ({len(both)} have one)")
     return lines
 
 

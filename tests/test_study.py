@@ -78,12 +78,41 @@ def test_table_has_every_column_and_the_failed_row():
     head, rule, *lines = text.splitlines()
     assert [c.strip() for c in head.strip("|").split("|")] == [
         "backbone", "status", "params (non-emb.)", "params (total)", "pretraining tokens", "FLOPs 6·N·D",
-        "nDCG@10 a", "nDCG@10 b", "average", "wall s"]
+        "LM bits/byte", "nDCG@10 a", "nDCG@10 b", "average", "wall s"]
     assert len(lines) == 4 and all(ln.count("|") == head.count("|") for ln in [rule, *lines])
     first = [c.strip() for c in lines[0].strip("|").split("|")]
     assert first[:6] == ["b1", "ok", "10M", "20M", "2T (variable)", "10E"]
-    assert first[6:] == ["0.1400", "0.1600", "0.1500", "60"]
-    assert "failed: model 'x': no such file or directory" in lines[3] and lines[3].endswith("| — | — | — | — |")
+    assert first[6:] == ["—", "0.1400", "0.1600", "0.1500", "60"]
+    assert "failed: model 'x': no such file or directory" in lines[3] and lines[3].endswith("| — | — | — | — | — |")
+
+
+def test_spearman_and_the_proxy_line():
+    assert study.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert study.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert study.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486833)  # ties get average ranks
+    assert study.spearman([1, 2], [1, 2]) is None and study.spearman([1, 1, 1], [1, 2, 3]) is None
+    rows = _rows()
+    for r, bits in zip(rows, (3.0, 2.0, 1.0), strict=False):  # lower loss, higher nDCG: rho +1
+        r.proxy = bits
+    assert study.fit_lines(rows)[2] == "LM proxy (bits/byte, lower first) vs average nDCG@10: Spearman rho +1.000 over 3 backbones"
+    assert "needs three" in study.fit_lines(rows[1:])[2]
+
+
+def test_lm_proxy_is_the_next_token_loss_per_byte(tiny_llama, tiny_bert):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    texts = ["Cats are small domesticated carnivorous mammals that purr.", "Tea is brewed."]
+    lm, tok = AutoModelForCausalLM.from_pretrained(str(tiny_llama)), AutoTokenizer.from_pretrained(str(tiny_llama))
+    nats = n_bytes = 0.0
+    for text in texts:  # one text at a time, no padding: transformers' own mean loss over the predicted tokens
+        ids = tok(text, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            nats += float(lm(input_ids=ids, labels=ids).loss) * (ids.shape[1] - 1)
+        n_bytes += len(tok.decode(ids[0, 1:], skip_special_tokens=True).encode("utf-8"))
+    bits, note = study.lm_bits_per_byte(tiny_llama, texts, batch_size=2)  # padded together
+    assert note == "" and bits == pytest.approx(nats / math.log(2) / n_bytes, rel=1e-5)
+    assert study.lm_bits_per_byte(tiny_bert, texts) == (None, "bert is not a causal LM")
 
 
 def test_plot_is_written_and_skipped_when_nothing_finished(tmp_path):
@@ -140,7 +169,7 @@ def test_makefile_runs_the_study_and_keeps_a_failed_row(toy, tiny_bert, tiny_lla
     out = subprocess.run(
         ["make", "-C", str(ROOT / "examples" / "scaling"), f"PY={sys.executable}", f"DATA={toy.parent}",
          f"TRAIN_DATA={toy}", "COLLECTIONS=toy", f"W={work}", f"BACKBONES={backbones}", "GROUPS=3", "BATCH=3",
-         "MAX_LEN=32", "DOCS=5", "QUERIES=3", "TOKENS_bert=1e9", "TOKENS_llama=1e10", "PRUNED="],
+         "MAX_LEN=32", "DOCS=5", "QUERIES=3", "TOKENS_bert=1e9", "TOKENS_llama=1e10", "PRUNED=", "PROXY_TEXTS=4"],
         capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "estimated: ~" in out.stderr and "broken: ?" in out.stderr  # the plan, before anything runs
@@ -149,10 +178,12 @@ def test_makefile_runs_the_study_and_keeps_a_failed_row(toy, tiny_bert, tiny_lla
     assert set(rows) == {"backbone", "bert", "llama", "broken"}
     for name, tokens in (("bert", "1G (variable)"), ("llama", "10G (variable)")):
         r = rows[name]
-        assert r[1] == "ok" and r[4] == tokens and all(c != "—" for c in r), r
-        assert 0 <= float(r[6]) <= 1 and float(r[7]) == float(r[6]) and float(r[8]) > 0
+        assert r[1] == "ok" and r[4] == tokens and all(c != "—" for i, c in enumerate(r) if i != 6), r
+        assert 0 <= float(r[7]) <= 1 and float(r[8]) == float(r[7]) and float(r[9]) > 0
+    assert rows["bert"][6] == "—" and float(rows["llama"][6]) > 0  # the LM proxy: causal LMs only
     assert rows["broken"][1].startswith("failed: ") and "no-such-model" in rows["broken"][1]
     assert any(ln.startswith("fit on FLOPs: avg nDCG@10 = ") and "2 backbones" in ln for ln in lines)
     assert any(ln.startswith("fit on params: ") for ln in lines)
+    assert any(ln.startswith("LM proxy vs average nDCG@10: needs three") for ln in lines)
     assert (work / "scaling.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((work / "rows" / "broken.json").read_text())["status"] == "failed"

@@ -3,6 +3,7 @@ files, so every Make target stays resumable); the logic is retrctl.study's.
 
     study.py plan --backbone minilm=minilm --backbone smollm2-drop8=smollm2:8 --groups 192 ...   # the estimate
     study.py slice DATA --docs 300 --queries 50 -o OUT                                            # a collection cut
+    study.py proxy --model DIR --corpus DATA --texts 64 --max-len 128 -o proxy.json               # the LM proxy
     study.py row NAME --model DIR --status ok --work W/NAME --collections scifact,arguana -o ROW  # one row
     study.py report ROW... --collections scifact,arguana --plot study.png -o table.md             # table, fit, plot
 """
@@ -51,6 +52,25 @@ def cut(a) -> None:
     study.slice_collection(Path(a.data), Path(a.output), a.docs, a.queries)
 
 
+def proxy(a) -> None:
+    """The untrained backbone's LM loss on the first TEXTS passages of the corpus (corpus order), or why there is
+    none: a model that cannot be scored leaves a note, never a failed step."""
+    import json
+    from itertools import islice
+
+    from retrctl import records
+
+    texts = [f"{d.get('title') or ''} {d['text']}".strip() for d in islice(records.read(a.corpus, "doc"), a.texts)]
+    try:
+        bits, note = study.lm_bits_per_byte(a.model, texts, a.max_len)
+    except Exception as err:  # noqa: BLE001  (the proxy is optional: its failure is a note in the row)
+        bits, note = None, f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+    tmp = Path(a.output + ".tmp")
+    tmp.write_text(json.dumps({"bits_per_byte": bits, "note": note, "texts": len(texts), "max_len": a.max_len}) + "\n")
+    tmp.replace(a.output)
+    print(f"LM proxy of {a.model}: " + (f"{bits:.3f} bits/byte" if bits is not None else f"none ({note})"), file=sys.stderr)
+
+
 def row(a) -> None:
     collections = [c for c in a.collections.split(",") if c]
     result = study.build_row(a.name, a.model, status=a.status, work=Path(a.work), collections=collections,
@@ -91,6 +111,13 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--queries", type=int, required=True)
     s.add_argument("-o", "--output", required=True)
     s.set_defaults(func=cut)
+    s = sub.add_parser("proxy", help="The base LM's loss on the corpus, bits per byte.")
+    s.add_argument("--model", required=True)
+    s.add_argument("--corpus", required=True)
+    s.add_argument("--texts", type=int, default=64)
+    s.add_argument("--max-len", type=int, default=128)
+    s.add_argument("-o", "--output", required=True)
+    s.set_defaults(func=proxy)
     s = sub.add_parser("row", help="Write one backbone's row.")
     s.add_argument("name")
     s.add_argument("--model", required=True, help="The backbone trained (a dir, a GGUF file or a shipped name).")
