@@ -105,6 +105,7 @@ def lm_bits_per_byte(model, texts: list[str], max_len: int = 128, batch_size: in
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from retrctl.models.backbone import ensure_pad_token
     from retrctl.models.loading import resolve, saved_settings
 
     weights, _ = saved_settings(resolve(model))
@@ -114,10 +115,8 @@ def lm_bits_per_byte(model, texts: list[str], max_len: int = 128, batch_size: in
     lm, info = AutoModelForCausalLM.from_pretrained(str(weights), dtype=torch.float32, output_loading_info=True)
     if any(k.startswith("lm_head") for k in info.get("missing_keys", ())) and not getattr(config, "tie_word_embeddings", False):
         return None, "no LM head in the checkpoint"
-    tok = AutoTokenizer.from_pretrained(str(weights))
+    tok = ensure_pad_token(AutoTokenizer.from_pretrained(str(weights)))
     tok.padding_side = "right"
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
     lm.eval()
     nats, n_bytes = 0.0, 0
     with torch.inference_mode():
@@ -296,10 +295,14 @@ def build_row(backbone: str, model, *, status: str, work: Path, collections: lis
 # ---------------------------------------------------------------- the table and the fit
 
 
+def _sci(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3g}".replace("e+", "e")
+
+
 def _si(x: float | None) -> str:
     if x is None:
         return "—"
-    for unit, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(x) >= scale:
             return f"{x / scale:.3g}{unit}"
     return f"{x:.3g}"
@@ -312,8 +315,8 @@ def table(rows: list[Row], collections: list[str]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
     for r in rows:
         status = r.status if r.status == "ok" else f"failed: {r.reason}".replace("|", "/")
-        tokens = f"{_si(r.tokens)} ({r.tokens_source})" if r.tokens else r.tokens_source
-        cells = [r.backbone, status, _si(r.params_non_embedding), _si(r.params_total), tokens, _si(r.flops),
+        tokens = f"{_sci(r.tokens)} ({r.tokens_source})" if r.tokens else r.tokens_source
+        cells = [r.backbone, status, _si(r.params_non_embedding), _si(r.params_total), tokens, _sci(r.flops),
                  f"{r.proxy:.3f}" if r.proxy is not None else "—",
                  *[f"{r.ndcg[c]:.4f}" if c in r.ndcg else "—" for c in collections],
                  f"{r.average:.4f}" if r.average is not None and r.status == "ok" else "—",
@@ -406,7 +409,9 @@ def plot(rows: list[Row], path: Path, note: str = "") -> Path | None:
                     label=f"slope {fit.slope:+.3f}/decade, R² {fit.r2:.2f}")
             ax.legend(fontsize=8)
     if note:
-        fig.suptitle(note, fontsize=9)
+        import textwrap
+
+        fig.suptitle(textwrap.fill(note, 130), fontsize=9)
     path = Path(path)
     tmp = path.with_name(path.stem + ".tmp" + path.suffix)
     fig.savefig(tmp, dpi=120)

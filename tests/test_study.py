@@ -81,7 +81,7 @@ def test_table_has_every_column_and_the_failed_row():
         "LM bits/byte", "nDCG@10 a", "nDCG@10 b", "average", "wall s"]
     assert len(lines) == 4 and all(ln.count("|") == head.count("|") for ln in [rule, *lines])
     first = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert first[:6] == ["b1", "ok", "10M", "20M", "2T (variable)", "10E"]
+    assert first[:6] == ["b1", "ok", "10M", "20M", "2e12 (variable)", "1e19"]
     assert first[6:] == ["—", "0.1400", "0.1600", "0.1500", "60"]
     assert "failed: model 'x': no such file or directory" in lines[3] and lines[3].endswith("| — | — | — | — | — |")
 
@@ -176,7 +176,7 @@ def test_makefile_runs_the_study_and_keeps_a_failed_row(toy, tiny_bert, tiny_lla
     lines = out.stdout.splitlines()
     rows = {ln.split("|")[1].strip(): [c.strip() for c in ln.strip("|").split("|")] for ln in lines if ln.startswith("| ")}
     assert set(rows) == {"backbone", "bert", "llama", "broken"}
-    for name, tokens in (("bert", "1G (variable)"), ("llama", "10G (variable)")):
+    for name, tokens in (("bert", "1e09 (variable)"), ("llama", "1e10 (variable)")):
         r = rows[name]
         assert r[1] == "ok" and r[4] == tokens and all(c != "—" for i, c in enumerate(r) if i != 6), r
         assert 0 <= float(r[7]) <= 1 and float(r[8]) == float(r[7]) and float(r[9]) > 0
