@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -160,17 +161,62 @@ def test_slice_keeps_the_judged_docs_of_the_first_queries(toy, tmp_path):
     assert records.read_qrels(out, "test") == {"q1": {"d1": 1}, "q2": {"d4": 2, "d3": 1}}
 
 
+def test_rows_of_two_backbones_and_a_failed_one_make_the_table_and_the_fit(tiny_bert, tiny_llama, tmp_path):
+    """What the Makefile's row and report steps do, in-process: each backbone's work dir (evaluations, timed steps,
+    proxy) and model make its row; a model that does not load, or a missing evaluation, fails only its own row."""
+    for name, values, secs in (("bert", (0.31, 0.52), ("12.5", "3.5")), ("llama", (0.41, 0.62), ("30", "10"))):
+        work = tmp_path / name
+        work.mkdir()
+        for collection, value in zip(("a", "b"), values, strict=True):
+            (work / f"{collection}.eval.json").write_text(json.dumps({"run": "x", "nDCG@10": value}) + "\n")
+        for step, s in zip(("model", "a.trec"), secs, strict=True):
+            (work / f"{step}.secs").write_text(s + "\n")
+    (tmp_path / "llama" / "proxy.json").write_text(json.dumps({"bits_per_byte": 3.5, "note": ""}))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "steps.log").write_text("retrctl train ...\nError: model 'nowhere': no such file or directory\n"
+                                                   "make[1]: *** [Makefile:99: w/bb/broken/model] Error 2\n")
+    bert = study.build_row("bert", tiny_bert, status="ok", work=tmp_path / "bert", collections=["a", "b"], tokens_fallback=1e9)
+    llama = study.build_row("llama", tiny_llama, status="ok", work=tmp_path / "llama", collections=["a", "b"], tokens_fallback=1e10)
+    broken = study.build_row("broken", tmp_path / "nowhere", status="failed", work=tmp_path / "broken", collections=["a", "b"],
+                             log=tmp_path / "broken" / "steps.log")
+    half = study.build_row("half", tiny_bert, status="ok", work=tmp_path / "bert", collections=["a", "c"])
+    assert (bert.status, bert.ndcg, bert.seconds, bert.tokens, bert.tokens_source) == ("ok", {"a": 0.31, "b": 0.52}, 16.0, 1e9, "variable")
+    assert bert.flops == 6 * bert.params_non_embedding * 1e9 and bert.proxy is None
+    assert llama.proxy == 3.5 and llama.average == pytest.approx(0.515) and llama.seconds == 40.0
+    assert (broken.status, broken.reason, broken.params_total, broken.flops) == (
+        "failed", "Error: model 'nowhere': no such file or directory", None, None)
+    assert (half.status, half.reason) == ("failed", "no evaluation of c")
+    path = tmp_path / "row.json"
+    llama.write(path)
+    assert study.Row.read(path) == llama
+    rows = [bert, llama, broken]
+    lines = study.table(rows, ["a", "b"]).splitlines()
+    assert len(lines) == 5 and lines[4].startswith("| broken | failed: Error: model 'nowhere'")
+    assert all("—" not in c for c in lines[2].split("|")[1:-1][:6] + lines[3].split("|")[1:-1])  # every column filled
+    fit = study.loglinear_fit(rows, "FLOPs")
+    assert fit.n == 2 and fit.r2 == pytest.approx(1.0)
+    assert fit.slope == pytest.approx((llama.average - bert.average) / math.log10(llama.flops / bert.flops))
+
+
+@pytest.mark.slow  # ~17 processes that each import torch: 2.5 min on the idle 2 cores, over 10 under load
 def test_makefile_runs_the_study_and_keeps_a_failed_row(toy, tiny_bert, tiny_llama, tmp_path):
     """The whole pipeline on two tiny backbones and a dir that does not load: both rows finish with every column,
     the third is marked failed with the reason, the fits and the plot come out."""
     work = tmp_path / "work"
     backbones = f"bert={tiny_bert} llama={tiny_llama} broken={tmp_path / 'no-such-model'}"
     env = {**os.environ, "RETRCTL_CACHE": str(tmp_path / "cache")}
-    out = subprocess.run(
+    args = (
         ["make", "-C", str(ROOT / "examples" / "scaling"), f"PY={sys.executable}", f"DATA={toy.parent}",
          f"TRAIN_DATA={toy}", "COLLECTIONS=toy", f"W={work}", f"BACKBONES={backbones}", "GROUPS=3", "BATCH=3",
-         "MAX_LEN=32", "DOCS=5", "QUERIES=3", "TOKENS_bert=1e9", "TOKENS_llama=1e10", "PRUNED=", "PROXY_TEXTS=4"],
-        capture_output=True, text=True, env=env, timeout=600)
+         "MAX_LEN=32", "DOCS=5", "QUERIES=3", "TOKENS_bert=1e9", "TOKENS_llama=1e10", "PRUNED=", "PROXY_TEXTS=4"])
+    make = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        stdout, stderr = make.communicate(timeout=1800)
+    except subprocess.TimeoutExpired:
+        os.killpg(make.pid, signal.SIGTERM)  # make and the stages it started, nothing else
+        make.communicate()
+        raise
+    out = subprocess.CompletedProcess(args, make.returncode, stdout, stderr)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "estimated: ~" in out.stderr and "broken: ?" in out.stderr  # the plan, before anything runs
     lines = out.stdout.splitlines()

@@ -44,7 +44,7 @@ def plan(a) -> None:
         secs = study.estimate_seconds(n, budget, flops_per_second=a.cpu_flops)
         total += secs
         print(f"  {name}: N {n / 1e6:.1f}M non-embedding, ~{secs / 60:.1f} min", file=sys.stderr)
-    print(f"estimated: ~{total / 60:.0f} min on a 2-core CPU at {a.cpu_flops:.2g} FLOP/s (train, index and search; "
+    print(f"estimated: ~{total / 60:.0f} min at {a.cpu_flops:.2g} FLOP/s (train, index and search; "
           f"mining and pruning add a few minutes)", file=sys.stderr)
 
 
