@@ -372,7 +372,7 @@ def fit_lines(rows: list[Row]) -> list[str]:
     rho = spearman([-r.proxy for r in both], [r.average for r in both])
     lines.append(f"LM proxy (bits/byte, lower first) vs average nDCG@10: Spearman rho {rho:+.3f} over {len(both)} backbones"
                  if rho is not None else f"LM proxy vs average nDCG@10: needs three finished backbones with a proxy "
-                 f"and some spread ({len(both)} have one)")
+                 f"and some spread ({len(both)} with one)")
     return lines
 
 
