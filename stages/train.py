@@ -138,6 +138,14 @@ def _guarded(groups, docs, cfg: TrainConfig):
     if len(dev) < 2:
         raise UsageError(f"--guard-shards {cfg.guard_shards}: {len(dev)} of the groups are held out, the guard needs at least 2 "
                          "(use fewer shards or more groups)")
+    if cfg.guard_queries:
+        wanted = {q["query_id"] for q in records.read(cfg.guard_queries, "query")}
+        dev_scored = [g for g in dev if g["query_id"] in wanted]
+        if len(dev_scored) < 2:
+            raise UsageError(f"{cfg.guard_queries}: {len(dev_scored)} of its queries have held-out groups, the guard "
+                             "needs at least 2", flag="--guard-queries")
+        log.info("guard scores the %d held-out groups of the queries in %s", len(dev_scored), cfg.guard_queries)
+        dev = dev_scored
     alphas = parse_alphas(cfg.guard_alphas)
     return kept, lambda model_dir: guard.select(model_dir, cfg.model, dev, docs, alphas=alphas, seed=cfg.seed,
                                                 batch_size=cfg.chunk_size, keep=cfg.guard_keep or None)

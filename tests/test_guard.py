@@ -96,6 +96,22 @@ def test_train_with_the_guard_delivers_its_pick_and_records_it(tiny_bert, tmp_pa
     assert not (tmp_path / "trained.tmp").exists()
 
 
+def test_guard_queries_choose_the_scored_groups(tiny_bert, tmp_path, runner):
+    docs = corpus()
+    corpus_file = write_jsonl(tmp_path / "corpus.jsonl", [{"_id": d, **v} for d, v in docs.items()])
+    gs = groups(16)
+    _, dev = guard.hold_out(gs, 3)
+    chosen = [{"_id": g["query_id"], "text": g["query_text"]} for g in dev[:2]]
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in FAST.items()]
+    args = [write_jsonl(tmp_path / "groups.jsonl", gs), "--corpus", corpus_file, "--model", tiny_bert, "--max-steps", 1,
+            "--guard-shards", 3, *flags]
+    r = runner("train", *args, "-o", tmp_path / "m", "--guard-queries", write_jsonl(tmp_path / "q.jsonl", chosen))
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "m" / "guard.json").read_text())["queries"] == 2
+    r = runner("train", *args, "-o", tmp_path / "m2", "--guard-queries", write_jsonl(tmp_path / "q1.jsonl", chosen[:1]))
+    assert r.exit_code == 2 and "q1.jsonl" in r.output and not (tmp_path / "m2").exists()
+
+
 def test_guard_keep_needs_the_guard(tiny_bert, tmp_path, runner):
     groups_file = write_jsonl(tmp_path / "groups.jsonl", groups(4))
     r = runner("train", groups_file, "--model", tiny_bert, "-o", tmp_path / "m", "--guard-keep", tmp_path / "t")
