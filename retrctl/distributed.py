@@ -60,13 +60,17 @@ class RaySettings:
 
 def pop_settings(opts: dict) -> RaySettings | None:
     """Pop the shared Ray flags (``--ray``, ``--workers``, ``--worker-cpus``, ``--worker-gpus``,
-    ``--ray-timeout``) from a command's options: the settings, or None without ``--ray``."""
+    ``--ray-timeout``) from a command's options: the settings, or None without ``--ray``. Ray missing or an
+    address nothing answers on is a usage error here, before any input is read or model loaded."""
     address = opts.pop("ray", None)
     given = {k: opts.pop(k, None) for k in ("workers", "worker_cpus", "worker_gpus", "ray_timeout")}
     if address is None:
         if any(v is not None for v in given.values()):
             raise UsageError("--workers, --worker-cpus, --worker-gpus and --ray-timeout need --ray auto|local|HOST:PORT")
         return None
+    _import_ray()
+    if address not in ("auto", "local"):
+        _reachable(address)
     return RaySettings(address, workers=given["workers"] or 1, worker_cpus=given["worker_cpus"] or 1.0,
                        worker_gpus=given["worker_gpus"] or 0.0, timeout=given["ray_timeout"] or TIMEOUT)
 
@@ -95,23 +99,42 @@ def connect(settings: RaySettings) -> bool:
     """Join (or start) the cluster ``settings.address`` names; True when this call started Ray in this process
     (the caller shuts it down). A process where Ray is already initialised (a test's cluster) keeps it."""
     ray = _import_ray()
+    address = settings.address
+    if address not in ("auto", "local"):
+        _reachable(address)
     if ray.is_initialized():
+        _logs_to_stderr()
         return False
     kw = {"log_to_driver": True, "include_dashboard": False, "logging_level": logging.WARNING}
-    address = settings.address
     if address == "local":
         # more logical CPUs than cores: actors that took every slot would leave none for Ray's own tasks (ray#44687)
         need = int(settings.workers * max(settings.worker_cpus, 1)) + 1
         ray.init(num_cpus=max(need, os.cpu_count() or 1), **kw)
+        _logs_to_stderr()
         return True
-    if address != "auto":
-        _reachable(address)
     try:
         ray.init(address=address, **kw)
+        _logs_to_stderr()
     except ConnectionError as e:
         raise UsageError(f"cannot join the Ray cluster at {address}: {str(e).splitlines()[0]} (start one with `ray start "
-                         "--head`, or use --ray local)", flag="--ray") from None
+                         "--head`, or use --ray local; a cluster with token authentication needs its RAY_AUTH_TOKEN)",
+                         flag="--ray") from None
     return True
+
+
+def _logs_to_stderr() -> None:
+    """Ray prints the cluster's log lines (its raylet's, a worker's stdout) on this process's stdout, which carries
+    data here: send them all to stderr, by replacing the handler ray.init registered (a private hook, so a Ray
+    without it keeps its own)."""
+    try:
+        from ray._private import worker
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+    except ImportError:
+        return
+    name = "ray_print_logs"
+    if any(pair[0] == name for pair in getattr(dispatcher, "handlers", ())):
+        dispatcher.remove_handler(name)
+        dispatcher.add_handler(name, lambda data: worker.print_to_stdstream({**data, "is_err": True}, ignore_prefix=False))
 
 
 class _Worker:
