@@ -15,6 +15,8 @@ and get the same batches, hence the same output.
   keeps one writer, so a rerun unit duplicates nothing. A unit's own exception comes back as itself.
 - No progress for ``timeout`` seconds (no unit finished, e.g. a hung node or no resources to place the actors)
   fails with one line instead of waiting for ever.
+- A target that is a torch module (an encoder) travels on the CPU and moves to the worker's GPU when the worker
+  has one (``--worker-gpus``), so the driver needs no GPU; the stages load their copy on the CPU under ``--ray``.
 - Workers' stdout goes to their stderr (the driver's stdout carries data) and each worker takes its share of its
   node's memory for the memory planner (``RETRCTL_LOCAL_WORKERS``, retrctl/memory.py).
 
@@ -144,9 +146,14 @@ class _Worker:
         os.dup2(2, 1)  # print() in a worker must never reach the driver's stdout
         sys.stdout = sys.stderr
         os.environ["RETRCTL_LOCAL_WORKERS"] = str(share)
-        import torch
+        os.environ["OMP_NUM_THREADS"] = str(max(1, threads))  # torch's threads, when it is imported later
+        if "torch" in sys.modules:  # the target's unpickling imported it already
+            torch = sys.modules["torch"]
+            torch.set_num_threads(max(1, threads))
+            import ray
 
-        torch.set_num_threads(max(1, threads))
+            if ray.get_gpu_ids() and isinstance(target, torch.nn.Module):  # shipped from the driver's CPU
+                target.to("cuda")
         self.target = target
 
     def run(self, method: str, args: tuple, kwargs: dict):

@@ -224,7 +224,8 @@ OPTIONS: dict[str, Callable] = {
         _opt("--worker-cpus", type=click.FloatRange(min=0), help="CPUs per Ray worker (and its torch threads). [default: 1]"),
         _opt("--worker-gpus", type=click.FloatRange(min=0), help="GPUs per Ray worker. [default: 0]"),
         _opt("--ray-timeout", type=click.FloatRange(min=0, min_open=True),
-             help="Seconds without a finished unit before a Ray job fails (a hung node). [default: 600]"),
+             help="Seconds without a finished unit (the workers' start and model load included) before a Ray job "
+                  "fails, e.g. on a hung node. [default: 600]"),
     ], f),
 }
 

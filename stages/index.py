@@ -272,4 +272,7 @@ def command(inputs, output, merge_, shard_id, shard_num, input_format, **opts):
         meta["shard"] = {"id": shard_id, "num": shard_num}
     docs = progress(shard(records.read(path, "doc", input_format), shard_id, shard_num, "docid"), desc="index", unit="doc")
     settings = encoder_overrides(opts)
-    index(docs, output, meta=meta, encoder_settings=settings, ray=distributed.pop_settings(opts), **opts)
+    ray = distributed.pop_settings(opts)
+    if ray is not None:  # this copy only describes the model; the workers' copies move to their GPUs
+        settings.setdefault("device", "cpu")
+    index(docs, output, meta=meta, encoder_settings=settings, ray=ray, **opts)

@@ -287,6 +287,8 @@ def command(queries, corpus, qrels, retriever, model, cache, shard_id, shard_num
         raise UsageError("mine needs --corpus (the documents candidates come from)")
     ray = distributed.pop_settings(opts)
     overrides = encoder_overrides(opts)
+    if ray is not None:  # the workers' copies run the model (on their GPUs when they have them)
+        overrides.setdefault("device", "cpu")
     opts = {k: v for k, v in opts.items() if v is not None}
     docs = records.read_corpus(corpus)
     judged = records.read_qrels(qrels) if qrels else None

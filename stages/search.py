@@ -171,7 +171,7 @@ def command(index_dir, queries, output, input_format, batch_size, corpus, hits, 
 
     ray = distributed.pop_settings(opts)
     overrides = encoder_overrides(opts)  # what is left in opts: the backends' search flags
-    device = overrides.pop("device", None)
+    device = overrides.pop("device", "cpu" if ray is not None else None)  # with --ray: the workers' copies run it
     # one version, resolved once: an update publishing meanwhile cannot mix versions into this search
     idx = open_index(index_dir, device=device, query_encoder=query_encoder, **overrides)
     version = idx.version

@@ -31,3 +31,16 @@ def test_unreachable_address_exits_2_at_once(runner, corpus_file, tmp_path):
     assert res.exit_code == 2
     assert f"no Ray cluster answers at 127.0.0.1:{port}" in res.stderr and "ray start --head" in res.stderr
     assert len([line for line in res.stderr.splitlines() if "Error" in line]) == 1
+
+
+def test_ray_workers_share_their_node_in_the_memory_plan(monkeypatch):
+    from retrctl import memory
+
+    monkeypatch.delenv("RETRCTL_LOCAL_WORKERS", raising=False)
+    for key in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        monkeypatch.delenv(key, raising=False)
+    alone = memory.available("cpu")
+    monkeypatch.setenv("RETRCTL_LOCAL_WORKERS", "4")
+    assert memory.local_processes() == 4
+    shared = memory.available("cpu")
+    assert "/ 4 local processes" in shared.source and shared.free <= alone.free // 3
