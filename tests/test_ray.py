@@ -217,7 +217,7 @@ def test_qgen_survives_a_killed_worker(cluster, tiny_llama, tmp_path):
     kw = {"per_doc": 2, "batch_size": 1, "max_new_tokens": 5, "min_words": 1, "seed": 3, "dedupe": False}
     plain = list(qgen(iter(DOCS), load_llm(tiny_llama), checkpoint=Checkpoint(tmp_path / "one.jsonl"), **kw))
     marker = tmp_path / "killed"
-    target = KillSecondGeneration(LoadOnWorker(str(tiny_llama), "hf", {}), str(marker))
+    target = KillSecondGeneration(LoadOnWorker(str(tiny_llama), {}), str(marker))
     llm = RemoteLLM(distributed.WorkerPool(distributed.RaySettings("local", workers=2, timeout=300), target),
                     load_llm(tiny_llama, tokenizer_only=True))
     try:

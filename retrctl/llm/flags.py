@@ -60,7 +60,7 @@ def llm_from_flags(name, opts: dict, ray=None) -> LLM:
         from retrctl.llm.remote import LoadOnWorker, RemoteLLM
 
         local = load_llm(name, backend, tokenizer_only=True, **kw)
-        return RemoteLLM(WorkerPool(ray, LoadOnWorker(name, backend, kw), "generation"), local)
+        return RemoteLLM(WorkerPool(ray, LoadOnWorker(name, kw), "generation"), local)
     return load_llm(name, backend, base_url, **kw)
 
 

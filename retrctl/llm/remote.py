@@ -10,11 +10,11 @@ from retrctl.distributed import WorkerPool
 
 
 class LoadOnWorker:
-    """What a worker holds: ``load_llm``'s arguments; the model is loaded in the worker on its first call (and
-    again in a restarted one). Each call returns (result, the usage it added), for the driver's counters."""
+    """What a worker holds: the hf backend's arguments (``HFLLM``); the model is loaded in the worker on its first
+    call (and again in a restarted one). Each call returns (result, the usage it added), for the driver's counters."""
 
-    def __init__(self, name, backend: str, opts: dict):
-        self.name, self.backend, self.opts = name, backend, dict(opts)
+    def __init__(self, name, opts: dict):
+        self.name, self.opts = name, dict(opts)
         self._llm = None
 
     def __getstate__(self) -> dict:
@@ -22,9 +22,9 @@ class LoadOnWorker:
 
     def _loaded(self):
         if self._llm is None:
-            from retrctl.llm.flags import load_llm
+            from retrctl.llm.hf import HFLLM
 
-            self._llm = load_llm(self.name, self.backend, **self.opts)
+            self._llm = HFLLM(self.name, **self.opts)
         return self._llm
 
     def _counted(self, method: str, *args, **kwargs):
