@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from retrctl.errors import UsageError
@@ -264,19 +264,15 @@ class WorkerPool:
             finally:
                 self._release()
 
-        pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="retrctl-ray")
         self._acquire()
         try:
             for item in items:
-                in_flight.append(pool.submit(run, item))
+                in_flight.append(_in_thread(run, item))
                 if len(in_flight) >= limit:
                     yield self._next(in_flight)
             while in_flight:
                 yield self._next(in_flight)
         finally:
-            for f in in_flight:
-                f.cancel()
-            pool.shutdown(wait=False)
             if getattr(self._holds, "value", False):
                 self._release()
 
@@ -290,6 +286,22 @@ class WorkerPool:
         if exc is not None:
             raise exc
         return future.result()
+
+
+def _in_thread(fn: Callable, item) -> Future:
+    """``fn(item)`` in a daemon thread: a unit still waiting on the cluster when the job fails never holds up the
+    process's exit."""
+    future: Future = Future()
+    future.set_running_or_notify_cancel()
+
+    def run():
+        try:
+            future.set_result(fn(item))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="retrctl-ray", daemon=True).start()
+    return future
 
 
 def _node_share(ray, settings: RaySettings) -> int:
