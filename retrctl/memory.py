@@ -8,7 +8,7 @@ loss a smaller batch is a different objective. So everything here happens before
   (/proc/meminfo) and the cgroup's room (v2 ``memory.max`` − ``memory.current``, v1 ``memory.limit_in_bytes`` −
   ``memory.usage_in_bytes``, reclaimable page cache counted as free, every ancestor cgroup checked); on CUDA
   ``torch.cuda.mem_get_info`` of the process's device. Under torchrun/DeepSpeed the local processes share the
-  host's RAM, so each gets ``1/LOCAL_WORLD_SIZE`` of it. ``--max-memory`` caps the whole process.
+  host's RAM, so each gets ``1/LOCAL_WORLD_SIZE`` of it (Ray workers: their node's share). ``--max-memory`` caps the whole process.
 - ``probe(forward, ...)``: the bytes of activations one text at the maximum length keeps for backward, measured
   by one forward of two texts under ``saved_tensors_hooks`` (every tensor autograd saves, counted once per
   storage, parameters excluded). Measured rather than computed from shapes, so it is right for whatever attention
@@ -158,8 +158,9 @@ def rss() -> int:
 
 
 def local_processes() -> int:
-    """Processes of this job on this host (torchrun: LOCAL_WORLD_SIZE; the deepspeed launcher: LOCAL_SIZE)."""
-    for key in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+    """Processes of this job on this host (torchrun: LOCAL_WORLD_SIZE; the deepspeed launcher: LOCAL_SIZE; Ray
+    workers: RETRCTL_LOCAL_WORKERS, the workers that may share a node, set by retrctl/distributed.py)."""
+    for key in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "RETRCTL_LOCAL_WORKERS"):
         if os.environ.get(key, "").isdigit():
             return max(1, int(os.environ[key]))
     return 1

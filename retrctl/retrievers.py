@@ -21,7 +21,7 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
-from retrctl import records
+from retrctl import distributed, records
 from retrctl.errors import UsageError
 from retrctl.hashing import stable_hex, weight_files
 
@@ -94,8 +94,9 @@ def _locked(path: Path):
 
 
 def dense_index(model, docs: dict[str, dict], corpus_path: str | None, batch_size: int = 64, cache: bool = True,
-                **overrides):
-    """A Flat (exact) DenseIndex of the corpus; with ``cache`` it lives under cache_dir()/mine and is synced."""
+                workers=None, **overrides):
+    """A Flat (exact) DenseIndex of the corpus; with ``cache`` it lives under cache_dir()/mine and is synced.
+    ``workers`` (a callable taking the index): puts its encoder on Ray workers before the corpus is encoded."""
     from retrctl.indexes import store
     from retrctl.indexes.dense import DenseIndex
     from retrctl.models import Encoder, cache_dir
@@ -105,6 +106,8 @@ def dense_index(model, docs: dict[str, dict], corpus_path: str | None, batch_siz
     stream = ({"docid": d, **doc} for d, doc in docs.items())
     if not cache or corpus_path in (None, "-"):
         idx = DenseIndex(enc, "Flat", batch_size)
+        if workers is not None:
+            workers(idx)
         idx.build(stream)
         log.info("encoded %d corpus docs (no cache)", idx.encoded)
         return idx
@@ -121,6 +124,8 @@ def dense_index(model, docs: dict[str, dict], corpus_path: str | None, batch_siz
             idx = DenseIndex(enc, "Flat", batch_size)
         # encoded chunks are checkpointed, so a killed first run resumes instead of re-encoding
         idx.workdir, idx.chunk_size = where.with_name(where.name + ".work"), 1024
+        if workers is not None:
+            workers(idx)
         changes = idx.sync(stream, delete=True)
         if changes["added"] or changes["updated"] or changes["removed"] or not (where / "index.json").exists():
             idx.meta = {"source": ident}
@@ -154,9 +159,18 @@ def check_spec(spec: str | None, model: str | None = None) -> str:
 
 
 def open_retriever(spec: str | None, *, model: str | None, docs: dict, corpus_path: str | None, batch_size: int = 64,
-                   cache: bool = True, **overrides):
-    """--retriever: 'bm25', 'hybrid' (with --model), an index dir, a run file, or a model (shipped name, dir, GGUF)."""
+                   cache: bool = True, ray=None, stack: contextlib.ExitStack | None = None, **overrides):
+    """--retriever: 'bm25', 'hybrid' (with --model), an index dir, a run file, or a model (shipped name, dir, GGUF).
+    ``ray`` (retrctl.distributed settings): a model's forward passes (corpus and queries) run on Ray workers, held
+    open in ``stack`` (the caller closes it once the retriever's last search is done)."""
     spec = check_spec(spec, model)
+    if ray is not None and stack is None:
+        raise ValueError("open_retriever(ray=...) needs a stack to hold the workers")
+
+    def workers(idx):
+        if ray is not None:
+            stack.enter_context(idx.on_workers(stack.enter_context(distributed.workers(ray, idx.encoder, "encode"))))
+
     stream = ({"docid": d, **doc} for d, doc in docs.items())
     if spec in _lexical() or spec == "hybrid":
         from retrctl.indexes import BACKENDS
@@ -166,14 +180,17 @@ def open_retriever(spec: str | None, *, model: str | None, docs: dict, corpus_pa
         if spec != "hybrid":
             return IndexRetriever(lexical)
         bm25 = lexical
-        dense = dense_index(model, docs, corpus_path, batch_size, cache, **overrides)
+        dense = dense_index(model, docs, corpus_path, batch_size, cache, workers, **overrides)
         log.info("hybrid retriever: %s + BM25 top-k lists fused by reciprocal rank fusion (k=%d); scores are RRF scores", model, RRF_K)
         return HybridRetriever(IndexRetriever(dense), IndexRetriever(bm25))
     path = Path(spec)
     if path.is_dir() and (path / "index.json").exists():
         from retrctl.indexes import open_index
 
-        return IndexRetriever(open_index(path))
+        idx = open_index(path)
+        if idx.needs_encoder:
+            workers(idx)
+        return IndexRetriever(idx)
     if path.is_file() and path.suffix != ".gguf":
         return RunRetriever(records.read_run(path))
-    return IndexRetriever(dense_index(spec, docs, corpus_path, batch_size, cache, **overrides))
+    return IndexRetriever(dense_index(spec, docs, corpus_path, batch_size, cache, workers, **overrides))

@@ -217,6 +217,17 @@ OPTIONS: dict[str, Callable] = {
     "runtime": _opt("--backend", "runtime", type=click.Choice(["torch", "onnx"]),
                     help="Dense: run the encoder on torch or onnxruntime [default: what the model path holds; torch when both]."),
     "encoder": lambda f: functools.reduce(lambda g, o: o(g), [_encoder_option(fl) for fl in flag_fields()], f),
+    # the execution layer (retrctl/distributed.py); Ray is imported only when --ray is given
+    "ray": lambda f: functools.reduce(lambda g, o: o(g), [
+        _opt("--ray", metavar="auto|local|HOST:PORT", help="Run the model's work on a Ray cluster: auto (a running one), "
+             "local (a new one here), or the head's HOST:PORT. Needs pip install 'retrctl[ray]'."),
+        _opt("--workers", type=click.IntRange(min=1), help="Ray workers (actors), each holding the model once. [default: 1]"),
+        _opt("--worker-cpus", type=click.FloatRange(min=0), help="CPUs per Ray worker (and its torch threads). [default: 1]"),
+        _opt("--worker-gpus", type=click.FloatRange(min=0), help="GPUs per Ray worker. [default: 0]"),
+        _opt("--ray-timeout", type=click.FloatRange(min=0, min_open=True),
+             help="Seconds without a finished unit (the workers' start and model load included) before a Ray job "
+                  "fails, e.g. on a hung node. [default: 600]"),
+    ], f),
 }
 
 

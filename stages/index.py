@@ -72,7 +72,8 @@ from pathlib import Path
 
 import click
 
-from retrctl import records
+from retrctl import distributed, records
+from retrctl.distributed import RaySettings
 from retrctl.errors import UsageError
 from retrctl.indexes import BACKENDS, DEFAULT_BACKEND, declared_flags
 from retrctl.indexes.store import KEEP
@@ -107,11 +108,14 @@ class BackendChoice(click.Choice):
 
 def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None = None, method: str | None = None,
           batch_size: int = 32, delete: bool = True, rebuild: bool = False, keep: int = KEEP, meta: dict | None = None,
-          encoder_settings: dict | None = None, search_defaults: dict | None = None, **backend_options) -> dict:
+          encoder_settings: dict | None = None, search_defaults: dict | None = None, ray: RaySettings | None = None,
+          **backend_options) -> dict:
     """Build the index at ``output`` from doc records, or bring an existing one in line with them.
 
     ``backend_options``: the flags the registered backends declare (``retrctl.indexes.declared_flags``); the
     backend gets those it names in its ``flags``, an option left out (or None) taking the backend's default.
+    ``ray``: encode on a Ray cluster's workers (retrctl/distributed.py); the checkpoints and the index are still
+    written here, so a killed run resumes from ``output``.partial as without it.
     Holds ``output``'s writer lock throughout (records.BusyError when another writer has it) and publishes
     the result as a new version (``keep`` = versions that must supersede an old one before it is deleted).
     ``search_defaults``: fusion flags (fusion, norm, rrf_k, depth, weights) a multi-head index records for its
@@ -133,11 +137,11 @@ def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None 
     options = {"batch_size": batch_size, **backend_options}
     with store.writer(output):
         return _index(docs, output, model=model, method=method, delete=delete, rebuild=rebuild, keep=keep, meta=meta,
-                      encoder_settings=encoder_settings, options=options, search_defaults=search_defaults or {})
+                      encoder_settings=encoder_settings, options=options, search_defaults=search_defaults or {}, ray=ray)
 
 
 def _index(docs, output: Path, *, model, method, delete, rebuild, keep, meta, encoder_settings, options,
-           search_defaults) -> dict:
+           search_defaults, ray) -> dict:
     from retrctl.indexes import open_index
 
     workdir = output.with_name(output.name + ".partial")
@@ -172,7 +176,11 @@ def _index(docs, output: Path, *, model, method, delete, rebuild, keep, meta, en
     idx.record_search_defaults(search_defaults)  # checked before any doc is encoded
 
     before = dict(idx.meta)
-    stats = idx.sync(docs, delete=delete) if idx is not fresh else idx.build(docs)
+    if ray is not None and not backend.needs_encoder:
+        log.warning("--ray is ignored by --method %s (no model to run)", method)
+        ray = None
+    with distributed.workers(ray, encoder, "encode") as pool, idx.on_workers(pool):
+        stats = idx.sync(docs, delete=delete) if idx is not fresh else idx.build(docs)
     idx.meta = {**idx.meta, **meta}
     changed = (stats["added"] or stats["updated"] or stats["removed"] or idx is fresh or idx.meta != before
                or idx.search_defaults != recorded)
@@ -261,7 +269,7 @@ def backend_options() -> list[click.Option]:
 
 
 @stage(index, writes="dir", atomic=False, more_options=backend_options)  # a versioned store: built and published by store.writer
-@options("model", "encoder", "runtime", "batch_size", "shard", "input_format", "fusion", "weights")
+@options("model", "encoder", "runtime", "batch_size", "shard", "input_format", "fusion", "weights", "ray")
 @click.argument("inputs", nargs=-1)
 @click.option("--method", type=BackendChoice(), help=f"Index backend: {', '.join(f'{n} ({b.summary})' for n, b in BACKENDS.items())}. "
               f"[default: {DEFAULT_BACKEND}, or the existing index's]")
@@ -292,4 +300,7 @@ def command(inputs, output, merge_, shard_id, shard_num, input_format, **opts):
         meta["shard"] = {"id": shard_id, "num": shard_num}
     docs = progress(shard(records.read(path, "doc", input_format), shard_id, shard_num, "docid"), desc="index", unit="doc")
     settings = encoder_overrides(opts)
-    index(docs, output, meta=meta, encoder_settings=settings, search_defaults=defaults, **opts)
+    ray = distributed.pop_settings(opts)
+    if ray is not None:  # this copy only describes the model; the workers' copies move to their GPUs
+        settings.setdefault("device", "cpu")
+    index(docs, output, meta=meta, encoder_settings=settings, search_defaults=defaults, ray=ray, **opts)

@@ -54,6 +54,7 @@ fill-up from the corpus (FlagEmbedding#464 showed it picks positives). No cross-
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import unicodedata
@@ -63,7 +64,7 @@ from collections.abc import Iterable, Iterator
 import click
 import numpy as np
 
-from retrctl import records
+from retrctl import distributed, records
 from retrctl.errors import UsageError
 from retrctl.hashing import stable_rng
 from retrctl.retrievers import open_retriever
@@ -270,7 +271,7 @@ def _report(st: dict, dists: dict, num_negatives: int) -> None:
 
 
 @stage(mine, reads="query", writes="group")
-@options("corpus", "qrels", "retriever", "model", "encoder", "top_k", "batch_size", "seed")
+@options("corpus", "qrels", "retriever", "model", "encoder", "top_k", "batch_size", "seed", "ray")
 @click.option("--positive-ranks", type=click.IntRange(min=0), help="Also take ranks 1..m as positives (DRAMA: m=10).")
 @click.option("--source-positives/--no-source-positives", default=None, help="Use a query's source_docid as a positive.")
 @click.option("--negative-range", callback=check_range, help="Ranks negatives are sampled from, 1-based inclusive (e.g. 30-100).")
@@ -284,12 +285,21 @@ def command(queries, corpus, qrels, retriever, model, cache, shard_id, shard_num
     """Hard negatives for queries (DRAMA / FlagEmbedding / sentence-transformers): training groups."""
     if not corpus:
         raise UsageError("mine needs --corpus (the documents candidates come from)")
+    ray = distributed.pop_settings(opts)
     overrides = encoder_overrides(opts)
+    if ray is not None:  # the workers' copies run the model (on their GPUs when they have them)
+        overrides.setdefault("device", "cpu")
     opts = {k: v for k, v in opts.items() if v is not None}
     docs = records.read_corpus(corpus)
     judged = records.read_qrels(qrels) if qrels else None
     if judged and shard_num > 1:  # judgments of other shards' queries are not "unknown"
         judged = {q: v for q, v in judged.items() if in_shard(q, shard_id, shard_num)}
+    stack = contextlib.ExitStack()  # Ray workers (with --ray), held until the last group is written
     ret = open_retriever(retriever, model=model, docs=docs, corpus_path=corpus, batch_size=opts.get("batch_size", 64),
-                         cache=cache, **overrides)
-    return mine(queries, corpus=docs, retriever=ret, qrels=judged, qrels_path=qrels, **opts)
+                         cache=cache, ray=ray, stack=stack, **overrides)
+    return _closing(stack, mine(queries, corpus=docs, retriever=ret, qrels=judged, qrels_path=qrels, **opts))
+
+
+def _closing(stack: contextlib.ExitStack, groups: Iterator[dict]) -> Iterator[dict]:
+    with stack:
+        yield from groups

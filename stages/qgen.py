@@ -57,7 +57,7 @@ from pathlib import Path
 
 import click
 
-from retrctl import records
+from retrctl import distributed, records
 from retrctl.errors import UsageError
 from retrctl.hashing import stable_int
 from retrctl.llm import LLM, Checkpoint, llm_from_flags, load_llm, resumable, sha
@@ -170,7 +170,8 @@ def qgen(docs: Iterable[dict], llm: LLM | str = "smollm2", *, per_doc: int = 1, 
     # a doc is done once the checkpoint holds all its per_doc candidates (a torn batch is generated again)
     for doc, rows, resumed in resumable(docs, generate, key=itemgetter("docid"), batch_size=batch_size,
                                         checkpoint=checkpoint, settings=settings, owner=itemgetter("source_docid"),
-                                        row_id=itemgetter("query_id"), complete=lambda rows: len(rows) == per_doc):
+                                        row_id=itemgetter("query_id"), complete=lambda rows: len(rows) == per_doc,
+                                        pool=getattr(llm, "pool", None)):
         order.append(doc["docid"])
         if keep_docs is not None:
             keep_docs.append(doc)
@@ -255,7 +256,7 @@ def open_consistency_retriever(spec: str, sharded: bool):
 
 
 @stage(qgen, reads="doc", writes="query")
-@options("llm", "llm_server", "batch_size", "seed", "per_doc", "retriever")
+@options("llm", "llm_server", "batch_size", "seed", "per_doc", "retriever", "ray")
 @click.option("--examples", type=click.Path(dir_okay=False), help="Few-shot examples (JSONL: document, query).")
 @click.option("--shots", type=click.IntRange(min=0), help="Examples used from --examples (DRAMA and InPars use 3).")
 @click.option("--prompt-style", type=click.Choice(["auto", "chat", "plain"]), help="chat template or InPars plain prompt.")
@@ -272,6 +273,7 @@ def open_consistency_retriever(spec: str, sharded: bool):
 @click.option("--candidates", help="Checkpoint of raw generations (default: <output>.candidates.jsonl; none for stdout).")
 def command(docs, output, llm, retriever, consistency_k, examples, candidates, shard_num, **opts):
     """LLM-written queries for documents (InPars / Promptagator / DRAMA), filtered; resumable."""
+    ray = distributed.pop_settings(opts)
     opts = {k: v for k, v in opts.items() if v is not None}
     if opts.get("max_words", qgen.__kwdefaults__["max_words"]) < opts.get("min_words", qgen.__kwdefaults__["min_words"]):
         raise UsageError("must be >= --min-words", flag="--max-words")
@@ -281,12 +283,22 @@ def command(docs, output, llm, retriever, consistency_k, examples, candidates, s
         opts.update(retriever=open_consistency_retriever(retriever, shard_num > 1), consistency_k=consistency_k)
     if examples:
         opts["examples"] = read_examples(examples)
-    model = llm_from_flags(llm, opts)
+    model = llm_from_flags(llm, opts, ray=ray)
     if candidates is None and output != "-":
         candidates = f"{output}.candidates.jsonl"
     stats: dict = {}
     queries = qgen(docs, model, checkpoint=Checkpoint(candidates) if candidates else None, stats=stats, **opts)
+    if ray is not None:
+        queries = _closing(model, queries)
     return Output(queries, finish=lambda n: provenance(n, stats, opts, model, retriever, candidates))
+
+
+def _closing(model, queries: Iterator[dict]) -> Iterator[dict]:
+    """The queries, the model's Ray workers let go once the last one is taken (or the writing fails)."""
+    try:
+        yield from queries
+    finally:
+        model.close()
 
 
 def provenance(n: int, stats: dict, opts: dict, model: LLM, retriever: str | None, candidates: str | None) -> dict:

@@ -57,7 +57,7 @@ from operator import itemgetter
 
 import click
 
-from retrctl import records
+from retrctl import distributed, records
 from retrctl.errors import UsageError
 from retrctl.llm import LLM, Checkpoint, llm_from_flags, load_llm, planning_llm, resumable, sha
 from retrctl.stage import Output, check_range, in_shard, options, parse_range, progress, shard, stage
@@ -303,7 +303,7 @@ def rerank(items: Iterable[dict], llm: LLM | str = "smollm2", *, mode: str = "li
         return results
 
     for _, (result,), resumed in resumable(items, run_batch, key=itemgetter("query_id"), batch_size=batch_size,
-                                           checkpoint=checkpoint, settings=settings):
+                                           checkpoint=checkpoint, settings=settings, pool=getattr(llm, "pool", None)):
         st["queries"] += 1
         st["resumed"] += resumed
         for status, n in result.get("windows", {}).items():
@@ -409,7 +409,7 @@ def _probe(before: dict, after: dict, qrels_path: str) -> None:
 
 @stage(rerank, writes="run")
 @click.argument("input", default="-", required=False)
-@options("llm", "llm_server", "corpus", "qrels", "top_k", "batch_size", "shard")
+@options("llm", "llm_server", "corpus", "qrels", "top_k", "batch_size", "shard", "ray")
 @click.option("--queries", help="Queries of the run (JSONL/Parquet/BEIR folder); without it INPUT is read as groups.")
 @click.option("--mode", type=click.Choice(["listwise", *SCORED_MODES]),
               help="Listwise sliding window, pointwise yes/no, or qlm: query likelihood log p(query | passage) (UPR).")
@@ -422,6 +422,7 @@ def _probe(before: dict, after: dict, qrels_path: str) -> None:
 def command(input, output, llm, queries, corpus, qrels, negative_ranks, dry_run, shard_id, shard_num, **opts):
     """Rerank a run (with --queries and --corpus) or relabel groups (no --queries) with an LLM."""
     negative_ranks = parse_range(negative_ranks) if negative_ranks is not None else NEGATIVE_RANKS
+    ray = distributed.pop_settings(opts)
     opts = {k: v for k, v in opts.items() if v is not None}
     if opts.get("stride", rerank.__kwdefaults__["stride"]) > opts.get("window", rerank.__kwdefaults__["window"]):
         raise UsageError("must be <= --window", flag="--stride")
@@ -434,11 +435,15 @@ def command(input, output, llm, queries, corpus, qrels, negative_ranks, dry_run,
         items = list(_run_items(run, queries, corpus, input))
     if dry_run:
         return _dry_run(items, planning_llm(llm, opts), opts)
-    model = llm_from_flags(llm, opts)
+    model = llm_from_flags(llm, opts, ray=ray)
     partial = f"{output}.partial.jsonl" if output != "-" else None
     stats: dict = {}
-    results = list(rerank(progress(items, desc="rerank", unit="query"), model,
-                          checkpoint=Checkpoint(partial) if partial else None, stats=stats, **opts))
+    try:
+        results = list(rerank(progress(items, desc="rerank", unit="query"), model,
+                              checkpoint=Checkpoint(partial) if partial else None, stats=stats, **opts))
+    finally:
+        if ray is not None:
+            model.close()
     done = {"finish": lambda n: provenance(stats, model, negative_ranks if queries is None else None),
             "remove": (partial,) if partial else ()}
     if queries is None:

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import click
 
-from retrctl import records
+from retrctl import distributed, records
 from retrctl.errors import UsageError
 from retrctl.stage import Output, encoder_overrides, flag_option, options, progress, stage
 
@@ -62,8 +62,10 @@ def search(queries: Iterable[dict], index, *, hits: int = 1000, remove_query: bo
     {title, text}}) rows also carry query_text, title and text."""
     chunk_size = max(16, min(4096, 1_000_000 // max(hits, 1)))  # bounds the results held at once
     k = hits + 1 if remove_query else hits
-    for chunk in records.batched(queries, chunk_size):
-        results = index.search(chunk, k)
+    # on Ray workers (index.pool) several chunks' queries are encoded at once, the results taken back in order
+    chunks = distributed.ordered(getattr(index, "pool", None), lambda chunk: (chunk, index.search(chunk, k)),
+                                 records.batched(queries, chunk_size))
+    for chunk, results in chunks:
         found = texts({d for q in chunk for d, _ in results[q["query_id"]]}) if texts else None
         for q in chunk:
             qid = q["query_id"]
@@ -76,6 +78,19 @@ def search(queries: Iterable[dict], index, *, hits: int = 1000, remove_query: bo
                     doc = found.get(docid, {})
                     row.update(query_text=q["query_text"], title=doc.get("title", ""), text=doc.get("text", ""))
                 yield row
+
+
+def on_workers(ray, idx, rows: Callable[[], Iterator[dict]]) -> Iterator[dict]:
+    """``rows()`` with the index's query encoder on Ray workers for as long as the rows are being written
+    (``ray``: retrctl.distributed settings; None, or an index without a model, runs here)."""
+    if ray is not None and not idx.needs_encoder:
+        log.warning("--ray is ignored by a %s index (no model to run)", idx.name)
+        ray = None
+    if ray is None:
+        yield from rows()
+        return
+    with distributed.workers(ray, idx.encoder, "query encoding") as pool, idx.on_workers(pool):
+        yield from rows()
 
 
 def corpus_lookup(path: str, fmt: str | None = None) -> Callable[[set], dict]:
@@ -138,7 +153,7 @@ def set_knobs(idx, knobs: dict) -> None:
 
 
 @stage(search, writes="run", more_options=backend_options)
-@options("input_format", "batch_size", "corpus", "encoder", "runtime", "fusion", "weights")
+@options("input_format", "batch_size", "corpus", "encoder", "runtime", "fusion", "weights", "ray")
 @click.argument("index_dir")
 @click.argument("queries", default="-", required=False)
 @click.option("--hits", type=click.IntRange(min=1), help="Results per query.")
@@ -154,8 +169,9 @@ def command(index_dir, queries, output, input_format, batch_size, corpus, hits, 
     """Search an index (from `retrctl index`) with queries (JSONL/Parquet/BEIR folder, '-' = stdin); write a run."""
     from retrctl.indexes import open_index
 
+    ray = distributed.pop_settings(opts)
     overrides = encoder_overrides(opts)  # what is left in opts: the backends' search flags
-    device = overrides.pop("device", None)
+    device = overrides.pop("device", "cpu" if ray is not None else None)  # with --ray: the workers' copies run it
     # one version, resolved once: an update publishing meanwhile cannot mix versions into this search
     idx = open_index(index_dir, device=device, query_encoder=query_encoder, **overrides)
     version = idx.version
@@ -173,7 +189,8 @@ def command(index_dir, queries, output, input_format, batch_size, corpus, hits, 
         if not corpus or not isinstance(corpus, str):
             raise UsageError("--with-text needs --corpus (the index does not record where its corpus is)")
     recs = progress(records.read(queries, "query", input_format), desc="search", unit="query")
-    rows = search(recs, idx, hits=hits, remove_query=remove_query, texts=corpus_lookup(corpus) if with_text else None)
+    rows = on_workers(ray, idx, lambda: search(recs, idx, hits=hits, remove_query=remove_query,
+                                               texts=corpus_lookup(corpus) if with_text else None))
     tag = run_tag or default_tag(manifest)
     settings = {"hits": hits, "remove_query": remove_query, "with_text": with_text}
     if idx.needs_encoder:

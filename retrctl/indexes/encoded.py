@@ -23,14 +23,15 @@ queries into what its searched store takes (``_encode_queries``), and lays out i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
-from retrctl import records
+from retrctl import distributed, records
 from retrctl.errors import UsageError
 from retrctl.indexes import base, store
 
@@ -40,6 +41,9 @@ from retrctl.models.config import PASSAGE_KEYS
 from retrctl.models.config import SETTINGS as ENCODER_KEYS
 
 log = logging.getLogger("retrctl.index")
+
+# the encoder methods a Ray worker runs (retrctl/distributed.py); every other attribute is read off the local encoder
+ENCODE_METHODS = ("encode", "encode_heads", "encode_sparse", "encode_colbert")
 
 CHECKPOINT_EVERY = base.Flag("checkpoint_every", "Dense: save encoded vectors every N docs under IDX.partial, so a "
                              "killed run resumes from there.", int, low=1, default=4096)
@@ -59,6 +63,7 @@ class EncodedIndex(base.Index):
         self.encoded = 0
         self._last_queries: dict[str, np.ndarray] = {}  # query text -> its encoding, of the last search
         self.stores: dict = {}
+        self.pool: distributed.WorkerPool | None = None
 
     def new_stores(self) -> dict:
         """Empty stores, head → store, in the encoded row's order."""
@@ -146,6 +151,24 @@ class EncodedIndex(base.Index):
 
     # ------------------------------------------------------------ encoding with checkpoints
 
+    @contextlib.contextmanager
+    def on_workers(self, pool: distributed.WorkerPool | None) -> Iterator[EncodedIndex]:
+        """Inside the block the encoder's forward passes (docs and queries) run on ``pool``'s workers, which hold
+        copies of this index's encoder; checkpoints, ids and stores stay here. ``None``: nothing changes."""
+        if pool is None:
+            yield self
+            return
+        local = self.encoder
+        self.encoder, self.pool = distributed.RemoteProxy(pool, local, ENCODE_METHODS), pool
+        try:
+            yield self
+        finally:
+            self.encoder, self.pool = local, None
+
+    def _encoded(self, numbered: tuple[int, list]) -> tuple[list, np.ndarray]:
+        n, chunk = numbered
+        return chunk, self._encode(chunk, n)
+
     def _encode(self, chunk: list[tuple[dict, str, int | None]], n: int) -> np.ndarray:
         ids = [d["docid"] for d, _, _ in chunk]
         hashes = [h for _, h, _ in chunk]
@@ -175,8 +198,9 @@ class EncodedIndex(base.Index):
             raise ValueError(f"this {type(self).__name__} has no encoder: load it with an encoder to add docs")
         stats, seen = base.new_stats(), set()
         replaced: dict[int, tuple[str, np.ndarray, dict]] = {}
-        for n, chunk in enumerate(records.batched(self._classify(docs, seen, stats), self.chunk_size)):
-            vecs = self._encode(chunk, n)
+        # chunks are encoded in order here, or several at once on Ray workers and taken back in order
+        chunks = enumerate(records.batched(self._classify(docs, seen, stats), self.chunk_size))
+        for chunk, vecs in distributed.ordered(self.pool, self._encoded, chunks):
             text_rows = self._text_rows(chunk)
             new = [i for i, (_, _, pos) in enumerate(chunk) if pos is None]
             for i, (_, h, pos) in enumerate(chunk):

@@ -38,11 +38,15 @@ def chosen_backend(opts: dict) -> tuple[str, str | None]:
     return opts.pop("llm_backend", None) or ("openai" if base_url else "hf"), base_url
 
 
-def llm_from_flags(name, opts: dict) -> LLM:
+def llm_from_flags(name, opts: dict, ray=None) -> LLM:
     """Pop the shared LLM flags (--llm-backend, --base-url, --concurrency, --timeout, --max-retries) from a
     command's options and load the LLM with those that apply to its backend; --batch-size (left for the stage)
-    also sets the hf backend's batch."""
+    also sets the hf backend's batch. ``ray`` (retrctl.distributed settings): the hf model runs on Ray workers
+    (llm/remote.py; the caller closes it), only its tokenizer here."""
     backend, base_url = chosen_backend(opts)
+    if ray is not None and backend != "hf":
+        raise UsageError("--ray runs the hf backend's model on Ray workers; a served model (--llm-backend openai) "
+                         "scales with its server (--concurrency)", flag="--ray")
     server = {k: opts.pop(k, None) for k in SERVER_FLAGS}
     batch_size = opts.get("batch_size")
     if backend == "openai":
@@ -51,6 +55,12 @@ def llm_from_flags(name, opts: dict) -> LLM:
         if any(v is not None for v in server.values()) or base_url:
             log.warning("--base-url/--concurrency/--timeout/--max-retries apply to --llm-backend openai only")
         base_url, kw = None, ({"batch_size": batch_size} if batch_size else {})
+    if ray is not None:
+        from retrctl.distributed import WorkerPool
+        from retrctl.llm.remote import LoadOnWorker, RemoteLLM
+
+        local = load_llm(name, backend, tokenizer_only=True, **kw)
+        return RemoteLLM(WorkerPool(ray, LoadOnWorker(name, kw), "generation"), local)
     return load_llm(name, backend, base_url, **kw)
 
 

@@ -14,6 +14,8 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from retrctl import distributed
+from retrctl.distributed import WorkerPool
 from retrctl.errors import UsageError
 
 log = logging.getLogger("retrctl.llm")
@@ -98,8 +100,8 @@ class Checkpoint:
 
 def resumable(items: Iterable, work: Callable[[list], list[dict]], *, key: Callable, batch_size: int,
               checkpoint: Checkpoint | None = None, settings: dict | None = None, owner: Callable | None = None,
-              row_id: Callable | None = None, complete: Callable[[list[dict]], bool] | None = None
-              ) -> Iterator[tuple[object, list[dict], bool]]:
+              row_id: Callable | None = None, complete: Callable[[list[dict]], bool] | None = None,
+              pool: WorkerPool | None = None) -> Iterator[tuple[object, list[dict], bool]]:
     """Yield ``(item, rows, resumed)`` for each item, in input order.
 
     ``work(batch)`` does the LLM work for up to ``batch_size`` items not yet done and returns their rows (the
@@ -109,7 +111,9 @@ def resumable(items: Iterable, work: Callable[[list], list[dict]], *, key: Calla
     redone after a torn line: the last copy wins); ``complete(rows)`` (default: any row) says whether an item's
     checkpointed rows finish it, else it is done again. Resumed items wait behind the batch being filled, so the
     output order never depends on what the checkpoint held (rerank once zipped a resumed run's results with the
-    wrong groups). The checkpoint is closed when the loop ends, however it ends."""
+    wrong groups). With ``pool`` (retrctl.distributed: the LLM's calls run on Ray workers) several batches are in
+    flight at once; their rows are still checkpointed and yielded here, in input order. The checkpoint is closed
+    when the loop ends, however it ends."""
     owner = owner or key
     row_id = row_id or owner
     complete = complete or bool
@@ -118,37 +122,41 @@ def resumable(items: Iterable, work: Callable[[list], list[dict]], *, key: Calla
     done: dict = {}
     for row in checkpoint.resume(settings or {}) if checkpoint is not None else ():
         done.setdefault(owner(row), {})[row_id(row)] = row
-    queue: list[tuple[object, list[dict] | None]] = []  # every item since the last batch, done or not
-    todo: list = []
 
-    def flush():
-        rows = work(list(todo)) if todo else []
-        if checkpoint is not None and rows:
-            checkpoint.append(rows)
-        fresh: dict = {}
-        for r in rows:
-            fresh.setdefault(owner(r), []).append(r)
-        for item, got in queue:
-            yield (item, got, True) if got is not None else (item, fresh.get(key(item), []), False)
-        queue.clear()
-        todo.clear()
-
-    try:
+    def batches():
+        """(the items since the last batch, each with its checkpointed rows or None; the batch to work on)."""
+        queue: list[tuple[object, list[dict] | None]] = []
+        todo: list = []
         for item in items:
             got = done.get(key(item))
             got = list(got.values()) if got is not None else None
             if got is not None and complete(got):
                 if not queue:  # nothing waiting ahead of it
-                    yield item, got, True
+                    yield [(item, got)], []
                 else:
                     queue.append((item, got))
                 continue
             queue.append((item, None))
             todo.append(item)
             if len(todo) == batch_size:
-                yield from flush()
+                yield queue, todo
+                queue, todo = [], []
         if queue:
-            yield from flush()
+            yield queue, todo
+
+    def run(batch):
+        queue, todo = batch
+        return queue, (work(list(todo)) if todo else [])
+
+    try:
+        for queue, rows in distributed.ordered(pool, run, batches()):
+            if checkpoint is not None and rows:
+                checkpoint.append(rows)
+            fresh: dict = {}
+            for r in rows:
+                fresh.setdefault(owner(r), []).append(r)
+            for item, got in queue:
+                yield (item, got, True) if got is not None else (item, fresh.get(key(item), []), False)
     finally:
         if checkpoint is not None:
             checkpoint.close()
