@@ -20,6 +20,7 @@ way out (``--rebuild``), never as a bare library exception.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -143,6 +144,14 @@ class Index:
         """{docid: score of that doc for ``query``} as ``search`` computes it, for docs outside its top-k (mine's
         margin reference); docs not in the index are left out. A backend that cannot score returns {}."""
         return {}
+
+    @contextlib.contextmanager
+    def on_workers(self, pool) -> Iterator[Index]:
+        """Inside the block an index with an encoder runs its forward passes on ``pool``'s workers (EncodedIndex);
+        an index without one has nothing to hand out (``pool`` is then None)."""
+        if pool is not None:
+            raise ValueError(f"a {type(self).__name__} runs no model: it has no work for Ray workers")
+        yield self
 
     def record_search_defaults(self, defaults: dict) -> None:
         """Keep the fusion flags given to `index` (``fusion``, ``norm``, ``rrf_k``, ``depth``, ``weights``) as this
