@@ -16,6 +16,8 @@ Evaluation", CIKM), scipy.stats.ttest_rel. Measures and the -c / tie semantics l
 | significance level                         | ``--alpha`` (``*`` marks p < alpha)       |
 | BEIR's capped recall (beir#4)              | ``--capped-recall`` (R@k becomes R_cap@k)  |
 | drop docs whose id is the query id (beir#91) | ``--ignore-self`` / ``--keep-self``     |
+| several collections (BEIR's table)         | ``--qrels NAME=PATH`` + ``SYSTEM:NAME=RUN`` |
+| table as CSV / as a figure                 | ``--csv`` / ``--plot FILE.png``           |
 
 Output (stdout, or ``-o``): a table, one row per run, after a ``#`` header line that records the qrels file,
 ignore-self, capped-recall and the test. ``--json``: one JSON object per run and line,
@@ -31,6 +33,17 @@ Weight sweep (the weight of a hybrid moves nDCG a lot): ``retrctl eval RUN_A RUN
 ``retrctl fuse --weights w,1-w`` would (its default 1000 hits per query), and prints one row per weight: ``w_a
 w_b <measures> queries`` (``--json``: one object per weight with ``"weights"``; no significance marks, every row
 is a setting of one fusion, not a run to compare with the first).
+
+Across collections, as BEIR reports it (Thakur et al. 2021, "BEIR: A Heterogeneous Benchmark for Zero-shot
+Evaluation of Information Retrieval Models", NeurIPS Datasets and Benchmarks, arXiv:2104.08663): ``--qrels
+NAME=PATH`` once per collection and runs as ``SYSTEM:NAME=RUN`` print one row per system and measure, one column
+per collection and the average of the collections' means (retrctl.across_collections). Tests, against the first
+system: a collection's column over its queries (as above); the average over the queries of all collections
+pooled. Every system needs a run for every collection; a run none of whose queries is judged in its collection
+is bad input (exit 2), not a zero averaged in. ``--sweep`` with two systems fuses them per collection: one row
+per weight. ``--csv``: the table at full precision. ``--plot FILE.png|svg|pdf``: grouped bars (a cluster per
+collection, a hatched grey bar per system), or for ``--sweep`` the measure against the weight, one line per
+collection and the average in bold (retrctl.plots, matplotlib's Agg backend; readable in grey).
 
 Deviations: ``--ignore-self`` is on by default when the qrels path names ArguAna or Quora, BEIR's datasets
 whose queries are corpus documents (their published numbers drop self-hits, beir#91, beir#206), with a note on
