@@ -24,8 +24,9 @@ from retrctl.records import atomic_path
 
 FORMATS = ("png", "svg", "pdf")
 
-# grey levels from light to dark with a hatch each: neighbours differ in both, so no two bars look alike in grey
-_BAR_GREYS = ("0.92", "0.62", "0.35", "0.80", "0.50", "0.15")
+# grey levels with a hatch each: neighbours differ in both, so no two bars look alike in grey; no face darker
+# than 0.4, so the black hatch stays visible on every bar
+_BAR_GREYS = ("0.95", "0.68", "0.48", "0.85", "0.58", "0.40")
 _HATCHES = ("", "///", "...", "xx", "\\\\", "++", "oo", "--")
 _LINE_GREYS = ("0.0", "0.45", "0.25", "0.6", "0.1", "0.35")
 _DASHES = ("-", "--", ":", "-.")

@@ -288,13 +288,13 @@ def _single_csv(rows: list[dict], names: list[str]) -> str:
 @stage(eval)
 @click.argument("runs", nargs=-1, required=True)
 @options("output", "input_format")
-@click.option("--qrels", multiple=True, help="Judgments: TREC, BEIR TSV, JSONL, or a BEIR folder. Across collections: "
+@click.option("--qrels", multiple=True, metavar="PATH|NAME=PATH", help="Judgments: TREC, BEIR TSV, JSONL, or a BEIR folder. Across collections: "
               "NAME=PATH, once per collection, with runs given as SYSTEM:NAME=RUN.")
 @click.option("--qrels-split", help="Split file of a BEIR folder's qrels/ (default: test, else dev).")
 @click.option("-m", "--measure", "measures", multiple=True, help="ir_measures name, repeatable (e.g. -m nDCG@10 -m 'AP(rel=2)').")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per run (across collections: per system) and line.")
 @click.option("--csv", "as_csv", is_flag=True, help="The table as CSV, at full precision.")
-@click.option("--plot", help="Also draw the scores to FILE.png, .svg or .pdf: bars per run (and collection), or for "
+@click.option("--plot", metavar="FILE", help="Also draw the scores to FILE.png, .svg or .pdf: bars per run (and collection), or for "
               "--sweep the measure against the weight; grey-safe.")
 @click.option("--per-query", is_flag=True, help="Per-query values (query_id, measure, value), then 'all'.")
 @click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), help="Significance level of the paired t-test against the first run.")
