@@ -225,7 +225,7 @@ def _across(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plo
         if grid is not None:
             for w, fused in fused_runs(*(loaded[s] for s in systems), grid, **fusion_settings):
                 res = metrics.evaluate(fused, judged, specs, ignore_self=ignore_self)
-                results.setdefault((f"{w:g}", f"{round(1 - w, 10):g}"), {})[name] = res
+                results.setdefault((f"{w:.10g}", f"{round(1 - w, 10):.10g}"), {})[name] = res
             _log_counts({"run": f"fusion on {name}", "counts": res.counts}, ignore_self)  # the same queries at every weight
         settings["collections"][name] = {"qrels": qrels_file, "ignore_self": ignore_self,
                                          "queries": next(iter(results.values()))[name].counts["evaluated"]}
@@ -266,7 +266,7 @@ def _across(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plo
 
 def _single_table(rows: list[dict], names: list[str], collection: str, weights: list[float] | None) -> across_collections.Table:
     """One collection's rows (runs, or a sweep's weights) as a table without tests, for --csv and --plot."""
-    labels = [(row["run"],) if weights is None else (f"{w:g}", f"{round(1 - w, 10):g}") for row, w in
+    labels = [(row["run"],) if weights is None else (f"{w:.10g}", f"{round(1 - w, 10):.10g}") for row, w in
               zip(rows, weights or [None] * len(rows), strict=True)]
     results = {label: {collection: metrics.Result(names, {m: row[m] for m in names}, {}, row["counts"])}
                for label, row in zip(labels, rows, strict=True)}
@@ -279,7 +279,7 @@ def _single_csv(rows: list[dict], names: list[str]) -> str:
     weights = "weights" in rows[0]
     writer.writerow([*(["w_a", "w_b"] if weights else ["run"]), *names, "queries", *([] if weights else ["significant"])])
     for row in rows:
-        label = [f"{w:g}" for w in row["weights"]] if weights else [row["run"]]
+        label = [f"{w:.10g}" for w in row["weights"]] if weights else [row["run"]]
         marks = [] if weights else [";".join(row.get("significant", []))]
         writer.writerow([*label, *(repr(row[m]) for m in names), row["counts"]["evaluated"], *marks])
     return buf.getvalue()
