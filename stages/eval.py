@@ -16,6 +16,8 @@ Evaluation", CIKM), scipy.stats.ttest_rel. Measures and the -c / tie semantics l
 | significance level                         | ``--alpha`` (``*`` marks p < alpha)       |
 | BEIR's capped recall (beir#4)              | ``--capped-recall`` (R@k becomes R_cap@k)  |
 | drop docs whose id is the query id (beir#91) | ``--ignore-self`` / ``--keep-self``     |
+| several collections (BEIR's table)         | ``--qrels NAME=PATH`` + ``SYSTEM:NAME=RUN`` |
+| table as CSV / as a figure                 | ``--csv`` / ``--plot FILE.png``           |
 
 Output (stdout, or ``-o``): a table, one row per run, after a ``#`` header line that records the qrels file,
 ignore-self, capped-recall and the test. ``--json``: one JSON object per run and line,
@@ -32,6 +34,17 @@ Weight sweep (the weight of a hybrid moves nDCG a lot): ``retrctl eval RUN_A RUN
 w_b <measures> queries`` (``--json``: one object per weight with ``"weights"``; no significance marks, every row
 is a setting of one fusion, not a run to compare with the first).
 
+Across collections, as BEIR reports it (Thakur et al. 2021, "BEIR: A Heterogeneous Benchmark for Zero-shot
+Evaluation of Information Retrieval Models", NeurIPS Datasets and Benchmarks, arXiv:2104.08663): ``--qrels
+NAME=PATH`` once per collection and runs as ``SYSTEM:NAME=RUN`` print one row per system and measure, one column
+per collection and the average of the collections' means (retrctl.across_collections). Tests, against the first
+system: a collection's column over its queries (as above); the average over the queries of all collections
+pooled. Every system needs a run for every collection; a run none of whose queries is judged in its collection
+is bad input (exit 2), not a zero averaged in. ``--sweep`` with two systems fuses them per collection: one row
+per weight. ``--csv``: the table at full precision. ``--plot FILE.png|svg|pdf``: grouped bars (a cluster per
+collection, a hatched grey bar per system), or for ``--sweep`` the measure against the weight, one line per
+collection and the average in bold (retrctl.plots, matplotlib's Agg backend; readable in grey).
+
 Deviations: ``--ignore-self`` is on by default when the qrels path names ArguAna or Quora, BEIR's datasets
 whose queries are corpus documents (their published numbers drop self-hits, beir#91, beir#206), with a note on
 stderr; ``--keep-self`` turns it off. Elsewhere it is off, as in trec_eval.
@@ -39,13 +52,16 @@ stderr; ``--keep-self`` turns it off. Elsewhere it is off, as in trec_eval.
 
 from __future__ import annotations
 
+import csv
+import io
 import logging
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import click
 
-from retrctl import fusion, metrics, records
+from retrctl import across_collections, fusion, metrics, plots, records
 from retrctl.errors import UsageError
 from retrctl.stage import options, stage
 
@@ -76,16 +92,20 @@ def eval(runs: Iterable[tuple[str, dict]], qrels: dict, *, measures=metrics.DEFA
 FUSE_HITS = 1000  # retrctl fuse's default --hits: a sweep row equals evaluating that fused run
 
 
+def fused_runs(run_a: dict, run_b: dict, grid: list[float], *, fusion_method: str, rrf_k: float, norm: str,
+               depth: int | None) -> Iterator[tuple[float, dict]]:
+    """(w, the two runs fused with weights (w, 1 - w)) for each grid weight, made one at a time."""
+    for w in grid:
+        yield w, fusion.fuse([run_a, run_b], fusion_method, rrf_k, [w, round(1 - w, 10)], norm, depth, FUSE_HITS)
+
+
 def sweep(run_a: dict, run_b: dict, qrels: dict, grid: list[float], *, fusion_method: str = fusion.METHOD,
           rrf_k: float = fusion.RRF_K, norm: str = fusion.NORM, depth: int | None = None, **opts) -> list[dict]:
     """One row per grid weight w: ``eval`` of the two runs fused with weights (w, 1 - w), plus ``"weights"``.
     Fused runs are made one at a time, as eval consumes them."""
-    def fused():
-        for w in grid:
-            ws = [w, round(1 - w, 10)]
-            yield f"{fusion_method}:{ws[0]:g},{ws[1]:g}", fusion.fuse([run_a, run_b], fusion_method, rrf_k, ws, norm, depth, FUSE_HITS)
-
-    rows = eval(fused(), qrels, **opts)
+    fused = ((f"{fusion_method}:{w:g},{round(1 - w, 10):g}", run) for w, run in
+             fused_runs(run_a, run_b, grid, fusion_method=fusion_method, rrf_k=rrf_k, norm=norm, depth=depth))
+    rows = eval(fused, qrels, **opts)
     for w, row in zip(grid, rows, strict=True):
         row.pop("p_value", None)
         row.pop("significant", None)
@@ -137,12 +157,145 @@ def _log_counts(row: dict, ignore_self: bool) -> None:
                     "for ArguAna/Quora)", row["run"], c["self_hits"])
 
 
+NAMED_QRELS = re.compile(r"^([A-Za-z0-9][\w.+-]*)=(.+)$")  # NAME=PATH (a NAME has no '/', so a path is never one)
+NAMED_RUN = re.compile(r"^([A-Za-z0-9][\w.+-]*):([A-Za-z0-9][\w.+-]*)=(.+)$")  # SYSTEM:COLLECTION=PATH
+
+
+def collection_plan(qrels: tuple[str, ...], runs: tuple[str, ...]) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """``--qrels NAME=PATH`` flags and ``SYSTEM:NAME=RUN`` arguments as ({collection: qrels path},
+    {system: {collection: run path}}), both in the order given; UsageError for anything that does not name a
+    collection, a pair given twice, or a system without a run for every collection."""
+    collections: dict[str, str] = {}
+    for value in qrels:
+        m = NAMED_QRELS.match(value)
+        if not m:
+            raise UsageError(f"{value!r}: with several collections every --qrels is NAME=PATH", flag="--qrels")
+        name, path = m.groups()
+        if name in collections or name == across_collections.AVERAGE:
+            raise UsageError(f"collection name {name!r} is {'given twice' if name in collections else 'reserved'}", flag="--qrels")
+        collections[name] = path
+    plan: dict[str, dict[str, str]] = {}
+    for value in runs:
+        m = NAMED_RUN.match(value)
+        if not m:
+            raise UsageError(f"run {value!r}: with --qrels NAME=PATH every run is SYSTEM:NAME=RUN (e.g. bm25:scifact=bm25.trec)")
+        system, name, path = m.groups()
+        if name not in collections:
+            raise UsageError(f"run {value!r} names collection {name!r}, which no --qrels NAME=PATH gives "
+                             f"(collections: {', '.join(collections)})")
+        if name in plan.setdefault(system, {}):
+            raise UsageError(f"system {system!r} has two runs for collection {name!r}")
+        plan[system][name] = path
+    missing = [f"{s}:{c}" for s, by_collection in plan.items() for c in collections if c not in by_collection]
+    if missing:
+        raise UsageError(f"every system needs a run for every collection (an average over fewer is another average); "
+                         f"missing: {', '.join(missing)}")
+    return collections, {s: {c: plan[s][c] for c in collections} for s in plan}
+
+
+def _across(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plot, self_flag, grid, fusion_settings, opts):
+    """The BEIR-style table: one row per system (or sweep weight), one column per collection, then the average."""
+    if opts["per_query"]:
+        raise UsageError("--per-query scores one collection; across collections --json carries each collection's counts")
+    named_qrels, plan = collection_plan(qrels, runs)
+    systems = list(plan)
+    if grid is not None and len(systems) != 2:
+        raise UsageError(f"--sweep fuses exactly 2 systems, got {len(systems)}")
+    records.check_outputs([output, plot], [*named_qrels.values(), *(p for by in plan.values() for p in by.values())])
+    specs = metrics.parse(opts["measures"], opts["capped_recall"])
+    settings: dict = {"collections": {}, "capped_recall": opts["capped_recall"]}
+    results: dict[tuple, dict[str, metrics.Result]] = {}
+    for name, given in named_qrels.items():
+        qrels_file = records.resolve(given, "qrels", qrels_split)
+        ignore_self = self_flag if self_flag is not None else bool(SELF_CONVENTION.search(qrels_file))
+        if self_flag is None and ignore_self:
+            log.info("%s: --ignore-self is on: BEIR drops self-hits for ArguAna/Quora (beir#91); --keep-self turns it off", name)
+        judged = records.read_qrels(qrels_file)
+        loaded = {}
+        for system in systems:  # read, check and (without --sweep) score one run at a time
+            run_path = plan[system][name]
+            run = records.read_run(run_path, input_format)
+            across_collections.check_judged(run, judged, run_path=run_path, collection=name, qrels_path=qrels_file)
+            if grid is None:
+                res = metrics.evaluate(run, judged, specs, ignore_self=ignore_self)
+                _log_counts({"run": f"{system} on {name} ({run_path})", "counts": res.counts}, ignore_self)
+                results.setdefault((system,), {})[name] = res
+            else:
+                loaded[system] = run
+        if grid is not None:
+            for w, fused in fused_runs(*(loaded[s] for s in systems), grid, **fusion_settings):
+                res = metrics.evaluate(fused, judged, specs, ignore_self=ignore_self)
+                results.setdefault((f"{w:.10g}", f"{round(1 - w, 10):.10g}"), {})[name] = res
+            _log_counts({"run": f"fusion on {name}", "counts": res.counts}, ignore_self)  # the same queries at every weight
+        settings["collections"][name] = {"qrels": qrels_file, "ignore_self": ignore_self,
+                                         "queries": next(iter(results.values()))[name].counts["evaluated"]}
+    described = "; ".join(f"{n} ({c['queries']} queries, qrels {c['qrels']}, ignore_self {'on' if c['ignore_self'] else 'off'})"
+                          for n, c in settings["collections"].items())
+    header = [f"# collections: {described}  capped_recall: {'on' if opts['capped_recall'] else 'off'}"]
+    if grid is None:
+        table = across_collections.compare(results, row_header=("system",), alpha=opts["alpha"])
+        test = (f"paired t-test vs {systems[0]}: a collection's column over its queries, the average over the queries "
+                "of all collections pooled") if len(systems) > 1 else None
+        settings.update(alpha=opts["alpha"], test=test)
+        if test:
+            header.append(f"# *: p < {opts['alpha']:g}, {test}")
+        labels = [{"system": s, "runs": plan[s]} for s in systems]
+    else:
+        table = across_collections.compare(results, row_header=("w_a", "w_b"), alpha=None)
+        method = fusion_settings["fusion_method"]
+        settings.update(runs={s: plan[s] for s in systems}, fusion=method,
+                        **({"rrf_k": fusion_settings["rrf_k"]} if method == "rrf" else {"norm": fusion_settings["norm"]}),
+                        depth=fusion_settings["depth"], hits=FUSE_HITS)
+        fused_with = f"rrf k={fusion_settings['rrf_k']:g}" if method == "rrf" else f"linear norm={fusion_settings['norm']}"
+        header.append(f"# sweep: {fused_with}, w_a on {systems[0]}, w_b on {systems[1]} (no tests: each row is a setting "
+                      "of one fusion)")
+        labels = [{"weights": [w, round(1 - w, 10)]} for w in grid]
+    if plot:
+        x = None if grid is None else grid
+        across_collections.plot(table, plot, title=f"{', '.join(table.measures)} across {len(named_qrels)} collections",
+                                x=x, x_label=f"w_a (weight on {systems[0]}; {systems[1]} gets 1 - w_a)")
+    with records.open_output(output) as f:
+        if as_json:
+            f.writelines(records.dumps({**label, **row, "settings": settings}) + "\n"
+                         for label, row in zip(labels, across_collections.json_rows(table), strict=True))
+        elif as_csv:
+            f.write(across_collections.to_csv(table))
+        else:
+            f.write(across_collections.text(table, header))
+
+
+def _single_table(rows: list[dict], names: list[str], collection: str, weights: list[float] | None) -> across_collections.Table:
+    """One collection's rows (runs, or a sweep's weights) as a table without tests, for --csv and --plot."""
+    labels = [(row["run"],) if weights is None else (f"{w:.10g}", f"{round(1 - w, 10):.10g}") for row, w in
+              zip(rows, weights or [None] * len(rows), strict=True)]
+    results = {label: {collection: metrics.Result(names, {m: row[m] for m in names}, {}, row["counts"])}
+               for label, row in zip(labels, rows, strict=True)}
+    return across_collections.compare(results, row_header=("run",) if weights is None else ("w_a", "w_b"), alpha=None)
+
+
+def _single_csv(rows: list[dict], names: list[str]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    weights = "weights" in rows[0]
+    writer.writerow([*(["w_a", "w_b"] if weights else ["run"]), *names, "queries", *([] if weights else ["significant"])])
+    for row in rows:
+        label = [f"{w:.10g}" for w in row["weights"]] if weights else [row["run"]]
+        marks = [] if weights else [";".join(row.get("significant", []))]
+        writer.writerow([*label, *(repr(row[m]) for m in names), row["counts"]["evaluated"], *marks])
+    return buf.getvalue()
+
+
 @stage(eval)
 @click.argument("runs", nargs=-1, required=True)
-@options("qrels", "output", "input_format")
+@options("output", "input_format")
+@click.option("--qrels", multiple=True, metavar="PATH|NAME=PATH", help="Judgments: TREC, BEIR TSV, JSONL, or a BEIR folder. Across collections: "
+              "NAME=PATH, once per collection, with runs given as SYSTEM:NAME=RUN.")
 @click.option("--qrels-split", help="Split file of a BEIR folder's qrels/ (default: test, else dev).")
 @click.option("-m", "--measure", "measures", multiple=True, help="ir_measures name, repeatable (e.g. -m nDCG@10 -m 'AP(rel=2)').")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per run and line instead of a table.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per run (across collections: per system) and line.")
+@click.option("--csv", "as_csv", is_flag=True, help="The table as CSV, at full precision.")
+@click.option("--plot", metavar="FILE", help="Also draw the scores to FILE.png, .svg or .pdf: bars per run (and collection), or for "
+              "--sweep the measure against the weight; grey-safe.")
 @click.option("--per-query", is_flag=True, help="Per-query values (query_id, measure, value), then 'all'.")
 @click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), help="Significance level of the paired t-test against the first run.")
 @click.option("--capped-recall", is_flag=True, help="BEIR's capped recall: R@k as hits@k / min(k, #relevant), named R_cap@k.")
@@ -151,14 +304,25 @@ def _log_counts(row: dict, ignore_self: bool) -> None:
 @click.option("--sweep", "sweep_grid", help="Fuse the two runs at weights w, 1-w for w in LO:HI:STEP (e.g. 0:1:0.1); one "
               "row per weight; the fusion flags apply to it only.")
 @options("fusion")
-def command(runs, qrels, qrels_split, output, input_format, as_json, self_flag, sweep_grid, fusion_method, rrf_k, norm, depth,
-            **opts):
+def command(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plot, self_flag, sweep_grid, fusion_method,
+            rrf_k, norm, depth, **opts):
     """Score runs (TREC, JSONL, Parquet) against qrels; several runs are compared with the first (--sweep: two runs
-    fused over a weight grid)."""
+    fused over a weight grid). Across collections (BEIR's table): --qrels NAME=PATH per collection and runs as
+    SYSTEM:NAME=RUN."""
     if not qrels:
         raise UsageError("--qrels is required")
+    if as_csv and (as_json or opts["per_query"]):
+        raise UsageError("--csv is the table as CSV: --json and --per-query are other outputs")
+    if plot:
+        try:
+            plots.check_path(plot)
+        except ValueError as e:
+            raise UsageError(str(e), flag="--plot") from None
+        if output != "-" and os.path.realpath(output) == os.path.realpath(plot):
+            raise UsageError("--plot and -o name the same file", flag="--plot")
     grid = None
     ctx = click.get_current_context()
+    across = len(qrels) > 1 or bool(NAMED_QRELS.match(qrels[0]))
     if sweep_grid is None:
         stray = [f"--{n.replace('_', '-')}" for n in ("fusion_method", "rrf_k", "norm", "depth")
                  if ctx.get_parameter_source(n).name == "COMMANDLINE"]
@@ -169,7 +333,7 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, self_flag, 
             grid = fusion.parse_grid(sweep_grid)
         except ValueError as e:
             raise UsageError(str(e), flag="--sweep") from None
-        if len(runs) != 2:
+        if len(runs) != 2 and not across:
             raise UsageError(f"--sweep fuses exactly 2 runs, got {len(runs)}")
         if ctx.get_parameter_source("alpha").name == "COMMANDLINE" or opts["per_query"]:
             raise UsageError("--sweep prints one row per weight: --alpha and --per-query do not apply")
@@ -177,7 +341,13 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, self_flag, 
         names = [s.name for s in metrics.parse(opts["measures"], opts["capped_recall"])]
     except ValueError as e:
         raise UsageError(str(e), flag="-m / --measure") from None
-    qrels_file = records.resolve(qrels, "qrels", qrels_split)
+    fusion_method, norm, rrf_k = fusion.with_defaults(fusion_method, norm, rrf_k)
+    fusion_settings = {"fusion_method": fusion_method, "rrf_k": rrf_k, "norm": norm, "depth": depth}
+    if across:
+        return _across(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plot, self_flag, grid,
+                       fusion_settings, opts)
+    qrels_file = records.resolve(qrels[0], "qrels", qrels_split)
+    collection = os.path.basename(os.path.normpath(qrels[0]))
     ignore_self = self_flag if self_flag is not None else bool(SELF_CONVENTION.search(qrels_file))
     if self_flag is None and ignore_self:
         log.info("--ignore-self is on: BEIR drops self-hits for ArguAna/Quora (beir#91); --keep-self turns it off")
@@ -187,7 +357,6 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, self_flag, 
     if grid is not None:
         run_a, run_b = (records.read_run(p, input_format) for p in runs)
         opts = {k: v for k, v in opts.items() if k not in ("alpha", "per_query")}
-        fusion_method, norm, rrf_k = fusion.with_defaults(fusion_method, norm, rrf_k)
         rows = sweep(run_a, run_b, judged, grid, fusion_method=fusion_method, rrf_k=rrf_k, norm=norm, depth=depth,
                      ignore_self=ignore_self, **opts)
         settings = {"qrels": qrels_file, "ignore_self": ignore_self, "capped_recall": opts["capped_recall"], "runs": list(runs),
@@ -196,9 +365,14 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, self_flag, 
         _log_counts(rows[0], ignore_self)  # the same queries at every weight
         fused_with = f"rrf k={rrf_k:g}" if fusion_method == "rrf" else f"linear norm={norm}"
         header += f"  sweep: {fused_with}, w_a on {runs[0]}, w_b on {runs[1]}"
+        if plot:
+            across_collections.plot(_single_table(rows, names, collection, grid), plot, title=f"sweep on {collection}",
+                                    x=grid, x_label=f"w_a (weight on {runs[0]}; {runs[1]} gets 1 - w_a)")
         with records.open_output(output) as f:
             if as_json:
                 f.writelines(records.dumps({**row, "settings": settings}) + "\n" for row in rows)
+            elif as_csv:
+                f.write(_single_csv(rows, names))
             else:
                 f.write(_sweep_table(rows, names, header))
         return
@@ -209,11 +383,14 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, self_flag, 
         _log_counts(row, ignore_self)
     if len(runs) > 1:
         header += f"  *: p < {opts['alpha']:g}, paired t-test vs {runs[0]}"
+    if plot:
+        across_collections.plot(_single_table(rows, names, collection, None), plot, title=collection)
     with records.open_output(output) as f:
         if as_json:
             f.writelines(records.dumps({**row, "settings": settings}) + "\n" for row in rows)
+        elif as_csv:
+            f.write(_single_csv(rows, names))
         elif opts["per_query"]:
             f.write(_per_query_rows(rows, names, header))
         else:
             f.write(_table(rows, names, header))
-
