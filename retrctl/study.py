@@ -381,14 +381,12 @@ def fit_lines(rows: list[Row]) -> list[str]:
 
 def plot(rows: list[Row], path: Path, note: str = "") -> Path | None:
     """Average nDCG@10 against FLOPs and against non-embedding parameters (log x), each backbone labelled, the
-    log-linear fit drawn; written to a temporary name, then renamed. None when no backbone finished."""
+    log-linear fit drawn; written through plots.save_figure. None when no backbone finished."""
     if not any(_points(rows, axis) for axis in ("FLOPs", "params")):
         return None
-    import matplotlib
+    from retrctl import plots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plots.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), constrained_layout=True)
     for ax, axis, label in ((axes[0], "FLOPs", "pretraining FLOPs ≈ 6·N·D"), (axes[1], "params", "non-embedding parameters N")):
         pts = _points(rows, axis)
@@ -412,9 +410,5 @@ def plot(rows: list[Row], path: Path, note: str = "") -> Path | None:
         import textwrap
 
         fig.suptitle(textwrap.fill(note, 130), fontsize=9)
-    path = Path(path)
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    plots.save_figure(fig, path)
+    return Path(path)
