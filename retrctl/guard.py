@@ -15,6 +15,11 @@ held-out slice of the same pseudo-data, so:
 3. The base is kept unless a candidate beats it with a paired t-test p below ``level`` divided by the number of
    candidates tried (Bonferroni): the margin that the held-out set's noise justifies. Among those that pass,
    the best mean wins.
+4. Some held-out queries may veto (``veto``: the held-out documents' generated queries, which look like a user's):
+   a candidate whose mean on them is below the base's is refused, whatever the whole set says. Every held-out
+   query decides (crops add the power a few dozen generated queries lack), and the queries most like real ones
+   can still refuse a model that only learnt the crops' task (crops copy their document's words and flatter a
+   model trained on crops).
 
 One stderr line states the decision and its evidence; ``guard.json`` in the model directory keeps the table.
 """
@@ -73,9 +78,11 @@ def pool(dev: list[dict], corpus: dict[str, dict], seed: int, cap: int = MAX_POO
     return {d: corpus[d] for d in named + others[: min(len(named), max(cap - len(named), 0))]}
 
 
-def scored(dev: list[dict]) -> list[dict]:
-    """The held-out groups the guard scores: the first MAX_QUERIES by a stable hash of their query id."""
-    return sorted(dev, key=lambda g: stable_int("guard-queries", g["query_id"]))[:MAX_QUERIES]
+def scored(dev: list[dict], veto: Iterable[str] = ()) -> list[dict]:
+    """The held-out groups the guard scores: MAX_QUERIES at most, those of the ``veto`` query ids first, then the
+    others, each in the order of a stable hash of their query id."""
+    veto = set(veto)
+    return sorted(dev, key=lambda g: (g["query_id"] not in veto, stable_int("guard-queries", g["query_id"])))[:MAX_QUERIES]
 
 
 def queries_and_qrels(dev: list[dict]) -> tuple[list[dict], dict[str, dict[str, int]]]:
@@ -94,12 +101,14 @@ def score(encoder, docs: dict[str, dict], queries: list[dict], qrels: dict, batc
     return metrics.evaluate(idx.search(queries, DEPTH), qrels, [MEASURE])
 
 
-def decide(results: dict[float, object], level: float = 0.05) -> dict:
+def decide(results: dict[float, object], level: float = 0.05, veto: Iterable[str] = ()) -> dict:
     """The decision from each candidate's metrics.Result, keyed by α (0 = the base): the base unless a candidate
-    beats it at p < level / (candidates tried); then the best such candidate by mean."""
+    beats it at p < level / (candidates tried) and does not score below it on the ``veto`` queries (ids among
+    the scored ones); then the best such candidate by mean."""
     from retrctl import metrics
 
     base = results[0.0]
+    veto = sorted(set(veto) & base.per_query.keys())
     tried = [a for a in results if a != 0.0]
     threshold = level / max(len(tried), 1)
     rows, winners = [], []
@@ -108,12 +117,15 @@ def decide(results: dict[float, object], level: float = 0.05) -> dict:
         mean = r.mean[MEASURE]
         p = 1.0 if a == 0.0 else metrics.paired_ttest(base, r)[MEASURE]
         gain = mean - base.mean[MEASURE]
-        rows.append({"alpha": a, MEASURE: round(mean, 6), "gain": round(gain, 6), "p": p})
-        if a != 0.0 and gain > 0 and p < threshold:
+        row = {"alpha": a, MEASURE: round(mean, 6), "gain": round(gain, 6), "p": p}
+        if veto:
+            row["veto_gain"] = round(sum(r.per_query[q][MEASURE] - base.per_query[q][MEASURE] for q in veto) / len(veto), 6)
+        rows.append(row)
+        if a != 0.0 and gain > 0 and p < threshold and row.get("veto_gain", 0.0) >= 0:
             winners.append((mean, a))
     pick = max(winners)[1] if winners else 0.0
-    return {"pick": pick, "threshold": threshold, "level": level, "queries": len(base.per_query), "candidates": rows,
-            "measure": MEASURE}
+    return {"pick": pick, "threshold": threshold, "level": level, "queries": len(base.per_query),
+            "veto_queries": len(veto), "candidates": rows, "measure": MEASURE}
 
 
 def describe(decision: dict) -> str:
@@ -121,26 +133,36 @@ def describe(decision: dict) -> str:
     rows = {r["alpha"]: r for r in decision["candidates"]}
     base, pick = rows[0.0], rows[decision["pick"]]
     evidence = ", ".join(f"α={a:g} {r[MEASURE]:.4f}" + ("" if a == 0 else f" (p={r['p']:.3g})") for a, r in rows.items())
-    if decision["pick"] == 0.0:
+    refused = [a for a, r in rows.items() if a != 0 and r["gain"] > 0 and r["p"] < decision["threshold"]]
+    if decision["pick"] == 0.0 and refused:
+        verdict = "kept the base model: the veto queries refused " + ", ".join(f"α={a:g}" for a in refused)
+    elif decision["pick"] == 0.0:
         verdict = "kept the base model: no candidate beat it beyond the held-out set's noise"
     else:
         verdict = f"delivered α={decision['pick']:g} ({pick[MEASURE] - base[MEASURE]:+.4f} over the base)"
+    vetoes = ""
+    if decision.get("veto_queries"):
+        vetoes = (f"; change on the {decision['veto_queries']} veto queries: "
+                  + ", ".join(f"α={a:g} {r['veto_gain']:+.4f}" for a, r in rows.items() if a != 0))
     return (f"{verdict}; held-out {MEASURE} over {decision['queries']} queries: {evidence}; "
-            f"threshold p < {decision['threshold']:.3g}")
+            f"threshold p < {decision['threshold']:.3g}{vetoes}")
 
 
 def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, dict], *, alphas: list[float],
-           seed: int, batch_size: int = 32, level: float = 0.05, keep: str | Path | None = None) -> dict:
+           seed: int, batch_size: int = 32, level: float = 0.05, veto: Iterable[str] = (),
+           keep: str | Path | None = None) -> dict:
     """Score the base, the trained model in ``model_dir`` and their interpolations on the held-out groups; write
-    the pick's weights into ``model_dir`` (unless it is the trained model) and guard.json beside them. ``keep``:
-    a directory that receives the trained model (α = 1) whatever the pick, to audit the decision."""
+    the pick's weights into ``model_dir`` (unless it is the trained model) and guard.json beside them. ``veto``:
+    query ids whose held-out groups may refuse a candidate (``decide``). ``keep``: a directory that receives the
+    trained model (α = 1) whatever the pick, to audit the decision."""
     import shutil
 
     import torch
 
     from retrctl.models import Encoder, lookup
 
-    dev = scored(dev)
+    veto = set(veto)
+    dev = scored(dev, veto)
     queries, qrels = queries_and_qrels(dev)
     if len(queries) < 2:
         raise ValueError(f"the guard needs at least 2 held-out queries, got {len(queries)}: use fewer --guard-shards "
@@ -149,15 +171,15 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     enc = Encoder.load(model_dir, device="cpu")
     trained = {k: v.detach().clone() for k, v in enc.state_dict().items()}
     base_state = Encoder.load(base_model, device="cpu").state_dict()
-    log.info("%d held-out queries, a pool of %d docs, candidates α = 0, %s",
-             len(queries), len(docs), ", ".join(f"{a:g}" for a in alphas))
+    log.info("%d held-out queries (%d may veto), a pool of %d docs, candidates α = 0, %s",
+             len(queries), len(veto & qrels.keys()), len(docs), ", ".join(f"{a:g}" for a in alphas))
     results = {}
     for a in [0.0, *alphas]:
         enc.load_state_dict(interpolate(base_state, trained, a))
         with torch.inference_mode():
             results[a] = score(enc, docs, queries, qrels, batch_size)
         log.info("α=%g %s %.4f", a, MEASURE, results[a].mean[MEASURE])
-    decision = decide(results, level)
+    decision = decide(results, level, veto)
     decision.update(alphas=alphas, pool_docs=len(docs), base_model=str(base_model))
     if keep is not None:  # written beside, then renamed: a half-written copy is never mistaken for a model
         keep, tmp = Path(keep), Path(f"{keep}.tmp")

@@ -138,17 +138,18 @@ def _guarded(groups, docs, cfg: TrainConfig):
     if len(dev) < 2:
         raise UsageError(f"--guard-shards {cfg.guard_shards}: {len(dev)} of the groups are held out, the guard needs at least 2 "
                          "(use fewer shards or more groups)")
-    if cfg.guard_queries:
-        wanted = {q["query_id"] for q in records.read(cfg.guard_queries, "query")}
-        dev_scored = [g for g in dev if g["query_id"] in wanted]
-        if len(dev_scored) < 2:
-            raise UsageError(f"{cfg.guard_queries}: {len(dev_scored)} of its queries have held-out groups, the guard "
-                             "needs at least 2", flag="--guard-queries")
-        log.info("guard scores the %d held-out groups of the queries in %s", len(dev_scored), cfg.guard_queries)
-        dev = dev_scored
+    veto = set()
+    if cfg.guard_veto:
+        wanted = {q["query_id"] for q in records.read(cfg.guard_veto, "query")}
+        veto = {g["query_id"] for g in guard.scored(dev, wanted) if g["query_id"] in wanted}
+        if len(veto) < 2:
+            raise UsageError(f"{cfg.guard_veto}: {len(veto)} of its queries have held-out groups, the veto needs at "
+                             "least 2", flag="--guard-veto")
+        log.info("guard: %d held-out groups of the queries in %s may veto", len(veto), cfg.guard_veto)
     alphas = parse_alphas(cfg.guard_alphas)
     return kept, lambda model_dir: guard.select(model_dir, cfg.model, dev, docs, alphas=alphas, seed=cfg.seed,
-                                                batch_size=cfg.chunk_size, keep=cfg.guard_keep or None)
+                                                batch_size=cfg.chunk_size, veto=veto,
+                                                keep=cfg.guard_keep or None)
 
 
 # ---------------------------------------------------------------- command line

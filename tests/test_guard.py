@@ -63,6 +63,22 @@ def test_decision_keeps_the_base_unless_a_gain_beats_the_noise():
     assert "delivered α=0.5" in guard.describe(won)
 
 
+def test_the_veto_queries_refuse_a_candidate_that_loses_on_them():
+    base = [0.5, 0.2, 0.9, 0.4, 0.6, 0.3, 0.7, 0.5]
+    clear = [v + 0.1 + 0.01 * (i % 3) for i, v in enumerate(base)]
+    mixed = [v + 0.2 for v in base[:6]] + [v - 0.05 for v in base[6:]]  # wins overall, loses on q6 and q7
+    results = {0.0: _result(base), 0.5: _result(clear), 1.0: _result(mixed)}
+    assert guard.decide(results)["pick"] == 1.0
+    vetoed = guard.decide(results, veto=["q6", "q7", "not-scored"])
+    assert vetoed["pick"] == 0.5 and vetoed["veto_queries"] == 2
+    assert [r["veto_gain"] for r in vetoed["candidates"]] == [0.0, pytest.approx(0.105), pytest.approx(-0.05)]
+    assert "α=1 -0.0500" in guard.describe(vetoed)
+    refused = guard.decide({0.0: _result(base), 1.0: _result(mixed)}, veto=["q6", "q7"])
+    assert refused["pick"] == 0.0 and "the veto queries refused α=1" in guard.describe(refused)
+    veto_first = guard.scored([{"query_id": f"q{i}"} for i in range(300)], veto={"q250", "q299"})
+    assert len(veto_first) == guard.MAX_QUERIES and {g["query_id"] for g in veto_first[:2]} == {"q250", "q299"}
+
+
 def test_alphas_are_parsed_and_checked():
     assert parse_alphas("1,0.5, 0.5") == [0.5, 1.0]
     for bad in ("", "0", "1.5", "a"):
@@ -96,7 +112,7 @@ def test_train_with_the_guard_delivers_its_pick_and_records_it(tiny_bert, tmp_pa
     assert not (tmp_path / "trained.tmp").exists()
 
 
-def test_guard_queries_choose_the_scored_groups(tiny_bert, tmp_path, runner):
+def test_guard_veto_names_the_queries_that_may_refuse(tiny_bert, tmp_path, runner):
     docs = corpus()
     corpus_file = write_jsonl(tmp_path / "corpus.jsonl", [{"_id": d, **v} for d, v in docs.items()])
     gs = groups(16)
@@ -105,10 +121,12 @@ def test_guard_queries_choose_the_scored_groups(tiny_bert, tmp_path, runner):
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in FAST.items()]
     args = [write_jsonl(tmp_path / "groups.jsonl", gs), "--corpus", corpus_file, "--model", tiny_bert, "--max-steps", 1,
             "--guard-shards", 3, *flags]
-    r = runner("train", *args, "-o", tmp_path / "m", "--guard-queries", write_jsonl(tmp_path / "q.jsonl", chosen))
+    r = runner("train", *args, "-o", tmp_path / "m", "--guard-veto", write_jsonl(tmp_path / "q.jsonl", chosen))
     assert r.exit_code == 0, r.output
-    assert json.loads((tmp_path / "m" / "guard.json").read_text())["queries"] == 2
-    r = runner("train", *args, "-o", tmp_path / "m2", "--guard-queries", write_jsonl(tmp_path / "q1.jsonl", chosen[:1]))
+    record = json.loads((tmp_path / "m" / "guard.json").read_text())
+    assert record["queries"] == len(dev) and record["veto_queries"] == 2
+    assert all("veto_gain" in row for row in record["candidates"])
+    r = runner("train", *args, "-o", tmp_path / "m2", "--guard-veto", write_jsonl(tmp_path / "q1.jsonl", chosen[:1]))
     assert r.exit_code == 2 and "q1.jsonl" in r.output and not (tmp_path / "m2").exists()
 
 
@@ -131,7 +149,7 @@ def test_select_writes_the_picks_weights(tiny_bert, tmp_path, monkeypatch):
     trained = _state(trained_dir)
     docs = corpus()
     dev = groups(16)
-    monkeypatch.setattr(guard, "decide", lambda results, level=0.05: {  # force each pick in turn
+    monkeypatch.setattr(guard, "decide", lambda results, level=0.05, veto=(): {  # force each pick in turn
         "pick": 0.5, "threshold": level, "level": level, "queries": 16, "measure": guard.MEASURE,
         "candidates": [{"alpha": a, guard.MEASURE: r.mean[guard.MEASURE], "gain": 0.0, "p": 1.0} for a, r in results.items()]})
     decision = guard.select(trained_dir, str(tiny_bert), dev, docs, alphas=[0.5, 1.0], seed=0, batch_size=8)

@@ -125,9 +125,10 @@ class TrainConfig:
                            "the two, beats it there beyond noise (retrctl/guard.py); 0 = off.")
     guard_alphas: str = _f("0.5,1", "With --guard-shards: weights α of the trained model in α·trained + (1-α)·base tried "
                            "beside the base (WiSE-FT).")
-    guard_queries: str = _f("", "With --guard-shards: score only the held-out groups of these queries (a query file, e.g. "
-                            "the held-out documents' generated queries: crops copy their document's words and flatter "
-                            "a model trained on crops); default: every held-out group.")
+    guard_veto: str = _f("", "With --guard-shards: queries (a query file) whose held-out groups may veto: a candidate "
+                         "that scores below the base on them is refused, whatever the whole held-out set says (e.g. "
+                         "the held-out documents' generated queries: crops copy their document's words and flatter "
+                         "a model trained on crops).")
     guard_keep: str = _f("", "With --guard-shards: also write the trained model (α = 1) to this directory, whatever the "
                          "guard delivers, to audit its decision against judgements.")
     lora_r: int = _f(0, "LoRA rank (0 = full fine-tuning); adapters are merged on save.")
@@ -247,7 +248,7 @@ class TrainConfig:
             raise UsageError(f"--guard-shards must be 0 (off) or at least 2, got {self.guard_shards}")
         if self.guard_shards:
             parse_alphas(self.guard_alphas)
-        for flag, value in (("--guard-keep", self.guard_keep), ("--guard-queries", self.guard_queries)):
+        for flag, value in (("--guard-keep", self.guard_keep), ("--guard-veto", self.guard_veto)):
             if value and not self.guard_shards:
                 raise UsageError(f"{flag} only applies with --guard-shards")
         if self.colbert_dim < 1:
