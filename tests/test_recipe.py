@@ -1,0 +1,79 @@
+"""The zero-label recipe (examples/beir/Makefile) end to end on a tiny model and a 40-document folder: a folder
+without qrels delivers the model and the hybrid index, qrels added later cost only the table, and a corpus of
+one document stops before anything runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOPICS = ["cats purr and hunt mice", "rivers flow to the sea", "compilers translate source code",
+          "volcanoes erupt molten rock", "bees make honey from nectar", "glaciers carve deep valleys",
+          "violins have four strings", "comets orbit the distant sun"]
+
+
+def folder(path: Path, docs: int) -> Path:
+    path.mkdir()
+    rows = [{"_id": f"d{i}", "title": f"note {i}",
+             "text": f"{TOPICS[i % 8].capitalize()} in record {i}. It also says {TOPICS[(3 * i + 1) % 8]}. "
+                     f"Entry {i} ends with {TOPICS[(5 * i + 2) % 8]}."} for i in range(docs)]
+    (path / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    queries = [{"_id": f"q{t}", "text": TOPICS[t]} for t in range(8)]
+    (path / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    return path
+
+
+def make(data: Path, work: Path, model: Path, *targets: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    args = ["make", "-C", str(ROOT / "examples" / "beir"), f"PY={sys.executable}", f"DATA={data}", f"W={work}",
+            f"MODEL={model}", "LLM=none", "STEPS=2", "BATCH=4", "GUARD_SHARDS=2", *targets]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)  # make and the stages it started, nothing else
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.slow  # ~25 processes that each import torch: ~2 min on the idle 2 cores
+def test_recipe_delivers_without_qrels_and_evaluates_once_they_come(tiny_bert, tmp_path):
+    data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
+    out = make(data, work, tiny_bert)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "recipe on notes: 40 docs" in out.stderr and "estimated on a 2-core CPU" in out.stderr
+    assert f"no qrels in {data}" in out.stdout and not (work / "eval.txt").exists()
+    guard = json.loads((work / "model" / "guard.json").read_text())
+    assert guard["pick"] in (0.0, 0.5, 1.0) and guard["queries"] >= 2
+    index = json.loads((work / "delivered" / "index.json").read_text())
+    assert "bm25" in json.dumps(index) and not (work / "delivered.tmp").exists()
+    for run in ("base", "bm25", "base-hybrid", "adapted", "delivered"):
+        rows = (work / f"{run}.trec").read_text().splitlines()
+        assert {r.split()[0] for r in rows} == {f"q{t}" for t in range(8)}, run
+
+    (data / "qrels").mkdir()  # judgements arrive: only the table is made, nothing retrained or re-encoded
+    (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n"
+                                             + "".join(f"q{t}\td{t}\t1\n" for t in range(8)))
+    again = make(data, work, tiny_bert)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "retrctl train" not in again.stderr and "retrctl index" not in again.stderr
+    table = (work / "eval.txt").read_text()
+    for run in ("base.trec", "bm25.trec", "base-hybrid.trec", "adapted.trec", "delivered.trec"):
+        assert run in table
+    assert table.splitlines()[-1].startswith("guard: ")
+
+
+def test_recipe_refuses_a_one_document_corpus(tiny_bert, tmp_path):
+    data, work = folder(tmp_path / "one", 1), tmp_path / "w"
+    out = make(data, work, tiny_bert)
+    assert out.returncode != 0 and "corpus.jsonl: 1 documents; the recipe needs at least 2" in out.stderr
+    assert not work.exists()
