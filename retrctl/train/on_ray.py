@@ -77,11 +77,11 @@ def train_on_ray(settings: RaySettings, cfg: TrainConfig, output, work: Callable
     checked.check(needs_model=True)
     check_output(output, cfg)
     partial = output.with_name(output.name + ".partial")
-    if not cfg.resume and partial.is_dir():  # a fresh start: what Trainer.fit clears, cleared once for every start
-        clear_partial(partial)
     started = distributed.connect(settings)
     storage = tempfile.mkdtemp(prefix="retrctl-ray-train-")
     try:
+        if not cfg.resume and partial.is_dir():  # a fresh start: what Trainer.fit clears, cleared once for every start
+            clear_partial(partial)
         trainer = _trainer(settings, work, partial, storage, collective_timeout)
         log.info("training on %d Ray workers (%g CPU, %g GPU each) at %s; a killed worker restarts the run from the "
                  "newest checkpoint in %s", settings.workers, settings.worker_cpus, settings.worker_gpus,
