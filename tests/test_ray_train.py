@@ -153,6 +153,22 @@ def test_a_killed_worker_restarts_the_run_from_the_newest_checkpoint(cluster, re
     assert not (d / "killed-run.partial").exists()
 
 
+def test_bad_input_on_the_workers_exits_2_naming_file_line_field(cluster, data, no_dropout_bert, runner):
+    """Found by every worker as it reads the groups, handed back rather than retried by Ray."""
+    d, corpus_file, groups_file = data
+    lines = groups_file.read_text().splitlines()
+    bad_group = json.loads(lines[2])
+    bad_group["negative_document_ids"] = ["d50", "nope"]
+    bad = d / "bad-groups.jsonl"
+    bad.write_text("\n".join([*lines[:2], json.dumps(bad_group), *lines[3:]]) + "\n")
+    res = runner("train", bad, "--corpus", corpus_file, "--model", no_dropout_bert, *FLAGS, "-o", d / "bad",
+                 "--ray", "local", "--workers", 2)
+    assert res.exit_code == 2, res.stderr[-3000:]
+    assert f"{bad}:3: field 'negative_document_ids': doc 'nope' is not in the corpus" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not (d / "bad").exists() and not (d / "bad.partial").exists()
+
+
 # ---------------------------------------------------------------- refusals, before any cluster work
 
 
