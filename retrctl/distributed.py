@@ -45,6 +45,9 @@ INSTALL_HINT = "pip install 'retrctl[ray]'"
 RESTARTS = 3  # restarts of one actor (and reruns of its unit) before the job fails
 POLL_SECONDS = 1.0  # how often a waiting thread checks the no-progress clock
 TIMEOUT = 600.0  # default no-progress limit, seconds
+# cluster log lines not passed on: Ray Train's placement-group cleaner asks the state API, which needs the dashboard
+# (not started here), about once a second for the whole run, and says each time that it cannot
+LOG_NOISE = ("Failed to query Ray Train Controller actor state",)
 
 
 @dataclass(frozen=True)
@@ -126,17 +129,23 @@ def connect(settings: RaySettings) -> bool:
 
 def _logs_to_stderr() -> None:
     """Ray prints the cluster's log lines (its raylet's, a worker's stdout) on this process's stdout, which carries
-    data here: send them all to stderr, by replacing the handler ray.init registered (a private hook, so a Ray
-    without it keeps its own)."""
+    data here: send them all to stderr, but ``LOG_NOISE``, by replacing the handler ray.init registered (a private
+    hook, so a Ray without it keeps its own)."""
     try:
         from ray._private import worker
         from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
     except ImportError:
         return
     name = "ray_print_logs"
+
+    def forward(data):
+        lines = [ln for ln in data.get("lines", ()) if not any(noise in ln for noise in LOG_NOISE)]
+        if lines:
+            worker.print_to_stdstream({**data, "lines": lines, "is_err": True}, ignore_prefix=False)
+
     if any(pair[0] == name for pair in getattr(dispatcher, "handlers", ())):
         dispatcher.remove_handler(name)
-        dispatcher.add_handler(name, lambda data: worker.print_to_stdstream({**data, "is_err": True}, ignore_prefix=False))
+        dispatcher.add_handler(name, forward)
 
 
 class _Worker:

@@ -221,12 +221,14 @@ OPTIONS: dict[str, Callable] = {
     "ray": lambda f: functools.reduce(lambda g, o: o(g), [
         _opt("--ray", metavar="auto|local|HOST:PORT", help="Run the model's work on a Ray cluster: auto (a running one), "
              "local (a new one here), or the head's HOST:PORT. Needs pip install 'retrctl[ray]'."),
-        _opt("--workers", type=click.IntRange(min=1), help="Ray workers (actors), each holding the model once. [default: 1]"),
+        _opt("--workers", type=click.IntRange(min=1), help="Ray workers (actors), each holding the model once; train: one training process "
+             "each. [default: 1]"),
         _opt("--worker-cpus", type=click.FloatRange(min=0), help="CPUs per Ray worker (and its torch threads). [default: 1]"),
         _opt("--worker-gpus", type=click.FloatRange(min=0), help="GPUs per Ray worker. [default: 0]"),
         _opt("--ray-timeout", type=click.FloatRange(min=0, min_open=True),
              help="Seconds without a finished unit (the workers' start and model load included) before a Ray job "
-                  "fails, e.g. on a hung node. [default: 600]"),
+                  "fails, e.g. on a hung node; train: the workers' start, and each wait for the other workers when "
+                  "given (else 1800). [default: 600]"),
     ], f),
 }
 

@@ -77,18 +77,22 @@ Launching (the same flags everywhere; one process without --zero-stage/--deepspe
     retrctl train g.jsonl --corpus c.jsonl --model minilm --zero-stage 3 --grad-cache on -o m/   # 1 GPU, nccl
     torchrun --nproc_per_node 8 -m retrctl train g.jsonl --corpus c.jsonl --model smollm2 --zero-stage 2 -o m/
     deepspeed --num_gpus 8 --no_local_rank --module retrctl train g.jsonl … --zero-stage 2 -o m/
+    retrctl train g.jsonl … --zero-stage 2 --save-steps 200 -o /shared/m --ray auto --workers 8 --worker-gpus 1
+      # Ray Train places the 8 processes; a killed worker restarts the run from the newest checkpoint
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import typing
 from pathlib import Path
 
 import click
 
-from retrctl import records
+from retrctl import distributed, records
+from retrctl.distributed import RaySettings
 from retrctl.errors import UsageError
 from retrctl.stage import ENCODER_FLAGS, SHARED_TYPES, Size, options, stage
 from retrctl.train.config import (
@@ -105,15 +109,23 @@ from retrctl.train.loop import Trainer
 log = logging.getLogger("retrctl.train")
 
 
-def train(groups=None, *, output, corpus=None, config: TrainConfig | None = None, on_step=None, **settings) -> Path:
+def train(groups=None, *, output, corpus=None, config: TrainConfig | None = None, on_step=None,
+          ray: RaySettings | None = None, collective_timeout: float | None = None, **settings) -> Path:
     """Train an encoder on groups (a path, '-' for stdin, or a list of group records) and save it to ``output``:
     a sentence-transformers directory with retrctl.json, metrics.jsonl and train_config.json.
     ``settings`` are TrainConfig fields overriding ``config``. Without groups (None): with a teacher, embedding
     distillation on the corpus alone (retrctl/train/distill.py); else groups are read from stdin.
-    Returns the output directory."""
+    ``ray``: the same training in ``ray.workers`` processes placed by Ray Train (retrctl/train/on_ray.py), each
+    running this function, restarted from the newest checkpoint when a worker dies; ``on_step`` then runs in
+    every worker. Returns the output directory."""
     cfg = (config or TrainConfig()).replace(**settings)
     # never train onto the groups, the corpus or the teacher
     records.check_outputs([output], [groups, corpus, cfg.teacher], dir_output=True)
+    if ray is not None:
+        from retrctl.train.on_ray import train_on_ray
+
+        work = functools.partial(_train_in_worker, groups, str(Path(output).absolute()), corpus, cfg, on_step)
+        return train_on_ray(ray, cfg, output, work, groups=groups, collective_timeout=collective_timeout)
     if groups is None and cfg.teacher:
         if cfg.guard_shards:
             raise UsageError("--guard-shards holds out groups; a corpus alone has none: give GROUPS or drop --guard-shards")
@@ -125,6 +137,11 @@ def train(groups=None, *, output, corpus=None, config: TrainConfig | None = None
         groups, after_export = _guarded(groups, corpus, cfg)
     # Trainer checks cfg and the output, then reads the corpus
     return Trainer(cfg, groups, corpus, output, on_step=on_step, after_export=after_export).fit()
+
+
+def _train_in_worker(groups, output, corpus, cfg: TrainConfig, on_step, resume: bool) -> Path:
+    """One Ray Train worker's part of ``train(..., ray=...)``: this process is one of the run's ranks."""
+    return train(groups, output=output, corpus=corpus, config=dataclasses.replace(cfg, resume=resume), on_step=on_step)
 
 
 def _guarded(groups, docs, cfg: TrainConfig):
@@ -197,13 +214,14 @@ def _int_list(ctx, param, value):
 
 @stage(train, writes="dir", atomic=False)  # the trainer swaps its own resumable partial (rank 0)
 @click.argument("groups", default=None, required=False)
-@options("model", "corpus", "encoder")
+@options("model", "corpus", "encoder", "ray")
 @click.option("--config", "config_file", help="TrainConfig as JSON (train_config.json of an earlier run); flags override it. "
               "--resume and --overwrite come from flags only.")
 @config_options
 def command(groups, output, corpus, config_file, **flags):
     """Contrastive training on groups (from `retrctl mine`, file or stdin): InfoNCE with in-batch and hard
-    negatives, GradCache, LoRA, Matryoshka, DeepSpeed ZeRO 0-3 under torchrun/deepspeed.
+    negatives, GradCache, LoRA, Matryoshka, DeepSpeed ZeRO 0-3 under torchrun/deepspeed or on a Ray cluster
+    (--ray --workers N: one training process per worker, -o on storage every node sees).
 
     \b
     Distillation from a frozen --teacher MODEL: with groups, its scores of each group's passages (--distill-weight,
@@ -211,6 +229,8 @@ def command(groups, output, corpus, config_file, **flags):
     passage and a sentence crop of it, the student's vectors regressed onto the teacher's; 1 epoch, lr 1e-4,
     batch 32 by default: sized for SciFact's 5,183 docs in under 30 min on 2 CPU cores). With --teacher, groups come from
     stdin only as GROUPS '-'."""
+    collective_timeout = flags.get("ray_timeout")  # under --ray: also the wait for the other workers, when given
+    ray = distributed.pop_settings(flags)
     cfg = (TrainConfig.from_json(config_file) if config_file else TrainConfig()).replace(**flags)
-    train(groups, output=output, corpus=corpus, config=cfg)
+    train(groups, output=output, corpus=corpus, config=cfg, ray=ray, collective_timeout=collective_timeout)
 

@@ -21,6 +21,7 @@ import json
 import pickle
 import random
 import re
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -102,6 +103,15 @@ def check_output(output, cfg: TrainConfig) -> None:
         if done and not cfg.resume and not cfg.overwrite:
             raise records.RecordError(partial, message=f"holds checkpoints of an earlier run (newest {done[-1].name}): give "
                                                         "--resume to continue it, or --overwrite to discard them")
+
+
+def clear_partial(partial: Path) -> None:
+    """Empty ``<output>.partial`` for a fresh start (``check_output`` has seen only retrctl's files there)."""
+    for p in partial.iterdir():
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
 
 
 def read_state(path: Path) -> dict:

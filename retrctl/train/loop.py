@@ -44,6 +44,7 @@ from retrctl.train import losses, objective
 from retrctl.train.checkpoint import (
     check_output,
     checkpoints,
+    clear_partial,
     legacy_keys,
     load_tensors,
     read_state,
@@ -359,11 +360,7 @@ class Trainer:
         try:
             with records.atomic_dir(self.output) if self.dist.rank == 0 else contextlib.nullcontext(self.partial):
                 if self.dist.rank == 0 and not self.cfg.resume:  # a fresh start; check_output saw only our files here
-                    for p in self.partial.iterdir():
-                        if p.is_dir() and not p.is_symlink():
-                            shutil.rmtree(p)
-                        else:
-                            p.unlink()
+                    clear_partial(self.partial)
                 self.dist.barrier()
                 pos = self.load_checkpoint() if self.cfg.resume else Position()
                 self._loop(pos)
