@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import raykit
 from conftest import DOCS, QUERIES
 
 ray = pytest.importorskip("ray")
@@ -41,20 +42,7 @@ def cluster():
     threads, auth = torch.get_num_threads(), os.environ.get("RAY_AUTH_MODE")
     torch.set_num_threads(1)
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    import psutil  # a dependency of Ray
-
-    for attempt in range(3):  # Ray gives its daemons 30 s to come up, which a loaded 2-core box can miss
-        before = {p.pid for p in psutil.Process().children(recursive=True)}
-        try:
-            ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True, logging_level="WARNING")
-            break
-        except Exception:
-            ray.shutdown()
-            for p in psutil.Process().children(recursive=True):  # the daemons the failed start left running
-                if p.pid not in before:
-                    p.kill()
-            if attempt == 2:
-                raise
+    raykit.init_local()
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     try:
         yield ray.get_runtime_context().gcs_address

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import raykit
 from test_train import _files, _free_port, _torchrun
 from trainkit import losses as _losses
 
@@ -35,23 +36,9 @@ WEIGHT_TOLERANCE = 1e-5
 @pytest.fixture(scope="module")
 def cluster():
     """A one-node cluster whose workers run with one torch thread each, as torchrun's processes do here."""
-    import psutil  # a dependency of Ray
-
     auth = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    for attempt in range(3):  # Ray gives its daemons 30 s to come up, which a loaded 2-core box can miss
-        before = {p.pid for p in psutil.Process().children(recursive=True)}
-        try:
-            ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True, logging_level="WARNING",
-                     runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
-            break
-        except Exception:
-            ray.shutdown()
-            for p in psutil.Process().children(recursive=True):  # the daemons the failed start left running
-                if p.pid not in before:
-                    p.kill()
-            if attempt == 2:
-                raise
+    raykit.init_local(runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     try:
         yield
