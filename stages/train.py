@@ -158,7 +158,7 @@ def _guarded(groups, docs, cfg: TrainConfig):
     veto = set()
     if cfg.guard_veto:
         wanted = {q["query_id"] for q in records.read(cfg.guard_veto, "query")}
-        veto = {g["query_id"] for g in guard.scored(dev, wanted) if g["query_id"] in wanted}
+        veto = {g["query_id"] for g in dev if g["query_id"] in wanted}
         if len(veto) < 2:
             raise UsageError(f"{cfg.guard_veto}: {len(veto)} of its queries have held-out groups, the veto needs at "
                              "least 2", flag="--guard-veto")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 from pathlib import Path
 
 import click
@@ -139,6 +141,20 @@ def runner():
 
     r = CliRunner()
     return lambda *args, input=None: r.invoke(_retrctl, [str(a) for a in args], input=input)
+
+
+def run_group(args: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``args`` (e.g. make) in its own process group, text output captured; past ``timeout`` the whole group
+    (make and the stages it started, nothing else) gets SIGTERM and TimeoutExpired is raised."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
 
 
 def shared_data(name: str) -> Path:

@@ -130,6 +130,16 @@ def test_qgen_and_rerank_match_one_process(cluster, runner, tiny_llama, corpus_f
 # ---------------------------------------------------------------- workers and drivers killed
 
 
+def _die_at_second_call(calls: int, marker: str) -> int:
+    """The count after one more call; the process SIGKILLs itself at the second if ``marker`` does not exist yet
+    (it writes its pid there first, so only one worker dies, once)."""
+    calls += 1
+    if calls == 2 and not os.path.exists(marker):
+        Path(marker).write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return calls
+
+
 class KillSecondCall:
     """Wraps an encoder; a worker process dies (SIGKILL) at its second encode if ``marker`` does not exist yet,
     creating it, so exactly one worker is killed once, mid-job."""
@@ -143,10 +153,7 @@ class KillSecondCall:
         return getattr(self.encoder, name)
 
     def encode(self, *args, **kwargs):
-        self.calls += 1
-        if self.calls == 2 and not os.path.exists(self.marker):
-            Path(self.marker).write_text(str(os.getpid()))
-            os.kill(os.getpid(), signal.SIGKILL)
+        self.calls = _die_at_second_call(self.calls, self.marker)
         return self.encoder.encode(*args, **kwargs)
 
 
@@ -196,10 +203,7 @@ class KillSecondGeneration:
         self.inner, self.marker, self.calls = inner, marker, 0
 
     def generate(self, *args, **kwargs):
-        self.calls += 1
-        if self.calls == 2 and not os.path.exists(self.marker):
-            Path(self.marker).write_text(str(os.getpid()))
-            os.kill(os.getpid(), signal.SIGKILL)
+        self.calls = _die_at_second_call(self.calls, self.marker)
         return self.inner.generate(*args, **kwargs)
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_group
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPICS = ["cats purr and hunt mice", "rivers flow to the sea", "compilers translate source code",
@@ -34,15 +34,7 @@ def make(data: Path, work: Path, model: Path, *targets: str) -> subprocess.Compl
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     args = ["make", "-C", str(ROOT / "examples" / "beir"), f"PY={sys.executable}", f"DATA={data}", f"W={work}",
             f"MODEL={model}", "LLM=none", "STEPS=2", "BATCH=4", "GUARD_SHARDS=2", *targets]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=900)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)  # make and the stages it started, nothing else
-        proc.communicate()
-        raise
-    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
+    return run_group(args, env, timeout=900)
 
 
 @pytest.mark.slow  # ~25 processes that each import torch: ~2 min on the idle 2 cores

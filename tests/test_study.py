@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_group
 
 from retrctl import study
 
@@ -209,14 +208,7 @@ def test_makefile_runs_the_study_and_keeps_a_failed_row(toy, tiny_bert, tiny_lla
         ["make", "-C", str(ROOT / "examples" / "scaling"), f"PY={sys.executable}", f"DATA={toy.parent}",
          f"TRAIN_DATA={toy}", "COLLECTIONS=toy", f"W={work}", f"BACKBONES={backbones}", "GROUPS=3", "BATCH=3",
          "MAX_LEN=32", "DOCS=5", "QUERIES=3", "TOKENS_bert=1e9", "TOKENS_llama=1e10", "PRUNED=", "PROXY_TEXTS=4"])
-    make = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-    try:
-        stdout, stderr = make.communicate(timeout=1800)
-    except subprocess.TimeoutExpired:
-        os.killpg(make.pid, signal.SIGTERM)  # make and the stages it started, nothing else
-        make.communicate()
-        raise
-    out = subprocess.CompletedProcess(args, make.returncode, stdout, stderr)
+    out = run_group(args, env, timeout=1800)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "estimated: ~" in out.stderr and "broken: ?" in out.stderr  # the plan, before anything runs
     lines = out.stdout.splitlines()
