@@ -12,6 +12,10 @@ Sachan et al. 2022, "Improving Passage Retrieval with Zero-Shot Question Generat
 with LMs of ~250M parameters): the LM needs no instruction following, so small LMs and any served LLM with
 logprobs can label. Group relabelling as DRAMA (Ma et al. 2025,
 arXiv:2502.18460, §3.1): after reranking a mined group, the top-1 is the positive and ranks 10-20 the negatives.
+With `--keep-labels` a group keeps its positives and negatives and only gains the reranker's scores
+(`positive_scores`/`negative_scores`): GPL's pseudo-labelling (Wang et al. 2022, arXiv:2112.07577, §3), where a
+generated query's source document stays the positive and the teacher scores it against the mined negatives, for
+MarginMSE.
 
 | paper knob                                   | flag                            | default            |
 |----------------------------------------------|---------------------------------|--------------------|
@@ -21,6 +25,7 @@ arXiv:2502.18460, §3.1): after reranking a mined group, the top-1 is the positi
 | passage length in the prompt (RankGPT: 300 tokens) | `--passage-max-words`     | 100 words          |
 | listwise, pointwise or query likelihood      | `--mode`                        | listwise           |
 | DRAMA relabelling: positive rank, negatives  | `--negative-ranks`              | 10-20              |
+| GPL: keep the group, score it                | `--keep-labels`                 | off                |
 
 Templates are tied to models (castorini/rank_llm#318: the wrong template made reranking worse than the first
 stage): ``MODEL_TEMPLATES`` maps a model name to its template; an unknown model gets the generic rank_llm
@@ -358,6 +363,14 @@ def relabel(group: dict, result: dict, negative_ranks: tuple[int, int] = NEGATIV
     return out
 
 
+def scored(group: dict, result: dict) -> dict:
+    """GPL's pseudo-labels: the group's own positives and negatives, with the reranker's scores (the caller checks
+    that every document of the group is within the reranked top_k)."""
+    score = dict(zip(result["docids"], result["scores"]))
+    return {**group, "positive_scores": [score[d] for d in group["positive_document_ids"]],
+            "negative_scores": [score[d] for d in group["negative_document_ids"]]}
+
+
 # ---------------------------------------------------------------- command
 
 
@@ -418,9 +431,17 @@ def _probe(before: dict, after: dict, qrels_path: str) -> None:
 @click.option("--template", help=f"Prompt template ({', '.join(TEMPLATES)}; default: the one tied to the model).")
 @click.option("--passage-max-words", type=click.IntRange(min=1), help="Words of each passage shown to the LLM.")
 @click.option("--negative-ranks", callback=check_range, help="Groups: reranked ranks that become negatives [10-20].")
+@click.option("--keep-labels", is_flag=True,
+              help="Groups: keep each group's positives and negatives and add the reranker's scores (GPL), instead "
+                   "of DRAMA's reranked top-1 and --negative-ranks (needs --mode pointwise or qlm).")
 @click.option("--dry-run", is_flag=True, help="Print windows, LLM calls and prompt tokens on stderr; call nothing.")
-def command(input, output, llm, queries, corpus, qrels, negative_ranks, dry_run, shard_id, shard_num, **opts):
+def command(input, output, llm, queries, corpus, qrels, negative_ranks, keep_labels, dry_run, shard_id, shard_num,
+            **opts):
     """Rerank a run (with --queries and --corpus) or relabel groups (no --queries) with an LLM."""
+    if keep_labels and (queries is not None or negative_ranks is not None):
+        raise UsageError("relabels groups in place: not with --queries or --negative-ranks", flag="--keep-labels")
+    if keep_labels and opts.get("mode") not in SCORED_MODES:
+        raise UsageError("needs scores: --mode pointwise or qlm (listwise gives ranks)", flag="--keep-labels")
     negative_ranks = parse_range(negative_ranks) if negative_ranks is not None else NEGATIVE_RANKS
     ray = distributed.pop_settings(opts)
     opts = {k: v for k, v in opts.items() if v is not None}
@@ -433,6 +454,10 @@ def command(input, output, llm, queries, corpus, qrels, negative_ranks, dry_run,
             raise UsageError("reranking a run needs --queries and --corpus")
         run = {q: r for q, r in records.read_run(input).items() if in_shard(q, shard_id, shard_num)}
         items = list(_run_items(run, queries, corpus, input))
+    top_k = opts.get("top_k", rerank.__kwdefaults__["top_k"])
+    if keep_labels and (long := next((it for it in items if len(it["docs"]) > top_k), None)):
+        raise UsageError(f"query {long['query_id']!r} has {len(long['docs'])} documents in its group, more than the "
+                         f"{top_k} reranked; raise it", flag="--top-k")
     if dry_run:
         return _dry_run(items, planning_llm(llm, opts), opts)
     model = llm_from_flags(llm, opts, ray=ray)
@@ -444,8 +469,11 @@ def command(input, output, llm, queries, corpus, qrels, negative_ranks, dry_run,
     finally:
         if ray is not None:
             model.close()
-    done = {"finish": lambda n: provenance(stats, model, negative_ranks if queries is None else None),
+    done = {"finish": lambda n: provenance(stats, model, negative_ranks if queries is None and not keep_labels else None,
+                                           input_kind="run" if queries is not None else "groups"),
             "remove": (partial,) if partial else ()}
+    if keep_labels:
+        return Output([scored(it["group"], r) for it, r in zip(items, results, strict=True)], kind="group", **done)
     if queries is None:
         return Output(relabelled(items, results, negative_ranks), kind="group", **done)
     reranked = {r["query_id"]: [(d, float(len(r["docids"]) - i)) for i, d in enumerate(r["docids"])] for r in results}
@@ -463,9 +491,10 @@ def relabelled(items: list[dict], results: list[dict], negative_ranks: tuple[int
     return out
 
 
-def provenance(stats: dict, model: LLM, negative_ranks: tuple[int, int] | None) -> dict:
-    """The output's manifest: model, settings, window outcomes; usage counts this run's calls (queries - resumed)."""
-    return {"stage": "rerank", "input": "run" if negative_ranks is None else "groups", "llm": stats["llm"],
+def provenance(stats: dict, model: LLM, negative_ranks: tuple[int, int] | None, input_kind: str) -> dict:
+    """The output's manifest: model, settings, window outcomes; usage counts this run's calls (queries - resumed);
+    negative_ranks is None for a run and for groups that keep their labels."""
+    return {"stage": "rerank", "input": input_kind, "llm": stats["llm"],
             "settings": stats["settings"], "queries": stats["queries"], "resumed": stats["resumed"],
             "windows": stats["windows"], "usage": model.usage,
             "negative_ranks": list(negative_ranks) if negative_ranks is not None else None}

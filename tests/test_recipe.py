@@ -30,10 +30,11 @@ def folder(path: Path, docs: int) -> Path:
     return path
 
 
-def make(data: Path, work: Path, model: Path, *targets: str) -> subprocess.CompletedProcess:
+def make(data: Path, work: Path, model: Path, *targets: str, llm: str = "none") -> subprocess.CompletedProcess:
+    """The recipe's Makefile; targets may hold variables (NAME=VALUE) as well."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     args = ["make", "-C", str(ROOT / "examples" / "beir"), f"PY={sys.executable}", f"DATA={data}", f"W={work}",
-            f"MODEL={model}", "LLM=none", "STEPS=2", "BATCH=4", "GUARD_SHARDS=2", *targets]
+            f"MODEL={model}", f"LLM={llm}", "STEPS=2", "BATCH=4", "GUARD_SHARDS=2", *targets]
     return run_group(args, env, timeout=900)
 
 
@@ -62,6 +63,34 @@ def test_recipe_delivers_without_qrels_and_evaluates_once_they_come(tiny_bert, t
     for run in ("base.trec", "bm25.trec", "base-hybrid.trec", "adapted.trec", "delivered.trec"):
         assert run in table
     assert table.splitlines()[-1].startswith("guard: ")
+
+
+@pytest.mark.slow  # the recipe with an LLM: qgen and query likelihood on a tiny random Llama, ~3 min
+def test_recipe_with_the_llm_as_teacher_scores_the_generated_queries(tiny_bert, tiny_llama, tmp_path):
+    data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
+    out = make(data, work, tiny_bert, "TEACHER=qlm", "QGEN_DOCS=4", "DEV_QGEN_DOCS=5", llm=str(tiny_llama))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "teacher qlm" in out.stderr and "query likelihood" in out.stderr
+    generated = {json.loads(r)["query_id"] for f in ("qgen", "dev-qgen") for r in (work / f"{f}.jsonl").read_text().splitlines()}
+    groups = [json.loads(r) for r in (work / "groups.jsonl").read_text().splitlines()]
+    scored = {g["query_id"]: g for g in groups if g["query_id"] in generated}
+    assert generated and set(scored) == generated
+    fused = {json.loads(r)["query_id"]: json.loads(r) for r in (work / "groups-generated.jsonl").read_text().splitlines()}
+    for qid, g in scored.items():  # the same documents, the LLM's log-likelihoods (< 0) instead of min-max (>= 0)
+        assert g["positive_document_ids"] == fused[qid]["positive_document_ids"]
+        assert g["negative_document_ids"] == fused[qid]["negative_document_ids"]
+        assert max(g["positive_scores"] + g["negative_scores"]) < 0 <= min(fused[qid]["negative_scores"])
+    assert len(groups) == len(generated) + 40  # one crop per document, then the generated queries
+    assert (work / "delivered.trec").exists()
+
+
+def test_recipe_checks_its_teacher_before_anything_runs(tiny_bert, tmp_path):
+    data = folder(tmp_path / "notes", 4)
+    for teacher, llm, message in (("bm25", "smollm2", "TEACHER=bm25: fusion or qlm"),
+                                  ("qlm", "none", "TEACHER=qlm needs an LLM")):
+        out = make(data, tmp_path / "w", tiny_bert, f"TEACHER={teacher}", llm=llm)
+        assert out.returncode != 0 and message in out.stderr
+        assert not (tmp_path / "w").exists()
 
 
 def test_recipe_refuses_a_one_document_corpus(tiny_bert, tmp_path):

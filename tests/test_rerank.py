@@ -231,6 +231,38 @@ def test_cli_groups_relabelled_pointwise(runner, tiny_llama, corpus_file, tmp_pa
     assert not (tmp_path / "relabelled.jsonl.partial.jsonl").exists()
 
 
+def test_cli_keep_labels_scores_the_groups_as_they_are(runner, tiny_llama, corpus_file, tmp_path):
+    """GPL's pseudo-labels: positives and negatives stay where they were, the scores are the LLM's query likelihood."""
+    groups = tmp_path / "groups.jsonl"
+    ids = [d["docid"] for d in DOCS]
+    rows = [{"query_id": q["query_id"], "query_text": q["query_text"], "positive_document_ids": ids[-1:],
+             "negative_document_ids": ids[:3]} for q in QUERIES]
+    groups.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "scored.jsonl"
+    res = runner("rerank", groups, "--corpus", corpus_file, "--llm", tiny_llama, "--mode", "qlm", "--keep-labels",
+                 "--passage-max-words", 4, "-o", out)
+    assert res.exit_code == 0, res.stderr
+    got = list(records.read(out, "group"))
+    llm = load_llm(tiny_llama)
+    tmpl = TEMPLATES["upr"]
+    for g, want in zip(got, rows, strict=True):
+        assert g["positive_document_ids"] == want["positive_document_ids"]
+        assert g["negative_document_ids"] == want["negative_document_ids"]
+        docs = {d["docid"]: d for d in DOCS}
+        prompts = [pointwise_prompt(tmpl, g["query_text"], passage_content(docs[d], 4), False)
+                   for d in g["positive_document_ids"] + g["negative_document_ids"]]
+        scores = llm.logprobs([p for p, _ in prompts], [a for _, a in prompts])
+        assert g["positive_scores"] + g["negative_scores"] == pytest.approx(scores, abs=1e-5)
+    assert json.loads((tmp_path / "scored.jsonl.manifest.json").read_text())["negative_ranks"] is None
+    # a group longer than --top-k, listwise ranks, or DRAMA's ranks with it: exit 2, nothing written
+    for extra, flag in ((["--mode", "qlm", "--top-k", "2"], "--top-k"), (["--mode", "listwise"], "--keep-labels"),
+                        (["--mode", "qlm", "--negative-ranks", "2-3"], "--keep-labels")):
+        bad = tmp_path / "bad.jsonl"
+        res = runner("rerank", groups, "--corpus", corpus_file, "--llm", tiny_llama, "--keep-labels", *extra, "-o", bad)
+        assert res.exit_code == 2 and flag in res.stderr, (extra, res.stderr)
+        assert not list(tmp_path.glob("bad.jsonl*")), extra
+
+
 def test_cli_dry_run_counts_without_loading_weights(runner, tiny_llama, run_file, queries_file, corpus_file, monkeypatch):
     import transformers
 
