@@ -366,7 +366,7 @@ def relabel(group: dict, result: dict, negative_ranks: tuple[int, int] = NEGATIV
 def scored(group: dict, result: dict) -> dict:
     """GPL's pseudo-labels: the group's own positives and negatives, with the reranker's scores (the caller checks
     that every document of the group is within the reranked top_k)."""
-    score = dict(zip(result["docids"], result["scores"]))
+    score = dict(zip(result["docids"], result["scores"], strict=False))  # docids below top_k have no score
     return {**group, "positive_scores": [score[d] for d in group["positive_document_ids"]],
             "negative_scores": [score[d] for d in group["negative_document_ids"]]}
 
