@@ -106,6 +106,7 @@ def test_a_corpus_alone_trains_through_the_cli(tiny_bert, no_dropout_bert, files
     assert r.exit_code == 0, r.stderr
     assert r.stdout == ""
     assert (out / "model.safetensors").is_file() and not out.with_name("healed.partial").exists()
+    assert not (out / "teacher").exists()  # the teacher's cached vectors are not shipped with the model
     assert len(losses(out)) == 2
     plan = json.loads((out / "train_config.json").read_text())["plan"]
     assert plan["teacher_bytes"] > 0  # the teacher's forward is part of the memory plan

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -141,6 +142,10 @@ class CorpusDistiller(Trainer):
     def _loop(self, pos) -> None:
         self.targets = {kind: self._teacher_vectors(kind) for kind in ("query", "passage")}
         super()._loop(pos)
+
+    def _export(self) -> None:
+        shutil.rmtree(self.partial / "teacher", ignore_errors=True)  # a cache for resumes, not part of the model
+        super()._export()
 
     def _teacher_vectors(self, kind: str) -> torch.Tensor:
         """The teacher's vectors of every pair's ``kind`` text, [docs, teacher dim]: chunks finished by an earlier
