@@ -224,6 +224,7 @@ class Row:
 
     backbone: str
     status: str = "ok"  # ok | failed
+    family: str = ""  # backbones fitted together (one pretraining recipe at several sizes and lengths); "" = the rest
     reason: str = ""
     params_total: int | None = None
     params_non_embedding: int | None = None
@@ -264,11 +265,11 @@ def nDCG_from_eval(path: Path) -> float:
 
 
 def build_row(backbone: str, model, *, status: str, work: Path, collections: list[str], log: Path | None = None,
-              tokens_fallback: float | None = None) -> Row:
+              tokens_fallback: float | None = None, family: str = "") -> Row:
     """A backbone's row from its work dir (``COLLECTION.eval.json`` per collection, ``*.secs`` per timed step,
     ``proxy.json`` when the proxy was computed) and its model (counts and tokens). A failed backbone keeps what
     could be measured, and the reason."""
-    row = Row(backbone=backbone, status=status)
+    row = Row(backbone=backbone, status=status, family=family)
     if status != "ok":
         row.reason = failure_reason(log) if log else "failed"
     try:
@@ -335,8 +336,8 @@ class Fit:
     r2: float
     n: int
 
-    def line(self) -> str:
-        return (f"fit on {self.axis}: avg nDCG@10 = {self.intercept:+.4f} {self.slope:+.4f}·log10({self.axis}) "
+    def line(self, family: str = "") -> str:
+        return (f"fit on {self.axis}{f' ({family})' if family else ''}: avg nDCG@10 = {self.intercept:+.4f} {self.slope:+.4f}·log10({self.axis}) "
                 f"(slope {self.slope:+.4f} per decade, R² {self.r2:.3f}, {self.n} backbones)")
 
 
@@ -362,12 +363,27 @@ def loglinear_fit(rows: list[Row], axis: str) -> Fit | None:
     return Fit(axis, slope, intercept, 1 - ss_res / ss_tot if ss_tot > 0 else 1.0, len(xs))
 
 
+def families(rows: list[Row]) -> dict[str, list[Row]]:
+    """The rows by family, in order of first appearance. A fit holds within one family only (Portes et al. fit one
+    model family over its sizes and pretraining lengths): a finished retriever or another family's model beside
+    them says nothing about the slope."""
+    out: dict[str, list[Row]] = {}
+    for r in rows:
+        out.setdefault(r.family, []).append(r)
+    return out
+
+
 def fit_lines(rows: list[Row]) -> list[str]:
-    """The two fits, then the proxy's rank correlation with average nDCG@10 (lower loss ranks higher)."""
+    """The two fits of each family that has them, then the proxy's rank correlation with average nDCG@10 over every
+    backbone (lower loss ranks higher)."""
     lines = []
     for axis in ("FLOPs", "params"):
-        fit = loglinear_fit(rows, axis)
-        lines.append(fit.line() if fit else f"fit on {axis}: needs two finished backbones of different {axis}")
+        fits = [(name, fit) for name, members in families(rows).items() if (fit := loglinear_fit(members, axis))]
+        lines += [fit.line(name) for name, fit in fits] or [
+            f"fit on {axis}: needs two finished backbones of one family with different {axis}"]
+    alone = [name for name, members in families(rows).items() if name and len(_points(members, "params")) == 1]
+    if alone:
+        lines.append("no fit for a family of one backbone: " + ", ".join(alone))
     both = [r for r in rows if r.status == "ok" and r.proxy is not None and r.average is not None]
     rho = spearman([-r.proxy for r in both], [r.average for r in both])
     lines.append(f"LM proxy (bits/byte, lower first) vs average nDCG@10: Spearman rho {rho:+.3f} over {len(both)} backbones"
@@ -380,8 +396,8 @@ def fit_lines(rows: list[Row]) -> list[str]:
 
 
 def plot(rows: list[Row], path: Path, note: str = "") -> Path | None:
-    """Average nDCG@10 against FLOPs and against non-embedding parameters (log x), each backbone labelled, the
-    log-linear fit drawn; written through plots.save_figure. None when no backbone finished."""
+    """Average nDCG@10 against FLOPs and against non-embedding parameters (log x), each backbone labelled, one
+    colour and one log-linear fit per family; written through plots.save_figure. None when no backbone finished."""
     if not any(_points(rows, axis) for axis in ("FLOPs", "params")):
         return None
     from retrctl import plots
@@ -389,22 +405,25 @@ def plot(rows: list[Row], path: Path, note: str = "") -> Path | None:
     plt = plots.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), constrained_layout=True)
     for ax, axis, label in ((axes[0], "FLOPs", "pretraining FLOPs ≈ 6·N·D"), (axes[1], "params", "non-embedding parameters N")):
-        pts = _points(rows, axis)
         ax.set_xscale("log")
         ax.set_xlabel(label)
         ax.set_ylabel("average nDCG@10")
         ax.grid(True, which="both", alpha=0.3)
-        if not pts:
-            continue
-        ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], "o", color="black")
-        for x, y, name in pts:
-            ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-        fit = loglinear_fit(rows, axis)
-        if fit:
-            lo, hi = min(x for x, _, _ in pts), max(x for x, _, _ in pts)
-            xs = [lo * (hi / lo) ** (i / 20) for i in range(21)]
-            ax.plot(xs, [fit.intercept + fit.slope * math.log10(x) for x in xs], "--", color="grey",
-                    label=f"slope {fit.slope:+.3f}/decade, R² {fit.r2:.2f}")
+        for k, (family, members) in enumerate(families(rows).items()):
+            pts = _points(members, axis)
+            if not pts:
+                continue
+            color = f"C{k}"
+            ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], "o", color=color, label=family or None)
+            for x, y, name in pts:
+                ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            fit = loglinear_fit(members, axis)
+            if fit:
+                lo, hi = min(x for x, _, _ in pts), max(x for x, _, _ in pts)
+                xs = [lo * (hi / lo) ** (i / 20) for i in range(21)]
+                ax.plot(xs, [fit.intercept + fit.slope * math.log10(x) for x in xs], "--", color=color,
+                        label=f"{family + ': ' if family else ''}slope {fit.slope:+.3f}/decade, R² {fit.r2:.2f}")
+        if ax.get_legend_handles_labels()[1]:
             ax.legend(fontsize=8)
     if note:
         import textwrap

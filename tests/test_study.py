@@ -73,6 +73,22 @@ def test_loglinear_fit_recovers_the_slope_and_skips_failed_rows():
     assert "needs two finished backbones" in study.fit_lines(rows[:1])[0]
 
 
+def test_fits_stay_within_a_family():
+    """A finished retriever beside a family of checkpoints (the study's MiniLM beside SmolLM2's sizes) gets no fit of
+    its own and does not bend the family's."""
+    rows = _rows()
+    for r in rows:
+        r.family = "fam"
+    rows.append(study.Row(backbone="retriever", family="retriever", params_non_embedding=10**6, flops=1e18,
+                          ndcg={"a": 0.9, "b": 0.9}))
+    lines = study.fit_lines(rows)
+    assert lines[0].startswith("fit on FLOPs (fam): ") and "slope +0.0500 per decade" in lines[0] and "3 backbones" in lines[0]
+    assert lines[1].startswith("fit on params (fam): ") and "R² 1.000" in lines[1]
+    assert lines[2] == "no fit for a family of one backbone: retriever"
+    pooled = study.loglinear_fit(rows, "FLOPs")  # what one fit over every backbone would say
+    assert pooled.slope < 0
+
+
 def test_table_has_every_column_and_the_failed_row():
     text = study.table(_rows(), ["a", "b"])
     head, rule, *lines = text.splitlines()
@@ -207,7 +223,8 @@ def test_makefile_runs_the_study_and_keeps_a_failed_row(toy, tiny_bert, tiny_lla
     args = (
         ["make", "-C", str(ROOT / "examples" / "scaling"), f"PY={sys.executable}", f"DATA={toy.parent}",
          f"TRAIN_DATA={toy}", "COLLECTIONS=toy", f"W={work}", f"BACKBONES={backbones}", "GROUPS=3", "BATCH=3",
-         "MAX_LEN=32", "DOCS=5", "QUERIES=3", "TOKENS_bert=1e9", "TOKENS_llama=1e10", "PRUNED=", "PROXY_TEXTS=4"])
+         "MAX_LEN=32", "DOCS=5", "QUERIES=3", "TOKENS_bert=1e9", "TOKENS_llama=1e10", "PRUNED=", "PROXY_TEXTS=4",
+         "FAMILY_bert=tiny", "FAMILY_llama=tiny"])
     out = run_group(args, env, timeout=1800)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "estimated: ~" in out.stderr and "broken: ?" in out.stderr  # the plan, before anything runs
@@ -220,8 +237,10 @@ def test_makefile_runs_the_study_and_keeps_a_failed_row(toy, tiny_bert, tiny_lla
         assert 0 <= float(r[7]) <= 1 and float(r[8]) == float(r[7]) and float(r[9]) > 0
     assert rows["bert"][6] == "—" and float(rows["llama"][6]) > 0  # the LM proxy: causal LMs only
     assert rows["broken"][1].startswith("failed: ") and "no-such-model" in rows["broken"][1]
-    assert any(ln.startswith("fit on FLOPs: avg nDCG@10 = ") and "2 backbones" in ln for ln in lines)
-    assert any(ln.startswith("fit on params: ") for ln in lines)
+    assert any(ln.startswith("fit on FLOPs (tiny): avg nDCG@10 = ") and "2 backbones" in ln for ln in lines)
+    assert any(ln.startswith("fit on params (tiny): ") for ln in lines)
+    assert "no fit for a family of one backbone: broken" not in out.stdout  # a failed backbone is not a point
+    assert json.loads((work / "rows" / "bert.json").read_text())["family"] == "tiny"
     assert any(ln.startswith("LM proxy vs average nDCG@10: needs three") for ln in lines)
     assert (work / "scaling.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((work / "rows" / "broken.json").read_text())["status"] == "failed"

@@ -74,7 +74,7 @@ def proxy(a) -> None:
 def row(a) -> None:
     collections = [c for c in a.collections.split(",") if c]
     result = study.build_row(a.name, a.model, status=a.status, work=Path(a.work), collections=collections,
-                             log=Path(a.log) if a.log else None, tokens_fallback=a.tokens)
+                             log=Path(a.log) if a.log else None, tokens_fallback=a.tokens, family=a.family)
     result.write(Path(a.output))
     if result.status != "ok":
         print(f"{a.name}: failed ({result.reason}); the study goes on without it", file=sys.stderr)
@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--collections", required=True)
     s.add_argument("--log", help="The steps' stderr (the reason of a failure is its last line).")
     s.add_argument("--tokens", type=float, help="Pretraining tokens where neither config nor card gives them.")
+    s.add_argument("--family", default="", help="The backbones fitted together: one pretraining recipe at several "
+                                                "sizes and lengths (default: none, fitted with the others without one).")
     s.add_argument("-o", "--output", required=True)
     s.set_defaults(func=row)
     s = sub.add_parser("report", help="Print the table and the fits; draw the plot.")
