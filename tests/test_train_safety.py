@@ -424,3 +424,15 @@ def test_resume_may_plan_memory_differently(crashed, tiny_bert, tmp_path, runner
     assert "resumed from" in r.stderr and "GradCache" in r.stderr
     saved = json.loads((tmp_path / "m" / "train_config.json").read_text())
     assert saved["plan"]["grad_cache"] is True and saved["plan"]["chunk_size"] == 2
+
+
+def test_max_steps_short_of_an_epoch_warns_that_the_files_head_is_read(tiny_bert, files, tmp_path, caplog):
+    """Groups stream in file order: 2 steps of 4 read 8 of 16 groups, and the log says so; a whole epoch does not."""
+    corpus, groups = files
+    with caplog.at_level("WARNING", logger="retrctl.train"):
+        train(str(groups), corpus=str(corpus), output=tmp_path / "short", model=str(tiny_bert), max_steps=2, **FAST)
+    assert "--max-steps 2 trains on the first 8 of the 16 groups, in file order" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="retrctl.train"):
+        train(str(groups), corpus=str(corpus), output=tmp_path / "epoch", model=str(tiny_bert), max_steps=4, **FAST)
+    assert "trains on the first" not in caplog.text

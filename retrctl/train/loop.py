@@ -172,9 +172,9 @@ class Trainer:
         log.info("%d groups, %d steps of %d groups (%d per process × %d), group size %d", self.n_groups,
                  cfg.max_steps or per_epoch * cfg.epochs, cfg.batch_size * world, cfg.batch_size, world, cfg.train_group_size)
         if cfg.max_steps and cfg.max_steps < per_epoch:  # groups stream in file order, shuffled within a window
-            log.warning("--max-steps %d reads the first %d of the %d groups of %s in file order (shuffled within windows "
-                        "of %d groups): the file's head should be a sample of all of it (shuffle it first)", cfg.max_steps,
-                        cfg.max_steps * cfg.batch_size * world, self.n_groups, self.source.path,
+            log.warning("--max-steps %d trains on the first %d of the %d groups, in file order (shuffled within windows "
+                        "of %d): a file whose head is not a sample of the whole trains on its head only", cfg.max_steps,
+                        cfg.max_steps * cfg.batch_size * world, self.n_groups,
                         self.batches.global_batch * self.batches.buffer_batches)
         return per_epoch
 
