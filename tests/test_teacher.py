@@ -47,10 +47,10 @@ def _encode(model, texts=TEXTS):
 
 def test_a_student_distilled_from_itself_stays_where_it_is(no_dropout_bert, files, tmp_path):
     c, _ = files
-    # at the default learning rate of a corpus alone (1e-4): Adam turns float noise into steps of about lr
+    # at the default learning rate of a corpus alone (3e-4): Adam turns float noise into steps of about lr
     out = train(None, corpus=str(c), output=tmp_path / "m", model=str(no_dropout_bert), teacher=str(no_dropout_bert),
                 max_steps=5, **{**FAST, "lr": None})
-    assert losses(out)[0] < 1e-9 and max(losses(out)) < 1e-4
+    assert losses(out)[0] < 1e-9 and max(losses(out)) < 1e-3  # a new student starts near 1
     cos = (_encode(out) * _encode(no_dropout_bert)).sum(1)
     assert cos.min() > 0.999, cos
 

@@ -57,7 +57,7 @@ def parse_alphas(value: str) -> list[float]:
 
 
 # Settings whose default depends on the run: what --help shows for them, and ``TrainConfig.settle`` fills them in.
-SETTLED = {"lr": "2e-5 with groups, 1e-4 from a corpus alone", "epochs": "3 with groups, 1 from a corpus alone",
+SETTLED = {"lr": "2e-5 with groups, 3e-4 from a corpus alone", "epochs": "3 with groups, 1 from a corpus alone",
            "distill_weight": "1 with --teacher and groups, else 0",
            "embed_distill_weight": "1 with --teacher and no groups, else 0"}
 
@@ -184,7 +184,7 @@ class TrainConfig:
         """Fill in the settings left unset whose default depends on the run (``SETTLED``): whether a teacher is
         given (``--teacher`` or an online one) and whether groups are the data (else a corpus alone). In place;
         returns self."""
-        defaults = {"lr": 2e-5 if groups else 1e-4, "epochs": 3 if groups else 1,
+        defaults = {"lr": 2e-5 if groups else 3e-4, "epochs": 3 if groups else 1,
                     "distill_weight": 1.0 if teacher and groups else 0.0,
                     "embed_distill_weight": 1.0 if teacher and not groups else 0.0}
         for key, value in defaults.items():
