@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Benchmark: pruned retrievers healed by distillation from their unpruned selves, at full size on a GPU: every step
+# a `retrctl` command as the README runs it, on all of a BEIR set (SciFact: 5,183 docs, 300 test queries).
+#
+# 1. SmolLM2 (first: the part only a GPU makes affordable): the teacher is a SmolLM2 retriever trained here (DATA's
+#    train queries, judged positive and one BM25-mined negative; mean pooling, bidirectional, 3 epochs of 32 at lr
+#    1e-4, 256 tokens, bench/light.py's instruction as the query prompt), cut with `prune --drop-layers SMOL_DROP`
+#    (15 of 30 blocks: 2.0-2.3x encode speed on the CPU, bench/RESULTS.md) and healed by `train --corpus DATA
+#    --teacher TRAINED` with the command's defaults.
+# 2. MiniLM: `prune MINILM --drop-layers 3 --calibration DATA`, then `train --corpus DATA --model small --teacher
+#    MINILM` with the defaults (one pass, lr 3e-4) and with `--epochs 3`.
+# 3. `index` / `search --hits 100` / `eval` of every model; eval's paired t-test against each family's teacher.
+#
+#    MINILM=dir SMOLLM2=file.gguf DATA=../shared/data/scifact WORK=/tmp/heal-gpu bash bench/heal_gpu.sh
+#
+# SMOKE="--max-steps 2" caps every training run (a smoke test on tiny models). Each command's seconds go to
+# WORK/times.tsv; eval's tables to stdout; logs to stderr.
+set -euo pipefail
+
+DATA=${DATA:-../shared/data/scifact}
+WORK=${WORK:-bench/work/heal-gpu}
+MINILM=${MINILM:-minilm}
+SMOLLM2=${SMOLLM2:-smollm2}
+MINILM_DROP=${MINILM_DROP:-3}
+SMOL_DROP=${SMOL_DROP:-15}
+SMOKE=${SMOKE:-}
+PY=${PY:-python3}
+PROMPT=$'Instruct: Given a scientific claim, retrieve documents that support or refute the claim\nQuery: '
+mkdir -p "$WORK"
+
+timed() {  # timed NAME retrctl-args...: runs the command, appends "NAME<TAB>seconds" to WORK/times.tsv
+    local name=$1 start=$SECONDS
+    shift
+    echo "== $name: retrctl $*" >&2
+    "$PY" -m retrctl "$@"
+    printf '%s\t%s\n' "$name" $((SECONDS - start)) >>"$WORK/times.tsv"
+}
+
+evaluate() {  # evaluate NAME MODEL: index DATA with MODEL, search its test queries
+    timed "index $1" index "$DATA" --model "$2" -o "$WORK/idx-$1" --quiet
+    timed "search $1" search "$WORK/idx-$1" "$DATA" --hits 100 -o "$WORK/$1.trec" --quiet
+}
+
+# SmolLM2: a trained retriever as the teacher, cut to half its blocks, healed from it
+"$PY" - "$DATA" "$WORK/train_queries.jsonl" <<'EOF'
+import sys
+from retrctl import records
+data, out = sys.argv[1], sys.argv[2]
+judged = records.read_qrels(data, "train")
+records.write([q for q in records.read(data, "query") if q["query_id"] in judged], out)
+EOF
+timed "mine" mine "$WORK/train_queries.jsonl" --corpus "$DATA" --qrels "$DATA/qrels/train.tsv" --retriever bm25 \
+    --num-negatives 1 -o "$WORK/groups.jsonl" --quiet
+timed "train smollm2" train "$WORK/groups.jsonl" --corpus "$DATA" --model "$SMOLLM2" --pooling mean --bidirectional \
+    --query-prompt "$PROMPT" --passage-max-len 256 --query-max-len 64 --epochs 3 --batch-size 32 \
+    --train-group-size 2 --lr 1e-4 $SMOKE -o "$WORK/smol-trained"
+timed "prune smollm2" prune "$WORK/smol-trained" --drop-layers "$SMOL_DROP" --calibration "$DATA" -o "$WORK/smol-drop"
+timed "heal smollm2" train --corpus "$DATA" --model "$WORK/smol-drop" --teacher "$WORK/smol-trained" $SMOKE \
+    -o "$WORK/smol-healed"
+for m in smol-trained smol-drop smol-healed; do
+    evaluate "$m" "$WORK/$m"
+done
+"$PY" -m retrctl eval "$WORK"/smol-trained.trec "$WORK"/smol-drop.trec "$WORK"/smol-healed.trec \
+    --qrels "$DATA" -m nDCG@10 -m R@100 | tee "$WORK/eval-smollm2.txt"
+
+# MiniLM: cut, healed with the defaults and with three passes
+timed "prune minilm" prune "$MINILM" --drop-layers "$MINILM_DROP" --calibration "$DATA" -o "$WORK/minilm-drop"
+timed "heal minilm" train --corpus "$DATA" --model "$WORK/minilm-drop" --teacher "$MINILM" $SMOKE \
+    -o "$WORK/minilm-healed"
+timed "heal minilm 3 epochs" train --corpus "$DATA" --model "$WORK/minilm-drop" --teacher "$MINILM" --epochs 3 \
+    $SMOKE -o "$WORK/minilm-healed-e3"
+for m in minilm minilm-drop minilm-healed minilm-healed-e3; do
+    evaluate "$m" "$([ $m = minilm ] && echo "$MINILM" || echo "$WORK/$m")"
+done
+"$PY" -m retrctl eval "$WORK"/minilm.trec "$WORK"/minilm-drop.trec "$WORK"/minilm-healed.trec \
+    "$WORK"/minilm-healed-e3.trec --qrels "$DATA" -m nDCG@10 -m R@100 | tee "$WORK/eval-minilm.txt"
+column -t -s $'\t' "$WORK/times.tsv" 2>/dev/null || cat "$WORK/times.tsv"
