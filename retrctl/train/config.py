@@ -81,7 +81,8 @@ class TrainConfig:
     warmup_ratio: float = _f(0.1, "Linear warmup over this fraction of the steps, then linear decay to 0.")
     warmup_steps: int | None = _f(None, "Warmup steps (overrides --warmup-ratio).")
     epochs: int | None = _f(None, "Passes over the groups (3, as HF TrainingArguments), or over the corpus when it is "
-                                  "the only data (2: SciFact's 5,183 docs in ~32 min on 2 CPU cores for MiniLM cut to 3 layers).")
+                                  "the only data (2: SciFact's 5,183 docs in ~32 min on 2 CPU cores for MiniLM cut "
+                                  "to 3 layers).")
     max_steps: int | None = _f(None, "Stop after this many optimizer steps (overrides --epochs).")
     max_grad_norm: float = _f(1.0, "Gradient clipping (global norm); 0 = off.")
     seed: int = _f(42, "Seed for sampling, dropout and LoRA init.")
