@@ -3,12 +3,12 @@
 # a `retrctl` command as the README runs it, on all of a BEIR set (SciFact: 5,183 docs, 300 test queries).
 #
 # 1. SmolLM2 (first: the part only a GPU makes affordable): the teacher is a SmolLM2 retriever trained here (DATA's
-#    train queries, judged positive and one BM25-mined negative; mean pooling, bidirectional, 3 epochs of 32 at lr
-#    1e-4, 256 tokens, bench/light.py's instruction as the query prompt), cut with `prune --drop-layers SMOL_DROP`
-#    (15 of 30 blocks: 2.0-2.3x encode speed on the CPU, bench/RESULTS.md) and healed by `train --corpus DATA
-#    --teacher TRAINED` with the command's defaults.
+#    train queries, judged positive and one BM25-mined negative: bench/heal_encoder.py's groups; mean pooling,
+#    bidirectional, 3 epochs of 32 at lr 1e-4, 256 tokens, bench/light.py's instruction as the query prompt), cut
+#    with `prune --drop-layers SMOL_DROP` (15 of 30 blocks: 2.0-2.3x encode speed on the CPU, bench/RESULTS.md) and
+#    healed by `train --corpus DATA --teacher TRAINED` with the command's defaults.
 # 2. MiniLM: `prune MINILM --drop-layers 3 --calibration DATA`, then `train --corpus DATA --model small --teacher
-#    MINILM` with the defaults (one pass, lr 3e-4) and with `--epochs 3`.
+#    MINILM` with the defaults (two passes, lr 3e-4) and with `--epochs 3`.
 # 3. `index` / `search --hits 100` / `eval` of every model; eval's paired t-test against each family's teacher.
 #
 #    MINILM=dir SMOLLM2=file.gguf DATA=../shared/data/scifact WORK=/tmp/heal-gpu bash bench/heal_gpu.sh
@@ -42,16 +42,15 @@ evaluate() {  # evaluate NAME MODEL: index DATA with MODEL, search its test quer
 }
 
 # SmolLM2: a trained retriever as the teacher, cut to half its blocks, healed from it
-"$PY" - "$DATA" "$WORK/train_queries.jsonl" <<'EOF'
+TRAIN_GROUPS=$("$PY" - "$(dirname "$0")" "$DATA" "$WORK" <<'EOF'
 import sys
-from retrctl import records
-data, out = sys.argv[1], sys.argv[2]
-judged = records.read_qrels(data, "train")
-records.write([q for q in records.read(data, "query") if q["query_id"] in judged], out)
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from heal_encoder import train_groups
+print(train_groups(Path(sys.argv[2]), Path(sys.argv[3]), None))
 EOF
-timed "mine" mine "$WORK/train_queries.jsonl" --corpus "$DATA" --qrels "$DATA/qrels/train.tsv" --retriever bm25 \
-    --num-negatives 1 -o "$WORK/groups.jsonl" --quiet
-timed "train smollm2" train "$WORK/groups.jsonl" --corpus "$DATA" --model "$SMOLLM2" --pooling mean --bidirectional \
+)
+timed "train smollm2" train "$TRAIN_GROUPS" --corpus "$DATA" --model "$SMOLLM2" --pooling mean --bidirectional \
     --query-prompt "$PROMPT" --passage-max-len 256 --query-max-len 64 --epochs 3 --batch-size 32 \
     --train-group-size 2 --lr 1e-4 $SMOKE -o "$WORK/smol-trained"
 timed "prune smollm2" prune "$WORK/smol-trained" --drop-layers "$SMOL_DROP" --calibration "$DATA" -o "$WORK/smol-drop"
