@@ -238,3 +238,50 @@ def test_a_teacher_that_holds_the_output_is_refused_even_with_overwrite(tiny_ber
     assert str(teacher) in r.stderr and "nothing written" in r.stderr
     assert {p: p.read_bytes() for p in teacher.rglob("*") if p.is_file()} == before
     assert not out.with_name(out.name + ".partial").exists()
+
+
+@pytest.fixture(scope="module")
+def attention_dropout_bert(tiny_bert, tmp_path_factory) -> Path:
+    """tiny_bert with dropout on the attention probabilities only (0.5), none elsewhere."""
+    out = tmp_path_factory.mktemp("bert_attn_dropout")
+    for f in tiny_bert.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.5)
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def test_a_corpus_alone_trains_without_attention_dropout_and_the_saved_config_keeps_the_models(
+        attention_dropout_bert, files, tmp_path):
+    c, _ = files
+    # distilled from itself: any dropout would make the first step's loss far from 0
+    out = train(None, corpus=str(c), output=tmp_path / "m", model=str(attention_dropout_bert),
+                teacher=str(attention_dropout_bert), max_steps=2, **{**FAST, "lr": None})
+    assert losses(out)[0] < 1e-9
+    assert json.loads((out / "config.json").read_text())["attention_probs_dropout_prob"] == 0.5
+    with_dropout = train(None, corpus=str(c), output=tmp_path / "d", model=str(attention_dropout_bert),
+                         teacher=str(attention_dropout_bert), max_steps=2, attention_dropout=0.5, **{**FAST, "lr": None})
+    assert losses(with_dropout)[0] > 1e-7  # the first check fails with it: dropout moves the loss off 0
+
+
+def test_attention_dropout_is_set_on_encoders_and_decoders_and_checked(tiny_bert, tiny_llama, runner, files, tmp_path):
+    from transformers import AutoModel
+
+    from retrctl.models.backbone import set_attention_dropout
+    from retrctl.train.config import TrainConfig
+
+    for path in (tiny_bert, tiny_llama):
+        model = AutoModel.from_pretrained(str(path), attn_implementation="sdpa")
+        assert set_attention_dropout(model, 0.25) == 2, path.name  # one attention module per layer
+        rates = [m.dropout.p if type(m).__name__.endswith("SelfAttention") else m.attention_dropout
+                 for m in model.modules()
+                 if type(m).__name__.endswith("SelfAttention") or isinstance(getattr(m, "attention_dropout", None), float)]
+        assert rates == [0.25, 0.25], (path.name, rates)
+        assert model.config.to_dict().get("attention_probs_dropout_prob", 0.0) != 0.25  # the config is left alone
+    assert TrainConfig().settle(teacher=True, groups=False).attention_dropout == 0.0
+    assert TrainConfig().settle(teacher=True, groups=True).attention_dropout is None  # the model's own
+    c, g = files
+    r = runner("train", g, "--corpus", c, "--model", tiny_bert, "--attention-dropout", 1, "-o", tmp_path / "m")
+    assert r.exit_code == 2 and "--attention-dropout" in r.output
+    assert not (tmp_path / "m").exists()

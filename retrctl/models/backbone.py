@@ -48,6 +48,23 @@ def set_bidirectional(model_config, on: bool, source: str = "") -> None:
         log.debug("%s is an encoder; attention is already bidirectional", source)
 
 
+def set_attention_dropout(model, p: float) -> int:
+    """Dropout on the attention probabilities of every attention module set to ``p`` in place (the config, which
+    the saved model keeps, is left alone); returns the modules set. Decoders and ModernBERT pass a float
+    ``attention_dropout`` to the attention function; BERT-family self-/cross-attention applies its ``dropout``.
+    With dropout on, CPU attention falls back from the fused kernel to the math path."""
+    n = 0
+    for m in model.modules():
+        if isinstance(getattr(m, "attention_dropout", None), float):
+            m.attention_dropout = float(p)
+        elif type(m).__name__.endswith(("SelfAttention", "CrossAttention")) and isinstance(getattr(m, "dropout", None), torch.nn.Dropout):
+            m.dropout.p = float(p)
+        else:
+            continue
+        n += 1
+    return n
+
+
 def hidden_states(model, batch: dict) -> torch.Tensor:
     return model(**batch).last_hidden_state
 

@@ -59,7 +59,8 @@ def parse_alphas(value: str) -> list[float]:
 # Settings whose default depends on the run: what --help shows for them, and ``TrainConfig.settle`` fills them in.
 SETTLED = {"lr": "2e-5 with groups, 3e-4 from a corpus alone", "epochs": "3 with groups, 2 from a corpus alone",
            "distill_weight": "1 with --teacher and groups, else 0",
-           "embed_distill_weight": "1 with --teacher and no groups, else 0"}
+           "embed_distill_weight": "1 with --teacher and no groups, else 0",
+           "attention_dropout": "the model's own with groups, 0 from a corpus alone"}
 
 
 def _f(default, help: str):
@@ -84,6 +85,8 @@ class TrainConfig:
                                   "the only data (2: SciFact's 5,183 docs in ~32 min on 2 CPU cores for MiniLM cut "
                                   "to 3 layers).")
     max_steps: int | None = _f(None, "Stop after this many optimizer steps (overrides --epochs).")
+    attention_dropout: float | None = _f(None, "Dropout on the attention probabilities while training (not saved). "
+                                               "0 lets attention run fused on CPU: a MiniLM step ~1.7x faster.")
     max_grad_norm: float = _f(1.0, "Gradient clipping (global norm); 0 = off.")
     seed: int = _f(42, "Seed for sampling, dropout and LoRA init.")
     mrl_dims: list[int] | None = _f(None, "Matryoshka: loss summed over these truncated dims, e.g. 64,128,384.")
@@ -187,7 +190,9 @@ class TrainConfig:
         returns self."""
         defaults = {"lr": 2e-5 if groups else 3e-4, "epochs": 3 if groups else 2,
                     "distill_weight": 1.0 if teacher and groups else 0.0,
-                    "embed_distill_weight": 1.0 if teacher and not groups else 0.0}
+                    "embed_distill_weight": 1.0 if teacher and not groups else 0.0,
+                    # a regression onto a frozen teacher's vectors: attention run fused on CPU, the step 1.7x faster
+                    "attention_dropout": None if groups else 0.0}
         for key, value in defaults.items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
@@ -218,6 +223,8 @@ class TrainConfig:
             raise UsageError("--batch-size, --train-group-size and --chunk-size must be at least 1")
         if self.temperature <= 0:
             raise UsageError("--temperature must be positive")
+        if self.attention_dropout is not None and not 0 <= self.attention_dropout < 1:
+            raise UsageError(f"--attention-dropout must be in [0, 1), got {self.attention_dropout}")
         if self.grad_cache not in ("auto", "on", "off"):
             raise UsageError(f"--grad-cache must be auto, on or off, got {self.grad_cache!r}")
         if self.max_memory is not None and self.max_memory <= 0:

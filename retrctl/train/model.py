@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from retrctl.models import Encoder
+from retrctl.models import Encoder, backbone
 from retrctl.models.layout import TrainedEncoder, TrainingLayout
 from retrctl.train.config import TrainConfig, parse_train_heads
 
@@ -18,7 +18,7 @@ def build_encoder(cfg: TrainConfig, device: str, *, for_training: bool = True, t
 
 
 def prepare(enc: Encoder, cfg: TrainConfig, *, for_training: bool = True, teacher_dim: int | None = None) -> TrainedEncoder:
-    """The flags' encoder settings applied, BERT's unused pooler frozen, gradient checkpointing and LoRA set up, the
+    """The flags' encoder settings applied (and ``--attention-dropout``), BERT's unused pooler frozen, gradient checkpointing and LoRA set up, the
     heads ``cfg`` trains attached; with the layout of what a step computes (models/layout.py). ``teacher_dim``:
     the width of a teacher's vectors the student's regress onto (embedding distillation); where it differs from
     the student's hidden size, a learned linear projection (``Encoder.distill_projection``) maps the student's
@@ -28,6 +28,8 @@ def prepare(enc: Encoder, cfg: TrainConfig, *, for_training: bool = True, teache
             enc.set_bidirectional(value)
         else:
             setattr(enc.config, key, value)  # in place: the sides and the head read this config
+    if cfg.attention_dropout is not None:
+        backbone.set_attention_dropout(enc.model, cfg.attention_dropout)
     for name, p in enc.model.named_parameters():
         if name.startswith("pooler."):  # BERT's pooler is unused by our pooling; frozen, it gets no None grads
             p.requires_grad_(False)
