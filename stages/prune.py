@@ -152,6 +152,7 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
         if groups is None:
             raise surgery.PruneError("--slim-mlp trains gates on retrieval groups: give --groups FILE (from retrctl mine) and --corpus")
     enc = Encoder.load(model, **(encoder_settings or {}))
+    max_length = min(max_length, getattr(enc.model.config, "max_position_embeddings", None) or max_length)
     blocks = surgery.blocks_of(enc.model)
     for flag, given in (("--drop-mlp", drop_mlp), ("--drop-attn", drop_attn), ("--slim-mlp", slim_mlp is not None)):
         if given:

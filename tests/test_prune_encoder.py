@@ -86,6 +86,14 @@ def test_encoder_importance_masks_padding(bert4):
             assert both[kind][i] == pytest.approx(want, rel=1e-4)
 
 
+def test_calibration_texts_are_cut_at_the_position_table(bert4, tmp_path):
+    """A calibration text longer than the model's 128 positions is cut there (--max-length 256 would crash)."""
+    calib = tmp_path / "long.jsonl"
+    calib.write_text(json.dumps({"docid": "d", "text": "word " * 400}) + "\n")
+    out = prune(str(bert4), output=tmp_path / "small", calibration=str(calib), drop_layers=1)
+    assert json.loads((out / "prune.json").read_text())["calibration"]["tokens"] == 128
+
+
 def test_dropping_encoder_layers_equals_running_the_kept_layers(bert4):
     """Whole layers out: the pruned model is the source with those layers skipped, config and layer_idx renumbered."""
     from transformers import AutoTokenizer

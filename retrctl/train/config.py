@@ -82,7 +82,7 @@ class TrainConfig:
     warmup_ratio: float = _f(0.1, "Linear warmup over this fraction of the steps, then linear decay to 0.")
     warmup_steps: int | None = _f(None, "Warmup steps (overrides --warmup-ratio).")
     epochs: int | None = _f(None, "Passes over the groups (3, as HF TrainingArguments), or over the corpus when it is "
-                                  "the only data (2: SciFact's 5,183 docs in ~32 min on 2 CPU cores for MiniLM cut "
+                                  "the only data (2: SciFact's 5,183 docs in ~20 min on 2 CPU cores for MiniLM cut "
                                   "to 3 layers).")
     max_steps: int | None = _f(None, "Stop after this many optimizer steps (overrides --epochs).")
     attention_dropout: float | None = _f(None, "Dropout on the attention probabilities while training (not saved). "
