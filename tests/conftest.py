@@ -94,11 +94,16 @@ def tiny_llama(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def no_dropout_bert(tiny_bert, tmp_path_factory) -> Path:
     """tiny_bert with dropout off: processes, chunkings and resumed runs must agree exactly."""
-    out = tmp_path_factory.mktemp("bert0")
-    for f in tiny_bert.iterdir():
+    return with_config(tiny_bert, tmp_path_factory.mktemp("bert0"), hidden_dropout_prob=0.0,
+                       attention_probs_dropout_prob=0.0)
+
+
+def with_config(model: Path, out: Path, **settings) -> Path:
+    """A copy of the model dir ``model`` in ``out`` with ``settings`` changed in its config.json."""
+    for f in model.iterdir():
         (out / f.name).write_bytes(f.read_bytes())
     cfg = json.loads((out / "config.json").read_text())
-    cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg.update(settings)
     (out / "config.json").write_text(json.dumps(cfg))
     return out
 

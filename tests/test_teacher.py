@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import with_config
 from trainkit import FAST, corpus, groups, losses, write_jsonl
 
 from stages.train import train
@@ -243,13 +244,8 @@ def test_a_teacher_that_holds_the_output_is_refused_even_with_overwrite(tiny_ber
 @pytest.fixture(scope="module")
 def attention_dropout_bert(tiny_bert, tmp_path_factory) -> Path:
     """tiny_bert with dropout on the attention probabilities only (0.5), none elsewhere."""
-    out = tmp_path_factory.mktemp("bert_attn_dropout")
-    for f in tiny_bert.iterdir():
-        (out / f.name).write_bytes(f.read_bytes())
-    cfg = json.loads((out / "config.json").read_text())
-    cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.5)
-    (out / "config.json").write_text(json.dumps(cfg))
-    return out
+    return with_config(tiny_bert, tmp_path_factory.mktemp("bert_attn_dropout"), hidden_dropout_prob=0.0,
+                       attention_probs_dropout_prob=0.5)
 
 
 def test_a_corpus_alone_trains_without_attention_dropout_and_the_saved_config_keeps_the_models(
