@@ -227,8 +227,8 @@ def command(groups, output, corpus, config_file, **flags):
     Distillation from a frozen --teacher MODEL: with groups, its scores of each group's passages (--distill-weight,
     default 1 then); without a GROUPS argument the corpus alone is the data (--corpus C --teacher T: each doc's
     passage and a sentence crop of it, the student's vectors regressed onto the teacher's; 2 epochs, lr 3e-4,
-    batch 32, no attention dropout by default: SciFact's 5,183 docs in ~20 min on 2 CPU cores). With --teacher, groups come from
-    stdin only as GROUPS '-'."""
+    batch 32, no attention dropout by default: SciFact's 5,183 docs in ~20 min on 2 CPU cores). With --teacher,
+    groups come from stdin only as GROUPS '-'."""
     collective_timeout = flags.get("ray_timeout")  # under --ray: also the wait for the other workers, when given
     ray = distributed.pop_settings(flags)
     cfg = (TrainConfig.from_json(config_file) if config_file else TrainConfig()).replace(**flags)

@@ -18,11 +18,12 @@ def build_encoder(cfg: TrainConfig, device: str, *, for_training: bool = True, t
 
 
 def prepare(enc: Encoder, cfg: TrainConfig, *, for_training: bool = True, teacher_dim: int | None = None) -> TrainedEncoder:
-    """The flags' encoder settings applied (and ``--attention-dropout``), BERT's unused pooler frozen, gradient checkpointing and LoRA set up, the
-    heads ``cfg`` trains attached; with the layout of what a step computes (models/layout.py). ``teacher_dim``:
-    the width of a teacher's vectors the student's regress onto (embedding distillation); where it differs from
-    the student's hidden size, a learned linear projection (``Encoder.distill_projection``) maps the student's
-    dense output to it, as the layout's ``projected`` part (never saved: ``Encoder.save`` writes stock modules)."""
+    """The flags' encoder settings and ``--attention-dropout`` applied, BERT's unused pooler frozen, gradient
+    checkpointing and LoRA set up, the heads ``cfg`` trains attached; with the layout of what a step computes
+    (models/layout.py). ``teacher_dim``: the width of a teacher's vectors the student's regress onto (embedding
+    distillation); where it differs from the student's hidden size, a learned linear projection
+    (``Encoder.distill_projection``) maps the student's dense output to it, as the layout's ``projected`` part
+    (never saved: ``Encoder.save`` writes stock modules)."""
     for key, value in cfg.encoder_overrides().items():
         if key == "bidirectional":
             enc.set_bidirectional(value)
