@@ -370,12 +370,16 @@ def agree(budget: Budget, device: str) -> Budget:
 # ---------------------------------------------------------------- shapes
 
 
+def within_positions(model_config, length: int) -> int:
+    """``length`` tokens capped by the model's position table (a longer input crashes it); as is without one."""
+    return min(length, getattr(model_config, "max_position_embeddings", length) or length)
+
+
 def max_length_batch(enc, kind: str, rows: int, device) -> dict:
     """``rows`` texts of exactly the max length of ``kind`` (capped by the position table): the worst case."""
     import torch
 
-    cap = enc.config.query_max_len if kind == "query" else enc.config.passage_max_len
-    width = min(cap, getattr(enc.model.config, "max_position_embeddings", cap) or cap)
+    width = within_positions(enc.model.config, enc.config.max_len(kind))
     special = set(enc.tokenizer.all_special_ids)
     token = next(i for i in range(1000, 10**6) if i not in special)
     ids = torch.full((rows, width), token, dtype=torch.long)

@@ -76,7 +76,7 @@ from pathlib import Path
 
 import click
 
-from retrctl import records
+from retrctl import memory, records
 from retrctl.hashing import stable_hex, weights_fingerprint
 from retrctl.stage import encoder_overrides, options, progress, stage
 
@@ -152,7 +152,7 @@ def prune(model, *, output, calibration=None, calibration_size: int = 256, max_l
         if groups is None:
             raise surgery.PruneError("--slim-mlp trains gates on retrieval groups: give --groups FILE (from retrctl mine) and --corpus")
     enc = Encoder.load(model, **(encoder_settings or {}))
-    max_length = min(max_length, getattr(enc.model.config, "max_position_embeddings", None) or max_length)
+    max_length = memory.within_positions(enc.model.config, max_length)
     blocks = surgery.blocks_of(enc.model)
     for flag, given in (("--drop-mlp", drop_mlp), ("--drop-attn", drop_attn), ("--slim-mlp", slim_mlp is not None)):
         if given:

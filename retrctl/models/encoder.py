@@ -265,8 +265,7 @@ class Encoder(torch.nn.Module):
         (memory.py): a decoder at 512 tokens must not be OOM-killed (on CPU that is a SIGKILL)."""
         from retrctl import memory
 
-        cap = self.config.max_len(kind)
-        width = min(cap, getattr(self.model.config, "max_position_embeddings", cap) or cap)
+        width = memory.within_positions(self.model.config, self.config.max_len(kind))
         per_text = memory.inference_per_text(self.model.config, width, next(self.model.parameters()).element_size())
         return memory.fit_batch(per_text, requested, str(self.device), what=f"encode ({self.source})", fixed=self.weight_bytes())
 

@@ -194,8 +194,7 @@ class Trainer:
     def _tokenize(self, texts: list[str], kind: str, pad_to_max: bool) -> dict:
         width = None
         if pad_to_max:
-            width = self.enc.config.query_max_len if kind == "query" else self.enc.config.passage_max_len
-            width = min(width, getattr(self.enc.model.config, "max_position_embeddings", width) or width)
+            width = memory.within_positions(self.enc.model.config, self.enc.config.max_len(kind))
         batch = self.enc.tokenize(texts, kind, width)
         return {k: v.to(self.dist.device) for k, v in batch.items()}
 

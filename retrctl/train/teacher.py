@@ -51,8 +51,7 @@ def load_teacher(name: str, device: str) -> Encoder:
 def forward_bytes(teacher: Encoder, texts: int) -> int:
     """Working memory of the teacher's no-grad forward over ``texts`` texts at its longest length."""
     cfg = teacher.model.config
-    width = max(teacher.config.query_max_len, teacher.config.passage_max_len)
-    width = min(width, getattr(cfg, "max_position_embeddings", width) or width)
+    width = memory.within_positions(cfg, max(teacher.config.query_max_len, teacher.config.passage_max_len))
     return texts * memory.inference_per_text(cfg, width, next(teacher.model.parameters()).element_size())
 
 
