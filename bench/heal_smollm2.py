@@ -11,7 +11,10 @@ Every step a CLI call as a user runs it:
 2. **cut**: `retrctl prune W/teacher --drop-layers K --calibration SLICE`;
 3. **heal**: `retrctl train --corpus HEAL --model W/drop-K --teacher W/teacher` with the command's defaults (a
    corpus alone, no labels; ``--heal-flags`` adds flags, for a second heal beside the default one); its wall time
-   is the ≤ 60 min figure. HEAL is the slice unless ``--heal-docs`` names another cut of SciFact;
+   is the ≤ 60 min figure. HEAL is the slice unless ``--heal-docs`` names another cut of SciFact. With
+   ``--group-heal`` also `train GROUPS --corpus scifact --model W/drop-K --teacher W/teacher --embed-distill-weight 1`
+   with the teacher's recipe and steps: InfoNCE on its groups, KL to its scores of each group's passages and MSE to
+   its vectors of the group's texts;
 4. **speed**: docs per CPU-second of the teacher and the cut model (inference loads: removed blocks skipped), the
    same ``--speed-docs`` docs of the slice, rounds interleaved in one process (bench/_run.py's ``throughput``);
 5. **quality**: `retrctl index` / `search --hits 100` / `eval` on the slice with light.py's caps (256 tokens each
@@ -64,6 +67,12 @@ def build(a, steps: Steps, scifact: Path, sliced: Path, heal_data: Path) -> tupl
         seconds[name] = steps.run("train", "--corpus", heal_data, "--model", small, "--teacher", teacher, *flags,
                                   "-o", out, output=out, done="train_config.json", inputs=[small, teacher, heal_data])
         models[name] = out
+    if a.group_heal:  # the teacher's own recipe and groups, with its scores (KL) and its vectors (MSE) as targets
+        out = models["healed-groups"] = a.work / "healed-groups"
+        seconds["healed-groups"] = steps.run(
+            "train", groups, "--corpus", scifact, "--model", small, "--teacher", teacher, "--embed-distill-weight", 1,
+            *TEACHER_RECIPE, "--max-steps", a.teacher_steps, "-o", out, output=out, done="train_config.json",
+            inputs=[small, teacher, groups])
     return models, seconds
 
 
@@ -87,6 +96,8 @@ def main() -> None:
     ap.add_argument("--teacher-steps", type=int, default=60)
     ap.add_argument("--drop-layers", type=int, default=15, help="blocks cut (SmolLM2 has 30)")
     ap.add_argument("--heal-flags", default="", help="flags of a second heal, beside the default one")
+    ap.add_argument("--group-heal", action="store_true", help="also heal on the teacher's groups with its recipe, "
+                    "its scores and its vectors (`train GROUPS --teacher T --embed-distill-weight 1`)")
     ap.add_argument("--eval-docs", type=int, default=500, help="the slice (light.py's --eval-docs)")
     ap.add_argument("--heal-docs", type=int, default=0, help="heal on a SciFact cut of N docs (0: the slice)")
     ap.add_argument("--speed-docs", type=int, default=128)
@@ -117,7 +128,8 @@ def main() -> None:
     base = scores["teacher"][0]
     for name, model in models.items():
         s, p = scores[name]
-        label = name if name != "healed+" else f"healed ({a.heal_flags})"
+        label = {"healed+": f"healed ({a.heal_flags})", "healed-groups": "healed on the teacher's groups, its scores "
+                 "and vectors"}.get(name, name)
         ratio = 1.0 if name == "teacher" else speedup
         print(f"| {label} (`{model.name}`) | {seconds[name] / 60:.1f} | {ratio:.2f}× | {s:.4f} | {s - base:+.4f} | "
               f"{'—' if name == 'teacher' else format(p, '.3g')} |")
