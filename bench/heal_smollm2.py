@@ -50,6 +50,12 @@ TEACHER_RECIPE = ["--pooling", "mean", "--bidirectional", "--grad-cache", "--chu
 CAPS = ["--passage-max-len", 256, "--query-max-len", 256]  # light.py's evaluation caps
 
 
+def cut(data: Path, work: Path, docs: int) -> Path:
+    """light.py's slice of ``data`` (``slice_beir``), written once per ``work``: the commands made from it stay reusable."""
+    out = work / f"{data.name}-slice"
+    return out if (out / "qrels" / "test.tsv").is_file() else slice_beir(data, work, docs, None)
+
+
 def build(a, steps: Steps, scifact: Path, sliced: Path, heal_data: Path) -> tuple[dict, dict]:
     """Teacher, cut and healed models: ({name: dir}, {name: wall seconds of the command that made it})."""
     groups = train_groups(scifact, a.work, None)
@@ -107,8 +113,8 @@ def main() -> None:
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     steps, scifact = Steps(a.work), DATA / "scifact"
-    sliced = slice_beir(scifact, a.work, a.eval_docs, None)
-    heal_data = slice_beir(scifact, a.work / "heal", a.heal_docs, None) if a.heal_docs else sliced
+    sliced = cut(scifact, a.work, a.eval_docs)
+    heal_data = cut(scifact, a.work / "heal", a.heal_docs) if a.heal_docs else sliced
     models, seconds = build(a, steps, scifact, sliced, heal_data)
 
     texts = [records.passage_text(d) for _, d in zip(range(a.speed_docs), records.read(sliced, "doc"), strict=False)]
