@@ -20,7 +20,7 @@ Every step a CLI call as a user runs it:
 5. **quality**: `retrctl index` / `search --hits 100` / `eval` on the slice with light.py's caps (256 tokens each
    side), eval's paired t-test against the teacher.
 
-    flock /tmp/retrctl-bench.lock .venv/bin/python bench/heal_smollm2.py --work /tmp/heal-smollm2   # ~75 min
+    flock /tmp/retrctl-bench.lock .venv/bin/python bench/heal_smollm2.py --work /tmp/heal-smollm2   # ~75 min; --group-heal ~20 more
     .venv/bin/python bench/heal_smollm2.py --model TINY --teacher-steps 2 --heal-flags "--max-steps 2" \\
         --eval-docs 40 --speed-docs 8 --rounds 1 --work /tmp/heal-smoke                              # smoke test
 
