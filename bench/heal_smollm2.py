@@ -51,9 +51,11 @@ CAPS = ["--passage-max-len", 256, "--query-max-len", 256]  # light.py's evaluati
 
 
 def cut(data: Path, work: Path, docs: int) -> Path:
-    """light.py's slice of ``data`` (``slice_beir``), written once per ``work``: the commands made from it stay reusable."""
-    out = work / f"{data.name}-slice"
-    return out if (out / "qrels" / "test.tsv").is_file() else slice_beir(data, work, docs, None)
+    """light.py's slice of ``data`` (``slice_beir``), written once per ``work`` and size: the commands made from it
+    stay reusable, and another ``docs`` makes another slice."""
+    out = work / f"slice-{docs}"
+    sliced = out / f"{data.name}-slice"
+    return sliced if (sliced / "qrels" / "test.tsv").is_file() else slice_beir(data, out, docs, None)
 
 
 def build(a, steps: Steps, scifact: Path, sliced: Path, heal_data: Path) -> tuple[dict, dict]:
@@ -66,9 +68,8 @@ def build(a, steps: Steps, scifact: Path, sliced: Path, heal_data: Path) -> tupl
     seconds["cut"] = steps.run("prune", teacher, "--drop-layers", a.drop_layers, "--calibration", sliced, "-o", small,
                                output=small, done="prune.json", inputs=[teacher, sliced])
     models = {"teacher": teacher, "cut": small}
-    for name, flags in (("healed", []), ("healed+", shlex.split(a.heal_flags))):
-        if name == "healed+" and not flags:
-            continue
+    heals = {"healed": []} | ({"healed+": shlex.split(a.heal_flags)} if a.heal_flags else {})
+    for name, flags in heals.items():
         out = a.work / ("healed" if not flags else "healed-" + "".join(f.strip("-") for f in flags))
         seconds[name] = steps.run("train", "--corpus", heal_data, "--model", small, "--teacher", teacher, *flags,
                                   "-o", out, output=out, done="train_config.json", inputs=[small, teacher, heal_data])
