@@ -6,15 +6,19 @@
 #    train queries, judged positive and one BM25-mined negative: bench/heal_encoder.py's groups; mean pooling,
 #    bidirectional, 3 epochs of 32 at lr 1e-4, 256 tokens, bench/light.py's instruction as the query prompt), cut
 #    with `prune --drop-layers SMOL_DROP` (15 of 30 blocks: 2.0-2.3x encode speed on the CPU, bench/RESULTS.md) and
-#    healed by `train --corpus DATA --teacher TRAINED` with the command's defaults.
+#    healed by `train --corpus DATA --teacher TRAINED`: once per line of SMOL_HEALS ("NAME FLAGS...", default
+#    "smol-healed" with the command's defaults), the heals side by side on the one GPU (each needs ~16 GB), then
+#    their indexes likewise.
 # 2. MiniLM: `prune MINILM --drop-layers 3 --calibration DATA`, then `train --corpus DATA --model small --teacher
 #    MINILM` with the defaults (two passes, lr 3e-4) and with `--epochs 3`.
-# 3. `index` / `search --hits 100` / `eval` of every model; eval's paired t-test against each family's teacher.
+# 3. `index` / `search --hits 100` / `eval` of every model; eval's paired t-test against each family's teacher
+#    (the table to stdout and WORK/eval-FAMILY.txt, its JSON lines with the p values to WORK/eval-FAMILY.json).
 #
 #    MINILM=dir SMOLLM2=file.gguf DATA=../shared/data/scifact WORK=/tmp/heal-gpu bash bench/heal_gpu.sh
 #
-# SMOKE="--max-steps 2" caps every training run (a smoke test on tiny models). Each command's seconds go to
-# WORK/times.tsv; eval's tables to stdout; logs to stderr.
+# FAMILIES="smollm2" runs one family. SMOKE="--max-steps 2" caps every training run (a smoke test on tiny models).
+# Each command's seconds go to WORK/times.tsv (commands side by side share the GPU: their seconds are upper
+# bounds); logs to stderr.
 set -euo pipefail
 
 DATA=${DATA:-../shared/data/scifact}
@@ -23,6 +27,8 @@ MINILM=${MINILM:-minilm}
 SMOLLM2=${SMOLLM2:-smollm2}
 MINILM_DROP=${MINILM_DROP:-3}
 SMOL_DROP=${SMOL_DROP:-15}
+SMOL_HEALS=${SMOL_HEALS:-smol-healed}
+FAMILIES=${FAMILIES:-smollm2 minilm}
 SMOKE=${SMOKE:-}
 PY=${PY:-python3}
 PROMPT=$'Instruct: Given a scientific claim, retrieve documents that support or refute the claim\nQuery: '
@@ -41,36 +47,72 @@ evaluate() {  # evaluate NAME MODEL: index DATA with MODEL, search its test quer
     timed "search $1" search "$WORK/idx-$1" "$DATA" --hits 100 -o "$WORK/$1.trec" --quiet
 }
 
+pids=()
+side_by_side() {  # side_by_side CMD ARGS...: CMD in the background; wait_all then fails if any of them failed
+    "$@" &
+    pids+=($!)
+}
+
+wait_all() {
+    local pid failed=0
+    for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+    pids=()
+    return $failed
+}
+
+score() {  # score FAMILY RUN...: eval's paired table against the first run, and its JSON lines (the p values)
+    local family=$1
+    shift
+    "$PY" -m retrctl eval "$@" --qrels "$DATA" -m nDCG@10 -m R@100 | tee "$WORK/eval-$family.txt"
+    "$PY" -m retrctl eval "$@" --qrels "$DATA" -m nDCG@10 -m R@100 --json --quiet >"$WORK/eval-$family.json"
+}
+
+has() { [[ " $FAMILIES " == *" $1 "* ]]; }
+
 # SmolLM2: a trained retriever as the teacher, cut to half its blocks, healed from it
-TRAIN_GROUPS=$("$PY" - "$(dirname "$0")" "$DATA" "$WORK" <<'EOF'
+if has smollm2; then
+    TRAIN_GROUPS=$("$PY" - "$(dirname "$0")" "$DATA" "$WORK" <<'EOF'
 import sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from heal_encoder import train_groups
 print(train_groups(Path(sys.argv[2]), Path(sys.argv[3]), None))
 EOF
-)
-timed "train smollm2" train "$TRAIN_GROUPS" --corpus "$DATA" --model "$SMOLLM2" --pooling mean --bidirectional \
-    --query-prompt "$PROMPT" --passage-max-len 256 --query-max-len 64 --epochs 3 --batch-size 32 \
-    --train-group-size 2 --lr 1e-4 $SMOKE -o "$WORK/smol-trained"
-timed "prune smollm2" prune "$WORK/smol-trained" --drop-layers "$SMOL_DROP" --calibration "$DATA" -o "$WORK/smol-drop"
-timed "heal smollm2" train --corpus "$DATA" --model "$WORK/smol-drop" --teacher "$WORK/smol-trained" $SMOKE \
-    -o "$WORK/smol-healed"
-for m in smol-trained smol-drop smol-healed; do
-    evaluate "$m" "$WORK/$m"
-done
-"$PY" -m retrctl eval "$WORK"/smol-trained.trec "$WORK"/smol-drop.trec "$WORK"/smol-healed.trec \
-    --qrels "$DATA" -m nDCG@10 -m R@100 | tee "$WORK/eval-smollm2.txt"
+    )
+    timed "train smollm2" train "$TRAIN_GROUPS" --corpus "$DATA" --model "$SMOLLM2" --pooling mean --bidirectional \
+        --query-prompt "$PROMPT" --passage-max-len 256 --query-max-len 64 --epochs 3 --batch-size 32 \
+        --train-group-size 2 --lr 1e-4 $SMOKE -o "$WORK/smol-trained"
+    timed "prune smollm2" prune "$WORK/smol-trained" --drop-layers "$SMOL_DROP" --calibration "$DATA" \
+        -o "$WORK/smol-drop"
+    healed=()
+    while read -r name flags; do
+        [ -n "$name" ] || continue
+        # $flags and $SMOKE are split into words on purpose
+        side_by_side timed "heal $name" train --corpus "$DATA" --model "$WORK/smol-drop" \
+            --teacher "$WORK/smol-trained" $flags $SMOKE -o "$WORK/$name"
+        healed+=("$name")
+    done <<<"$SMOL_HEALS"
+    wait_all
+    for m in smol-trained smol-drop "${healed[@]}"; do
+        side_by_side evaluate "$m" "$WORK/$m"
+    done
+    wait_all
+    runs=()
+    for m in smol-trained smol-drop "${healed[@]}"; do runs+=("$WORK/$m.trec"); done
+    score smollm2 "${runs[@]}"
+fi
 
 # MiniLM: cut, healed with the defaults and with three passes
-timed "prune minilm" prune "$MINILM" --drop-layers "$MINILM_DROP" --calibration "$DATA" -o "$WORK/minilm-drop"
-timed "heal minilm" train --corpus "$DATA" --model "$WORK/minilm-drop" --teacher "$MINILM" $SMOKE \
-    -o "$WORK/minilm-healed"
-timed "heal minilm 3 epochs" train --corpus "$DATA" --model "$WORK/minilm-drop" --teacher "$MINILM" --epochs 3 \
-    $SMOKE -o "$WORK/minilm-healed-e3"
-for m in minilm minilm-drop minilm-healed minilm-healed-e3; do
-    evaluate "$m" "$([ $m = minilm ] && echo "$MINILM" || echo "$WORK/$m")"
-done
-"$PY" -m retrctl eval "$WORK"/minilm.trec "$WORK"/minilm-drop.trec "$WORK"/minilm-healed.trec \
-    "$WORK"/minilm-healed-e3.trec --qrels "$DATA" -m nDCG@10 -m R@100 | tee "$WORK/eval-minilm.txt"
+if has minilm; then
+    timed "prune minilm" prune "$MINILM" --drop-layers "$MINILM_DROP" --calibration "$DATA" -o "$WORK/minilm-drop"
+    timed "heal minilm" train --corpus "$DATA" --model "$WORK/minilm-drop" --teacher "$MINILM" $SMOKE \
+        -o "$WORK/minilm-healed"
+    timed "heal minilm 3 epochs" train --corpus "$DATA" --model "$WORK/minilm-drop" --teacher "$MINILM" \
+        --epochs 3 $SMOKE -o "$WORK/minilm-healed-e3"
+    for m in minilm minilm-drop minilm-healed minilm-healed-e3; do
+        evaluate "$m" "$([ $m = minilm ] && echo "$MINILM" || echo "$WORK/$m")"
+    done
+    score minilm "$WORK/minilm.trec" "$WORK/minilm-drop.trec" "$WORK/minilm-healed.trec" \
+        "$WORK/minilm-healed-e3.trec"
+fi
 column -t -s $'\t' "$WORK/times.tsv" 2>/dev/null || cat "$WORK/times.tsv"
