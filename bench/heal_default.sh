@@ -8,8 +8,9 @@
 #    flock /tmp/retrctl-bench.lock bash bench/heal_default.sh        # HEAL=scifact, EVAL="scifact arguana": ~50 min
 #
 # HEAL and EVAL name BEIR folders under DATA (../shared/data); WORK keeps every output (a finished one is reused,
-# so a run stopped part-way continues; delete WORK to measure again); SMOKE="--max-steps 2" caps the heal (a smoke
-# test, e.g. with MODEL a tiny model dir). Seconds go to WORK/times.tsv, eval's tables to stdout, logs to stderr.
+# so a run stopped part-way continues; delete WORK to measure again); HEAL_FLAGS are added to the heal (e.g.
+# "--lr 1e-3"); SMOKE="--max-steps 2" caps the heal (a smoke test, e.g. with MODEL a tiny model dir). Seconds go
+# to WORK/times.tsv, eval's tables to stdout, logs to stderr.
 set -euo pipefail
 
 DATA=${DATA:-../shared/data}
@@ -18,6 +19,7 @@ EVAL=${EVAL:-scifact arguana}
 MODEL=${MODEL:-minilm}
 DROP=${DROP:-3}
 WORK=${WORK:-bench/work/heal-default}
+HEAL_FLAGS=${HEAL_FLAGS:-}
 SMOKE=${SMOKE:-}
 PY=${PY:-python3}
 mkdir -p "$WORK"
@@ -32,9 +34,9 @@ timed() {  # timed NAME OUTPUT retrctl-args...: runs the command unless OUTPUT e
 }
 
 timed prune "$WORK/drop-$DROP" prune "$MODEL" --drop-layers "$DROP" --calibration "$DATA/$HEAL" -o "$WORK/drop-$DROP"
-# shellcheck disable=SC2086  # SMOKE is a list of flags
-timed heal "$WORK/healed" train --corpus "$DATA/$HEAL" --model "$WORK/drop-$DROP" --teacher "$MODEL" $SMOKE \
-    -o "$WORK/healed"
+# shellcheck disable=SC2086  # HEAL_FLAGS and SMOKE are lists of flags
+timed heal "$WORK/healed" train --corpus "$DATA/$HEAL" --model "$WORK/drop-$DROP" --teacher "$MODEL" $HEAL_FLAGS \
+    $SMOKE -o "$WORK/healed"
 
 for set in $EVAL; do
     extra=()
