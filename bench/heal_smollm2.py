@@ -84,10 +84,11 @@ def build(a, steps: Steps, scifact: Path, sliced: Path, heal_data: Path) -> tupl
 
 
 def quality(a, steps: Steps, models: dict, data: Path) -> dict:
-    """{name: (nDCG@10, p against the teacher)} on ``data``'s test queries."""
+    """{name: (nDCG@10, p against the teacher)} on ``data``'s test queries; each index and run is named after its
+    model's dir, so the runs of earlier heals (other ``--heal-flags``) stay for paired tests."""
     runs = []
-    for name, model in models.items():
-        idx, run = a.work / f"idx-{name}", a.work / f"run-{name}.trec"
+    for model in models.values():
+        idx, run = a.work / f"idx-{model.name}", a.work / f"run-{model.name}.trec"
         steps.run("index", data, "--model", model, *CAPS, "--batch-size", a.batch_size, "-o", idx, "--quiet",
                   output=idx, done="index.json", inputs=[model, data])
         steps.run("search", idx, data, "--hits", 100, "-o", run, "--quiet", output=run, inputs=[idx, data])
