@@ -93,12 +93,12 @@ EOF
         healed+=("$name")
     done <<<"$SMOL_HEALS"
     wait_all
+    runs=()
     for m in smol-trained smol-drop "${healed[@]}"; do
         side_by_side evaluate "$m" "$WORK/$m"
+        runs+=("$WORK/$m.trec")
     done
     wait_all
-    runs=()
-    for m in smol-trained smol-drop "${healed[@]}"; do runs+=("$WORK/$m.trec"); done
     score smollm2 "${runs[@]}"
 fi
 
