@@ -10,14 +10,7 @@ import torch
 import torch.multiprocessing as mp
 
 from retrctl.train import losses as contrastive
-from retrctl.train.losses import (
-    batch_distill,
-    distill_kl,
-    false_negative_mask,
-    grad_cache_step,
-    group_loss,
-    margin_mse,
-)
+from retrctl.train.losses import distill_kl, false_negative_mask, grad_cache_step, group_loss, margin_mse
 
 
 def _unit(*rows):
@@ -90,30 +83,6 @@ def test_margin_mse_by_hand():
     # margins: student 2 (the masked negative is left out), teacher (8 - 2) / 2 = 3
     assert margin_mse(student, teacher, valid, 2.0).item() == pytest.approx((2.0 - 3.0) ** 2)
     assert margin_mse(student, teacher, torch.tensor([False, False])).item() == 0.0
-
-
-def test_batch_distillation_matches_the_teachers_in_batch_scores():
-    """A corpus alone: each crop against every passage of the batch, its own passage the positive."""
-    import torch.nn.functional as F
-
-    torch.manual_seed(4)
-    tq, tp = F.normalize(torch.randn(3, 6), dim=-1), F.normalize(torch.randn(3, 6), dim=-1)
-    # a student with the teacher's vectors (another width is fine: only scores are compared) has nothing to learn
-    same, _ = batch_distill(torch.cat([tq, tq], 1), torch.cat([tp, tp], 1), teacher_q=tq, teacher_p=tp, weight=1.0,
-                            temperature=0.05, teacher_temperature=0.05)
-    assert same.item() == pytest.approx(0.0, abs=1e-5)
-    q, p = torch.randn(3, 4), torch.randn(3, 4)
-    kl, parts = batch_distill(q, p, teacher_q=tq, teacher_p=tp, weight=2.0, temperature=0.1, teacher_temperature=0.5)
-    s = F.normalize(q, dim=-1) @ F.normalize(p, dim=-1).T / 0.1
-    assert kl.item() == pytest.approx(2.0 * distill_kl(s, tq @ tp.T, torch.ones(3, dtype=torch.bool), 0.5).item(),
-                                      rel=1e-5)
-    assert set(parts) == {"kl"}
-    # margin-mse: each row's own passage first, the margins against the rest of the batch
-    mm, parts = batch_distill(q, p, teacher_q=tq, teacher_p=tp, weight=1.0, temperature=0.1, teacher_temperature=0.5,
-                              kind="margin-mse")
-    t = tq @ tp.T / 0.5
-    want = torch.cat([((s[i, i] - s[i]) - (t[i, i] - t[i]))[torch.arange(3) != i] for i in range(3)]).pow(2).mean()
-    assert set(parts) == {"margin_mse"} and mm.item() == pytest.approx(want.item(), rel=1e-5)
 
 
 def test_margin_mse_alone_when_the_contrastive_weight_is_zero():

@@ -113,36 +113,6 @@ def test_a_corpus_alone_trains_through_the_cli(tiny_bert, no_dropout_bert, files
     assert plan["teacher_bytes"] > 0  # the teacher's forward is part of the memory plan
 
 
-def test_a_corpus_alone_also_distils_the_teachers_in_batch_scores(tiny_bert, no_dropout_bert, files, tmp_path, runner):
-    c, _ = files
-    out = tmp_path / "healed"
-    r = runner("train", "--corpus", c, "--model", tiny_bert, "--teacher", no_dropout_bert, "--distill-weight", 0.5,
-               "-o", out, "--max-steps", 2, "--batch-size", 4, "--query-max-len", 16, "--passage-max-len", 24)
-    assert r.exit_code == 0, r.stderr
-    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
-    assert {"kl", "embed_mse"} <= set(last)
-    assert last["loss"] == pytest.approx(last["embed_mse"] + 0.5 * last["kl"], rel=1e-4)
-    cfg = json.loads((out / "train_config.json").read_text())
-    assert cfg["teacher_temperature"] == cfg["temperature"] == 0.05  # a model's similarities, on the student's scale
-    # the scores alone are a valid objective too
-    r = runner("train", "--corpus", c, "--model", tiny_bert, "--teacher", no_dropout_bert, "--distill-weight", 1,
-               "--embed-distill-weight", 0, "-o", tmp_path / "scores", "--max-steps", 1, "--batch-size", 4,
-               "--query-max-len", 16, "--passage-max-len", 24)
-    assert r.exit_code == 0, r.stderr
-    r = runner("train", "--corpus", c, "--model", tiny_bert, "--teacher", no_dropout_bert, "--embed-distill-weight", 0,
-               "-o", tmp_path / "none", "--max-steps", 1)
-    assert r.exit_code == 2 and "--distill-weight" in r.output and not (tmp_path / "none").exists()
-
-
-def test_the_teacher_temperature_follows_the_students_for_a_model_teacher():
-    from retrctl.train.config import TrainConfig
-
-    assert TrainConfig(temperature=0.02).settle(teacher=True, groups=True).teacher_temperature == 0.02
-    assert TrainConfig().settle(teacher=True, groups=True, model_teacher=False).teacher_temperature == 1.0  # a scorer
-    assert TrainConfig().settle(teacher=False, groups=True).teacher_temperature == 1.0  # the groups' stored scores
-    assert TrainConfig(teacher_temperature=2.0).settle(teacher=True, groups=True).teacher_temperature == 2.0
-
-
 def test_resume_with_another_teacher_is_refused_naming_the_key(tiny_bert, no_dropout_bert, wide_teacher, files, tmp_path,
                                                               runner):
     c, _ = files

@@ -60,8 +60,7 @@ def parse_alphas(value: str) -> list[float]:
 SETTLED = {"lr": "2e-5 with groups, 3e-4 from a corpus alone", "epochs": "3 with groups, 2 from a corpus alone",
            "distill_weight": "1 with --teacher and groups, else 0",
            "embed_distill_weight": "1 with --teacher and no groups, else 0",
-           "attention_dropout": "the model's own with groups, 0 from a corpus alone",
-           "teacher_temperature": "--temperature with a --teacher model (its similarities), else 1"}
+           "attention_dropout": "the model's own with groups, 0 from a corpus alone"}
 
 
 def _f(default, help: str):
@@ -92,12 +91,10 @@ class TrainConfig:
     seed: int = _f(42, "Seed for sampling, dropout and LoRA init.")
     mrl_dims: list[int] | None = _f(None, "Matryoshka: loss summed over these truncated dims, e.g. 64,128,384.")
     distill_weight: float | None = _f(None, "Weight of the distillation term: the teacher's scores of each group's "
-                                            "passages (--teacher), else those the groups carry (positive/negative_scores); "
-                                            "from a corpus alone, its scores of each crop against the batch's passages.")
+                                            "passages (--teacher), else those the groups carry (positive/negative_scores).")
     distill_loss: str = _f("kl", "kl: KL(teacher || student) over each group (RocketQAv2); margin-mse: MSE between the "
                            "student's and the teacher's positive-minus-negative score margins (GPL's MarginMSE).")
-    teacher_temperature: float | None = _f(None, "Teacher scores are divided by this (before the softmax, or the "
-                                                 "margins).")
+    teacher_temperature: float = _f(1.0, "Teacher scores are divided by this (before the softmax, or the margins).")
     teacher: str | None = _f(None, "A frozen teacher the student learns from: a retrctl or sentence-transformers "
                                    "model dir or a shipped name ('minilm'). With groups: its scores of each group's "
                                    "passages (--distill-weight, --distill-loss); its vectors of the same texts "
@@ -187,14 +184,11 @@ class TrainConfig:
         """A copy with the flags that were given (not None) applied."""
         return dataclasses.replace(self, **{k: v for k, v in flags.items() if v is not None})
 
-    def settle(self, *, teacher: bool, groups: bool, model_teacher: bool | None = None) -> TrainConfig:
+    def settle(self, *, teacher: bool, groups: bool) -> TrainConfig:
         """Fill in the settings left unset whose default depends on the run (``SETTLED``): whether a teacher is
-        given (``--teacher`` or an online one), whether it is a model (``model_teacher``, default ``teacher``: its
-        scores are similarities on the student's scale, not a reranker's) and whether groups are the data (else a
-        corpus alone). In place; returns self."""
-        model_teacher = teacher if model_teacher is None else model_teacher
+        given (``--teacher`` or an online one) and whether groups are the data (else a corpus alone). In place;
+        returns self."""
         defaults = {"lr": 2e-5 if groups else 3e-4, "epochs": 3 if groups else 2,
-                    "teacher_temperature": self.temperature if model_teacher else 1.0,
                     "distill_weight": 1.0 if teacher and groups else 0.0,
                     "embed_distill_weight": 1.0 if teacher and not groups else 0.0,
                     # a regression onto a frozen teacher's vectors: attention run fused on CPU, the step 1.7x faster

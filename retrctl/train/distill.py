@@ -6,8 +6,7 @@ crops ``retrctl crop`` cuts, from retrctl/crops.py, seeded by ``--seed``; a doc 
 its first 32 words). Each step is one embedding-distillation step over a batch of docs: the student's vectors of
 the batch's crops and passages regress onto the teacher's (``losses.embed_distill_loss``; a learned projection
 when the widths differ, dropped at save), as sentence-transformers' model-distillation example trains a student
-with fewer layers on MSE to the teacher's embeddings. With ``--distill-weight`` the teacher's scores of each crop
-against the batch's passages are distilled beside them (``losses.batch_distill``).
+with fewer layers on MSE to the teacher's embeddings.
 
 The teacher is frozen, so its vectors are computed once, up front, in chunks saved under ``OUTPUT.partial/teacher``
 (a resume reuses every finished chunk; a fresh run starts over), and the training loop is ``Trainer``'s own
@@ -17,7 +16,6 @@ The teacher is frozen, so its vectors are computed once, up front, in chunks sav
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -103,9 +101,9 @@ class CorpusDistiller(Trainer):
             raise UsageError("a corpus alone is training data only with a teacher to distil (--teacher); else give groups")
         if teacher is not None and not isinstance(teacher, Encoder):
             raise UsageError("distillation from a corpus alone needs a teacher model (its vectors), not a scoring function")
-        if cfg.embed_distill_weight is not None and cfg.embed_distill_weight <= 0 and not cfg.distill_weight:
-            raise UsageError("--embed-distill-weight: a corpus alone trains on distillation only; it or "
-                             "--distill-weight must be above 0", flag="--embed-distill-weight")
+        if cfg.embed_distill_weight is not None and cfg.embed_distill_weight <= 0:
+            raise UsageError("--embed-distill-weight: a corpus alone trains on embedding distillation only; it must be "
+                             "above 0", flag="--embed-distill-weight")
         super().__init__(cfg, None, corpus, output, **kwargs)
 
     def _read_data(self, groups, corpus) -> int:
@@ -135,17 +133,10 @@ class CorpusDistiller(Trainer):
     def objective(self, batch: list[TextPair]) -> tuple[list[str], list[str], Callable, torch.Tensor]:
         b = len(batch) // self.dist.world
         local = batch[self.dist.rank * b : (self.dist.rank + 1) * b]
-        cfg, rows = self.cfg, torch.tensor([e.index for e in local])
-        scored = None
-        if cfg.distill_weight:  # the teacher's scores of each crop against the batch's passages
-            scored = functools.partial(
-                losses.batch_distill, teacher_q=self.targets["query"][rows],
-                teacher_p=self.targets["passage"][[e.index for e in batch]], weight=cfg.distill_weight,
-                temperature=cfg.temperature, teacher_temperature=cfg.teacher_temperature,
-                normalize=self.enc.config.normalize, kind=cfg.distill_loss)
+        rows = torch.tensor([e.index for e in local])
         loss_fn = lambda q, p: losses.embed_distill_loss(  # noqa: E731
             q, p, layout=self.layout, teacher_q=self.targets["query"][rows], teacher_p=self.targets["passage"][rows],
-            weight=cfg.embed_distill_weight, kind=cfg.embed_distill_loss, normalize=self.vectors.unit, loss=scored)
+            weight=self.cfg.embed_distill_weight, kind=self.cfg.embed_distill_loss, normalize=self.vectors.unit)
         return [e.query for e in local], [e.passage for e in local], loss_fn, torch.zeros(0, dtype=torch.bool)
 
     def _loop(self, pos) -> None:

@@ -104,8 +104,7 @@ class Trainer:
                  on_step: Callable[[int, dict], None] | None = None, encoder: Encoder | None = None,
                  teacher: Teacher | Encoder | None = None, penalty: Callable[[], torch.Tensor] | None = None,
                  finish: Callable[[Encoder], None] | None = None, after_export: Callable[[Path], None] | None = None):
-        cfg.settle(teacher=bool(cfg.teacher) or teacher is not None, groups=self.GROUPS,
-                   model_teacher=bool(cfg.teacher) or isinstance(teacher, Encoder))
+        cfg.settle(teacher=bool(cfg.teacher) or teacher is not None, groups=self.GROUPS)
         cfg.check(needs_model=encoder is None)
         if cfg.embed_distill_weight and not (cfg.teacher or isinstance(teacher, Encoder)):
             raise UsageError("--embed-distill-weight needs a teacher model (--teacher)")

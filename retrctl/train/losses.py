@@ -125,25 +125,6 @@ def margin_mse(student: torch.Tensor, teacher: torch.Tensor, valid: torch.Tensor
 DISTILL = {"kl": distill_kl, "margin-mse": margin_mse}
 
 
-def batch_distill(q: torch.Tensor, p: torch.Tensor, *, teacher_q: torch.Tensor, teacher_p: torch.Tensor,
-                  weight: float, temperature: float, teacher_temperature: float, normalize: bool = True,
-                  kind: str = "kl") -> tuple[torch.Tensor, dict]:
-    """Score distillation over in-batch candidates (a corpus alone has no groups): each of this process's queries
-    ``q`` [B, D] against every process's passages ``p`` (gathered), its own passage the positive; the teacher's
-    scores of the same pairs are its similarities ``teacher_q`` [B, T] · ``teacher_p`` [N·B, T] (every process's
-    passages, in the gathered order), ÷ ``teacher_temperature``. ``weight`` × ``kind``, ``DISTILL``'s kl or
-    margin-mse, over the rows rotated so the positive comes first."""
-    rank, _ = world()
-    b = q.size(0)
-    logits = scores(q, gather(p), normalize=normalize) / temperature
-    teacher = teacher_q.to(logits) @ teacher_p.to(logits).T
-    n = logits.size(1)
-    cols = (torch.arange(b, device=q.device)[:, None] + rank * b + torch.arange(n, device=q.device)) % n
-    term = DISTILL[kind](logits.gather(1, cols), teacher.gather(1, cols), torch.ones(b, dtype=torch.bool),
-                        teacher_temperature)
-    return weight * term, {kind.replace("-", "_"): term.detach()}
-
-
 def group_loss(
     q: torch.Tensor,
     p: torch.Tensor,
