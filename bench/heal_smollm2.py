@@ -10,7 +10,8 @@ Every step a CLI call as a user runs it:
    head from the same steps);
 2. **cut**: `retrctl prune W/teacher --drop-layers K --calibration SLICE`;
 3. **heal**: `retrctl train --corpus HEAL --model W/drop-K --teacher W/teacher` with the command's defaults (a
-   corpus alone, no labels; ``--heal-flags`` adds flags, for a second heal beside the default one); its wall time
+   corpus alone, no labels; ``--heal-flags`` adds flags, for a second heal beside the default one, or instead of
+   it with ``--no-default-heal``; another ``--drop-layers`` names its heals drop-K-healed…); its wall time
    is the ≤ 60 min figure. HEAL is the slice unless ``--heal-docs`` names another cut of SciFact. With
    ``--group-heal`` also `train GROUPS --corpus scifact --model W/drop-K --teacher W/teacher --embed-distill-weight 1`
    with the teacher's recipe and steps: InfoNCE on its groups, KL to its scores of each group's passages and MSE to
@@ -48,6 +49,7 @@ TEACHER_RECIPE = ["--pooling", "mean", "--bidirectional", "--grad-cache", "--chu
                   "--train-group-size", 2, "--lr", 1e-4, "--temperature", 0.05, "--query-max-len", 64,
                   "--passage-max-len", 128, "--query-prompt", SMOLLM2_PROMPT]
 CAPS = ["--passage-max-len", 256, "--query-max-len", 256]  # light.py's evaluation caps
+DROP_LAYERS = 15  # half of SmolLM2's 30 blocks; another cut's heals are named after it (drop-K-healed…)
 
 
 def cut(data: Path, work: Path, docs: int) -> Path:
@@ -68,14 +70,16 @@ def build(a, steps: Steps, scifact: Path, sliced: Path, heal_data: Path) -> tupl
     seconds["cut"] = steps.run("prune", teacher, "--drop-layers", a.drop_layers, "--calibration", sliced, "-o", small,
                                output=small, done="prune.json", inputs=[teacher, sliced])
     models = {"teacher": teacher, "cut": small}
-    heals = {"healed": []} | ({"healed+": shlex.split(a.heal_flags)} if a.heal_flags else {})
+    heals = ({} if a.heal_flags and a.no_default_heal else {"healed": []}) | (
+        {"healed+": shlex.split(a.heal_flags)} if a.heal_flags else {})
+    stem = "healed" if a.drop_layers == DROP_LAYERS else f"{small.name}-healed"  # another cut, other heals
     for name, flags in heals.items():
-        out = a.work / ("healed" if not flags else "healed-" + "".join(f.strip("-") for f in flags))
+        out = a.work / (stem if not flags else f"{stem}-" + "".join(f.strip("-") for f in flags))
         seconds[name] = steps.run("train", "--corpus", heal_data, "--model", small, "--teacher", teacher, *flags,
                                   "-o", out, output=out, done="train_config.json", inputs=[small, teacher, heal_data])
         models[name] = out
     if a.group_heal:  # the teacher's own recipe and groups, with its scores (KL) and its vectors (MSE) as targets
-        out = models["healed-groups"] = a.work / "healed-groups"
+        out = models["healed-groups"] = a.work / f"{stem}-groups"
         seconds["healed-groups"] = steps.run(
             "train", groups, "--corpus", scifact, "--model", small, "--teacher", teacher, "--embed-distill-weight", 1,
             *TEACHER_RECIPE, "--max-steps", a.teacher_steps, "-o", out, output=out, done="train_config.json",
@@ -102,8 +106,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2", help="the base model the teacher is trained from")
     ap.add_argument("--teacher-steps", type=int, default=60)
-    ap.add_argument("--drop-layers", type=int, default=15, help="blocks cut (SmolLM2 has 30)")
+    ap.add_argument("--drop-layers", type=int, default=DROP_LAYERS, help="blocks cut (SmolLM2 has 30)")
     ap.add_argument("--heal-flags", default="", help="flags of a second heal, beside the default one")
+    ap.add_argument("--no-default-heal", action="store_true", help="with --heal-flags, that heal alone")
     ap.add_argument("--group-heal", action="store_true", help="also heal on the teacher's groups with its recipe, "
                     "its scores and its vectors (`train GROUPS --teacher T --embed-distill-weight 1`)")
     ap.add_argument("--eval-docs", type=int, default=500, help="the slice (light.py's --eval-docs)")
