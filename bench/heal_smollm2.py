@@ -70,8 +70,9 @@ def build(a, steps: Steps, scifact: Path, sliced: Path, heal_data: Path) -> tupl
     seconds["cut"] = steps.run("prune", teacher, "--drop-layers", a.drop_layers, "--calibration", sliced, "-o", small,
                                output=small, done="prune.json", inputs=[teacher, sliced])
     models = {"teacher": teacher, "cut": small}
-    heals = ({} if a.heal_flags and a.no_default_heal else {"healed": []}) | (
-        {"healed+": shlex.split(a.heal_flags)} if a.heal_flags else {})
+    heals = {} if a.heal_flags and a.no_default_heal else {"healed": []}
+    if a.heal_flags:
+        heals["healed+"] = shlex.split(a.heal_flags)
     stem = "healed" if a.drop_layers == DROP_LAYERS else f"{small.name}-healed"  # another cut, other heals
     for name, flags in heals.items():
         out = a.work / (stem if not flags else f"{stem}-" + "".join(f.strip("-") for f in flags))
