@@ -281,3 +281,55 @@ def test_attention_dropout_is_set_on_encoders_and_decoders_and_checked(tiny_bert
     r = runner("train", g, "--corpus", c, "--model", tiny_bert, "--attention-dropout", 1, "-o", tmp_path / "m")
     assert r.exit_code == 2 and "--attention-dropout" in r.output
     assert not (tmp_path / "m").exists()
+
+
+def _reseeded(model: Path, out: Path) -> Path:
+    """``model``'s config and tokenizer with other random weights: a student as wide, reading the same tokens."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, BertModel
+
+    torch.manual_seed(7)
+    BertModel(AutoConfig.from_pretrained(model)).save_pretrained(out)
+    AutoTokenizer.from_pretrained(model).save_pretrained(out)
+    return out
+
+
+def test_token_distillation_from_itself_is_zero_and_its_loss_falls_for_a_cut_student(no_dropout_bert, files, tmp_path):
+    c, _ = files
+    same = train(None, corpus=str(c), output=tmp_path / "same", model=str(no_dropout_bert),
+                 teacher=str(no_dropout_bert), token_distill_weight=1.0, max_steps=2, **{**FAST, "lr": None})
+    first = json.loads((same / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["token_mse"] < 1e-9 and first["loss"] < 1e-9
+    out = train(None, corpus=str(c), output=tmp_path / "m", model=str(_reseeded(no_dropout_bert, tmp_path / "other")),
+                teacher=str(no_dropout_bert),
+                token_distill_weight=1.0, max_steps=30, **{**FAST, "lr": 3e-3})
+    seen = [json.loads(line)["token_mse"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert seen[0] > 0.01 and np.mean(seen[-5:]) < 0.7 * np.mean(seen[:5]), seen
+
+
+def test_token_blocks_line_up_whatever_the_padding():
+    import torch
+
+    from retrctl.models.layout import token_block
+
+    hidden = torch.arange(2 * 4 * 3, dtype=torch.float32).view(2, 4, 3)
+    right = token_block(hidden, torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]]), 5).view(2, 5, 3)
+    left = token_block(hidden, torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]]), 5).view(2, 5, 3)
+    assert torch.equal(right[0, :2], hidden[0, :2]) and torch.equal(left[0, :2], hidden[0, 2:])
+    assert not right[0, 2:].any() and not left[0, 2:].any() and torch.equal(right[1, :4], hidden[1])
+    with pytest.raises(ValueError, match="exceeds"):
+        token_block(hidden, torch.ones(2, 4), 3)
+
+
+def test_token_distillation_refuses_groups_and_a_teacher_of_another_tokenizer_or_width(
+        tiny_bert, wide_teacher, other_vocab_teacher, files, tmp_path, runner):
+    c, g = files
+    base = ["--model", tiny_bert, "--token-distill-weight", 1, "--max-steps", 1, "--batch-size", 4,
+            "--query-max-len", 16, "--passage-max-len", 24]
+    for args, named in (([g, "--corpus", c, "--teacher", tiny_bert], "corpus alone"),
+                        (["--corpus", c, "--teacher", other_vocab_teacher], "different tokenizers"),
+                        (["--corpus", c, "--teacher", wide_teacher], "same width")):
+        out = tmp_path / "m"
+        r = runner("train", *args, *base, "-o", out)
+        assert r.exit_code == 2 and named in r.stderr, r.stderr
+        assert not out.exists() and not out.with_name("m.partial").exists()

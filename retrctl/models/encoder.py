@@ -26,7 +26,7 @@ import torch
 from retrctl.models import backbone, loading, skipping
 from retrctl.models.config import DTYPES, EncoderConfig
 from retrctl.models.heads import DenseHead, Head
-from retrctl.models.layout import HeadLayout, TrainingLayout
+from retrctl.models.layout import HeadLayout, TrainingLayout, token_block
 
 log = logging.getLogger("retrctl.models")
 
@@ -181,6 +181,8 @@ class Encoder(torch.nn.Module):
                 parts["colbert"] = self.colbert.block(self.colbert(hidden, mask, ids), part.shape[0])
             elif part.name == "projected":
                 parts["projected"] = self.distill_projection(dense)
+            elif part.name == "tokens":
+                parts["tokens"] = token_block(hidden, mask, part.shape[0])
             else:
                 raise ValueError(f"the encoder computes no training part {part.name!r}")
         return parts

@@ -15,7 +15,9 @@ The parts, in order:
 - ``colbert``: the colbert head's unit token vectors, a fixed [side's cap × dim] block (zero rows for padding and
   special tokens) so chunks of any length concatenate;
 - ``projected``: the dense output mapped to a teacher's width by a learned projection (embedding distillation from
-  a teacher of another width; the projection is dropped at save), teacher width wide.
+  a teacher of another width; the projection is dropped at save), teacher width wide;
+- ``tokens``: the backbone's final hidden state of each token, a fixed [side's cap × hidden size] block (the text's
+  tokens first, in order, then zero rows) for token-level distillation from a teacher (``token_block``).
 
 A new part (a teacher's vector, an extra projection) is one more entry in ``TrainingLayout.of`` plus where it is
 computed (``Encoder.training_parts``, or by the caller into ``join``'s dict); the losses read it by name from
@@ -137,20 +139,22 @@ class TrainingLayout:
 
     @classmethod
     def of(cls, enc, *, sparse: bool = False, colbert: bool = False, lookup: bool = False,
-           projected: int = 0) -> TrainingLayout:
+           projected: int = 0, tokens: bool = False) -> TrainingLayout:
         """The layout of ``enc`` (an ``Encoder``) training its dense head, plus the sparse head, the colbert head
-        and LightRetriever's token-lookup query encoder where asked, and the dense output projected to a
-        teacher's width ``projected`` (0: none). The sparse part sits on the query side only when the sparse head
-        encodes queries (else queries are token counts, computed by the objective)."""
+        and LightRetriever's token-lookup query encoder where asked, the dense output projected to a teacher's
+        width ``projected`` (0: none) and the token states (``tokens``). The sparse part sits on the query side
+        only when the sparse head encodes queries (else queries are token counts, computed by the objective)."""
         hidden = enc.model.config.hidden_size
         vocab = enc.sparse.vocab if sparse else 0
         dim = enc.colbert.out_dim if colbert else 0
         query_vocab = vocab if sparse and enc.sparse.query == "encoder" else 0
         return cls(
             query=HeadLayout.of(("dense", hidden), ("lookup", hidden if lookup else 0), ("sparse", query_vocab),
-                               ("colbert", (enc.config.query_max_len, dim) if dim else 0), ("projected", projected)),
+                               ("colbert", (enc.config.query_max_len, dim) if dim else 0), ("projected", projected),
+                               ("tokens", (enc.config.query_max_len, hidden) if tokens else 0)),
             passage=HeadLayout.of(("dense", hidden), ("sparse", vocab),
-                                  ("colbert", (enc.config.passage_max_len, dim) if dim else 0), ("projected", projected)))
+                                  ("colbert", (enc.config.passage_max_len, dim) if dim else 0), ("projected", projected),
+                                  ("tokens", (enc.config.passage_max_len, hidden) if tokens else 0)))
 
     @classmethod
     def from_sizes(cls, query_width: int, passage_width: int, *, vocab: int = 0, colbert_dim: int = 0,
@@ -184,6 +188,20 @@ class TrainingLayout:
     def width(self) -> int:
         """The widest side: the most floats one text's training output takes."""
         return max(self.query.width, self.passage.width)
+
+
+def token_block(hidden: torch.Tensor, mask: torch.Tensor, cap: int) -> torch.Tensor:
+    """[B, T, H] hidden states → [B, cap × H]: each text's tokens (``mask`` 1) first, in order, then zero rows, so
+    the block of a text is the same whatever side it was padded on and however wide its batch."""
+    keep = mask.bool()
+    longest = int(keep.sum(1).max()) if keep.numel() else 0
+    if longest > cap:
+        raise ValueError(f"a text of {longest} tokens exceeds the token block's {cap}")
+    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # real tokens first, their order kept
+    rows = hidden.gather(1, order[:, :, None].expand(-1, -1, hidden.size(2)))
+    rows = rows * keep.gather(1, order)[:, :, None].to(rows.dtype)
+    width = min(rows.size(1), cap)
+    return torch.nn.functional.pad(rows[:, :width], (0, 0, 0, cap - width)).flatten(1)
 
 
 class TrainedEncoder:

@@ -8,14 +8,21 @@ the batch's crops and passages regress onto the teacher's (``losses.embed_distil
 when the widths differ, dropped at save), as sentence-transformers' model-distillation example trains a student
 with fewer layers on MSE to the teacher's embeddings.
 
+With ``--token-distill-weight`` the student's final hidden state of each token also regresses onto the teacher's of
+the same token (``losses.token_distill``, TinyBERT's hidden-state loss on the last layer): every token of every
+text is a target, where the vector is one per text. The teacher then reads the student's tokens, so it must share
+its tokenizer and width (a model pruned from it does).
+
 The teacher is frozen, so its vectors are computed once, up front, in chunks saved under ``OUTPUT.partial/teacher``
-(a resume reuses every finished chunk; a fresh run starts over), and the training loop is ``Trainer``'s own
-(checkpoints, resume, memory plan, GradCache, the saved model and its checks).
+(a resume reuses every finished chunk; a fresh run starts over); with token distillation its token states (too
+large to keep) and its vectors come from one forward of each step's texts instead. The training loop is
+``Trainer``'s own (checkpoints, resume, memory plan, GradCache, the saved model and its checks).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -32,6 +39,7 @@ from retrctl.hashing import json_lines_hex
 from retrctl.models import Encoder
 from retrctl.train import losses
 from retrctl.train.loop import Trainer
+from retrctl.train.teacher import TeacherTokens
 
 log = logging.getLogger("retrctl.train")
 
@@ -105,6 +113,9 @@ class CorpusDistiller(Trainer):
             raise UsageError("--embed-distill-weight: a corpus alone trains on embedding distillation only; it must be "
                              "above 0", flag="--embed-distill-weight")
         super().__init__(cfg, None, corpus, output, **kwargs)
+        # token-level distillation: the teacher's state of each token beside its vector of each text
+        self.tokens = (TeacherTokens(self.vectors.teacher, self.enc, cfg.teacher or "(given)", cfg.chunk_size)
+                       if cfg.token_distill_weight else None)
 
     def _read_data(self, groups, corpus) -> int:
         cfg, world = self.cfg, self.dist.world
@@ -134,13 +145,23 @@ class CorpusDistiller(Trainer):
         b = len(batch) // self.dist.world
         local = batch[self.dist.rank * b : (self.dist.rank + 1) * b]
         rows = torch.tensor([e.index for e in local])
-        loss_fn = lambda q, p: losses.embed_distill_loss(  # noqa: E731
-            q, p, layout=self.layout, teacher_q=self.targets["query"][rows], teacher_p=self.targets["passage"][rows],
+        queries, passages = [e.query for e in local], [e.passage for e in local]
+        if self.tokens is None:
+            vectors = self.targets["query"][rows], self.targets["passage"][rows]
+        else:  # the teacher's token states and vectors from one forward of this step's texts
+            (blocks_q, vec_q), (blocks_p, vec_p) = self.tokens(queries, "query"), self.tokens(passages, "passage")
+            vectors = vec_q, vec_p
+        loss_fn = functools.partial(
+            losses.embed_distill_loss, layout=self.layout, teacher_q=vectors[0], teacher_p=vectors[1],
             weight=self.cfg.embed_distill_weight, kind=self.cfg.embed_distill_loss, normalize=self.vectors.unit)
-        return [e.query for e in local], [e.passage for e in local], loss_fn, torch.zeros(0, dtype=torch.bool)
+        if self.tokens is not None:
+            loss_fn = functools.partial(losses.token_distill_loss, loss=loss_fn, layout=self.layout, teacher_q=blocks_q,
+                                        teacher_p=blocks_p, weight=self.cfg.token_distill_weight)
+        return queries, passages, loss_fn, torch.zeros(0, dtype=torch.bool)
 
     def _loop(self, pos) -> None:
-        self.targets = {kind: self._teacher_vectors(kind) for kind in ("query", "passage")}
+        if self.tokens is None:  # else the step's forward of the teacher gives its vectors too
+            self.targets = {kind: self._teacher_vectors(kind) for kind in ("query", "passage")}
         super()._loop(pos)
 
     def _export(self) -> None:

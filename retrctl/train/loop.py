@@ -108,6 +108,8 @@ class Trainer:
         cfg.check(needs_model=encoder is None)
         if cfg.embed_distill_weight and not (cfg.teacher or isinstance(teacher, Encoder)):
             raise UsageError("--embed-distill-weight needs a teacher model (--teacher)")
+        if cfg.token_distill_weight and self.GROUPS:
+            raise UsageError("--token-distill-weight trains from a corpus alone: give --corpus and no GROUPS", flag="--token-distill-weight")
         if cfg.teacher:
             check_teacher(cfg.teacher, output)
         check_output(output, cfg)

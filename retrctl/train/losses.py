@@ -234,6 +234,25 @@ def embed_distill(student: torch.Tensor, teacher: torch.Tensor, *, kind: str = "
     return (s - t).pow(2).sum(-1).mean()
 
 
+def token_distill(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """The student's token states against the teacher's of the same tokens, both [N, cap, H] blocks with zero rows
+    after each text (``models.layout.token_block``): Σ‖s − t‖² / Σ‖t‖² over every token, the squared error relative
+    to the teacher's states, so the term does not depend on the width or the scale of the hidden states. No rows: 0."""
+    t = teacher.to(student.device, torch.float32)
+    return (student.float() - t).pow(2).sum() / t.pow(2).sum().clamp_min(1e-12)
+
+
+def token_distill_loss(q: torch.Tensor, p: torch.Tensor, *, loss, layout: TrainingLayout, teacher_q: torch.Tensor,
+                       teacher_p: torch.Tensor, weight: float) -> tuple[torch.Tensor, dict]:
+    """``loss(q, p)`` plus ``weight`` × token-level distillation (``token_distill``) of the queries' and the
+    passages' ``tokens`` parts against the teacher's blocks of the same texts, the two sides' terms averaged
+    (``token_mse``)."""
+    total, parts = loss(q, p)
+    sq, sp = layout.query.split(q)["tokens"], layout.passage.split(p)["tokens"]
+    term = (token_distill(sq, teacher_q.view_as(sq)) + token_distill(sp, teacher_p.view_as(sp))) / 2
+    return total + weight * term, {**parts, "token_mse": term.detach()}
+
+
 def embed_distill_loss(q: torch.Tensor, p: torch.Tensor, *, layout: TrainingLayout, teacher_q: torch.Tensor,
                        teacher_p: torch.Tensor, weight: float, kind: str = "mse", normalize: bool = True,
                        loss=None) -> tuple[torch.Tensor, dict]:

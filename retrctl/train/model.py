@@ -61,5 +61,6 @@ def prepare(enc: Encoder, cfg: TrainConfig, *, for_training: bool = True, teache
             enc.distill_projection = torch.nn.Linear(enc.model.config.hidden_size, teacher_dim).to(enc.device)
     enc.train(for_training)
     layout = TrainingLayout.of(enc, sparse=kind is not None, colbert="colbert" in heads,
-                               lookup=cfg.query_encoder == "token-lookup", projected=projected)
+                               lookup=cfg.query_encoder == "token-lookup", projected=projected,
+                               tokens=bool(cfg.token_distill_weight))
     return TrainedEncoder(enc, layout)

@@ -19,7 +19,8 @@ import torch
 
 from retrctl import memory, records
 from retrctl.errors import UsageError
-from retrctl.models import Encoder
+from retrctl.models import Encoder, backbone
+from retrctl.models.layout import token_block
 from retrctl.train.data import Example
 
 Teacher = Callable[[str, Sequence[str]], Sequence[float]]
@@ -102,3 +103,38 @@ def teacher_scores(teacher: Teacher | Encoder, examples: list[Example], vectors:
             return torch.stack([teacher.similarity(q[i : i + 1], p[i * g : (i + 1) * g])[0]
                                 for i in range(len(examples))]).float()
     return torch.tensor([[float(x) for x in teacher(e.query, e.passages)] for e in examples], dtype=torch.float32)
+
+
+class TeacherTokens:
+    """The teacher's final hidden state of each token the student reads (the student's tokenizer, prompt and cap),
+    as ``models.layout.token_block`` lays them out, and its vector of each text from the same forward: token-level
+    distillation's targets. Computed per step in chunks (a corpus's token states are far larger than its vectors,
+    so they are not cached). The teacher must read the student's tokens as its own and be as wide: a model pruned
+    from it is."""
+
+    def __init__(self, teacher: Encoder, student: Encoder, name: str, chunk_size: int = 32):
+        if teacher.tokenizer.get_vocab() != student.tokenizer.get_vocab():
+            raise UsageError(f"--token-distill-weight: the teacher {name} and the student {student.source} have "
+                             "different tokenizers; token-level distillation needs the same tokens on both sides")
+        if teacher.model.config.hidden_size != student.model.config.hidden_size:
+            raise UsageError(f"--token-distill-weight: the teacher {name} is {teacher.model.config.hidden_size} wide and "
+                             f"the student {student.source} {student.model.config.hidden_size}; token-level distillation "
+                             "needs the same width")
+        self.teacher, self.student, self.chunk_size = teacher, student, chunk_size
+        self.tokenize = backbone.Tokenizer(student.tokenizer)  # its own cut counters: the student's count what it reads
+
+    def __call__(self, texts: list[str], kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """([len(texts), cap × hidden], [len(texts), teacher dim]) float32, in order."""
+        side, cfg, head = self.student.sides[kind], self.student.config, self.teacher.sides[kind].head
+        blocks, vectors = [], []
+        with torch.inference_mode():
+            for start in range(0, len(texts), self.chunk_size):
+                batch = self.tokenize(texts[start : start + self.chunk_size], kind, side.prompt, side.max_len,
+                                      cfg.pooling == "eos", None, cfg.mcls)
+                batch = {k: v.to(self.teacher.device) for k, v in batch.items()}
+                hidden = backbone.hidden_states(self.teacher.model, batch)
+                blocks.append(token_block(hidden, batch["attention_mask"], side.max_len).float().cpu())
+                vectors.append(head.finish(head(hidden, batch["attention_mask"], batch["input_ids"])).float().cpu())
+        if not blocks:
+            return torch.zeros((0, side.max_len * self.teacher.model.config.hidden_size)), torch.zeros((0, self.teacher.dim))
+        return torch.cat(blocks), torch.cat(vectors)
