@@ -140,11 +140,14 @@ class Encoder(torch.nn.Module):
 
     # -- tokenization
 
-    def tokenize(self, texts: list[str], kind: str = "passage", width: int | None = None) -> backbone.Tokens:
+    def tokenize(self, texts: list[str], kind: str = "passage", width: int | None = None,
+                 counter: backbone.Tokenizer | None = None) -> backbone.Tokens:
         """Token ids, cut to the side's max length (counted), EOS appended for eos pooling, padded on the
-        tokenizer's side (to the longest text, or to ``width`` when that is longer)."""
+        tokenizer's side (to the longest text, or to ``width`` when that is longer). ``counter``: another
+        ``backbone.Tokenizer`` of this tokenizer that counts the cuts instead (reads that are not this encoder's)."""
         side = self.sides[kind]
-        return self._tok(texts, kind, side.prompt, side.max_len, self.config.pooling == "eos", width, self.config.mcls)
+        return (counter or self._tok)(texts, kind, side.prompt, side.max_len, self.config.pooling == "eos", width,
+                                      self.config.mcls)
 
     # -- forward / encode
 

@@ -121,16 +121,15 @@ class TeacherTokens:
                              f"the student {student.source} {student.model.config.hidden_size}; token-level distillation "
                              "needs the same width")
         self.teacher, self.student, self.chunk_size = teacher, student, chunk_size
-        self.tokenize = backbone.Tokenizer(student.tokenizer)  # its own cut counters: the student's count what it reads
+        self.cuts = backbone.Tokenizer(student.tokenizer)  # its own cut counters: the student's count what it reads
 
     def __call__(self, texts: list[str], kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         """([len(texts), cap × hidden], [len(texts), teacher dim]) float32, in order."""
-        side, cfg, head = self.student.sides[kind], self.student.config, self.teacher.sides[kind].head
+        side, head = self.student.sides[kind], self.teacher.sides[kind].head
         blocks, vectors = [], []
         with torch.inference_mode():
             for start in range(0, len(texts), self.chunk_size):
-                batch = self.tokenize(texts[start : start + self.chunk_size], kind, side.prompt, side.max_len,
-                                      cfg.pooling == "eos", None, cfg.mcls)
+                batch = self.student.tokenize(texts[start : start + self.chunk_size], kind, counter=self.cuts)
                 batch = {k: v.to(self.teacher.device) for k, v in batch.items()}
                 hidden = backbone.hidden_states(self.teacher.model, batch)
                 blocks.append(token_block(hidden, batch["attention_mask"], side.max_len).float().cpu())
