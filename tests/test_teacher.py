@@ -333,3 +333,93 @@ def test_token_distillation_refuses_groups_and_a_teacher_of_another_tokenizer_or
         r = runner("train", *args, *base, "-o", out)
         assert r.exit_code == 2 and named in r.stderr, r.stderr
         assert not out.exists() and not out.with_name("m.partial").exists()
+
+
+@pytest.fixture(scope="module")
+def bert4(tmp_path_factory) -> Path:
+    """A 4-layer, hidden-32 BERT without dropout, with the MiniLM tokenizer: a teacher to cut blocks from."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from retrctl.models import locate_shipped
+
+    torch.manual_seed(3)
+    out = tmp_path_factory.mktemp("bert4")
+    tok = AutoTokenizer.from_pretrained(str(locate_shipped("minilm")))
+    BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0)).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def test_layer_distillation_follows_the_blocks_prune_kept_and_its_loss_falls(bert4, no_dropout_bert, files, tmp_path):
+    from retrctl.models import Encoder
+    from retrctl.train.teacher import TeacherTokens, block_map
+    from stages.prune import prune
+
+    c, _ = files
+    scored = prune(str(bert4), output=tmp_path / "scored", calibration=str(c), drop_layers=1)
+    report = json.loads((scored / "prune.json").read_text())
+    report["scores"]["block"] = [0.1, 0.9, 0.2, 0.8]  # blocks 0 and 2 least important: the student keeps 1 and 3
+    (tmp_path / "scores.json").write_text(json.dumps(report))
+    small = prune(str(bert4), output=tmp_path / "small", scores=tmp_path / "scores.json", drop_layers=2)
+    teacher, student = Encoder.load(bert4, device="cpu"), Encoder.load(small, device="cpu")
+    kept = [1, 3]
+    assert block_map(student, teacher, "t") == kept
+    assert block_map(teacher, teacher, "t") == [0, 1, 2, 3]  # as deep, no prune.json: each block itself
+    # the teacher's targets are its states after the kept blocks: a student that is the teacher reads them back
+    targets = TeacherTokens(teacher, student, "t", tokens=False, layers=True)(TEXTS, "passage")
+    cap = student.config.passage_max_len
+    assert set(targets) == {"vectors", "layers"} and targets["layers"].shape == (3, cap * 1 * 32)
+    whole = TeacherTokens(teacher, teacher, "t", tokens=False, layers=True)(TEXTS, "passage")["layers"]
+    assert torch_equal(targets["layers"].view(3, cap, 32), whole.view(3, cap, 3, 32)[:, :, kept[0]])
+
+    same = train(None, corpus=str(c), output=tmp_path / "same", model=str(no_dropout_bert),
+                 teacher=str(no_dropout_bert), layer_distill_weight=1.0, max_steps=2, **{**FAST, "lr": None})
+    first = json.loads((same / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["layer_mse"] < 1e-9 and first["loss"] < 1e-9
+    _reseeded(small, small)  # the cut's map with other weights: far from its teacher at the start
+    out = train(None, corpus=str(c), output=tmp_path / "m", model=str(small), teacher=str(bert4),
+                layer_distill_weight=1.0, token_distill_weight=1.0, max_steps=30, **{**FAST, "lr": 3e-3})
+    seen = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for key in ("layer_mse", "token_mse"):
+        assert seen[0][key] > 0.01 and np.mean([m[key] for m in seen[-5:]]) < 0.7 * np.mean([m[key] for m in seen[:5]])
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.allclose(a, b, atol=1e-5)
+
+
+def test_layer_distillation_weighs_each_token_by_its_own_state():
+    """A state 100× the others' norm (a decoder's massive activation) counts as one token, not as all of them."""
+    import torch
+
+    from retrctl.train.losses import layer_distill
+
+    teacher = torch.ones(1, 4, 2, 8)
+    teacher[0, 0, 0] *= 100
+    teacher[0, 3] = 0  # padding: no token
+    student = teacher.clone()
+    student[0, 1, 1] *= 1.5  # one ordinary state off by half its norm: 0.25 of its own
+    assert layer_distill(student, teacher).item() == pytest.approx(0.25 / 6)
+    student[0, 3] = 5  # what the student puts on padding rows is not scored
+    assert layer_distill(student, teacher).item() == pytest.approx(0.25 / 6)
+
+
+def test_layer_distillation_refuses_a_student_it_cannot_map(bert4, no_dropout_bert, files, tmp_path, runner):
+    from stages.prune import prune
+
+    c, g = files
+    base = ["--layer-distill-weight", 1, "--max-steps", 1, "--batch-size", 4, "--query-max-len", 16,
+            "--passage-max-len", 24]
+    other = prune(str(no_dropout_bert), output=tmp_path / "other", calibration=str(c), drop_layers=1)
+    for args, named in (([g, "--corpus", c, "--model", no_dropout_bert, "--teacher", no_dropout_bert], "corpus alone"),
+                        (["--corpus", c, "--model", no_dropout_bert, "--teacher", bert4], "no prune.json"),
+                        (["--corpus", c, "--model", other, "--teacher", bert4], "cut from another model")):
+        out = tmp_path / "m"
+        r = runner("train", *args, *base, "-o", out)
+        assert r.exit_code == 2 and named in r.stderr, r.stderr
+        assert not out.exists() and not out.with_name("m.partial").exists()

@@ -69,6 +69,11 @@ def hidden_states(model, batch: dict) -> torch.Tensor:
     return model(**batch).last_hidden_state
 
 
+def every_hidden_state(model, batch: dict) -> tuple[torch.Tensor, ...]:
+    """The embeddings' output, then each block's (the last one as ``hidden_states`` gives it): [B, T, H] each."""
+    return model(**batch, output_hidden_states=True).hidden_states
+
+
 class Tokens(dict):
     """A tokenized batch ({"input_ids", "attention_mask"}) that remembers the side it was made for."""
 

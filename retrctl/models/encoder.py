@@ -159,16 +159,19 @@ class Encoder(torch.nn.Module):
         kind = kind or getattr(batch, "kind", "passage")
         head = self.sides[kind].head
         batch = {k: v.to(self.device) for k, v in batch.items()}
-        hidden = backbone.hidden_states(self.model, batch)
+        side = layout.side(kind) if layout is not None else None
+        states = backbone.every_hidden_state(self.model, batch) if side is not None and "layers" in side else None
+        hidden = states[-1] if states is not None else backbone.hidden_states(self.model, batch)
         out = head(hidden, batch["attention_mask"], batch["input_ids"])
-        if layout is not None:
-            side = layout.side(kind)
-            return side.join(self.training_parts(side, out, hidden, batch))
+        if side is not None:
+            return side.join(self.training_parts(side, out, hidden, batch, states))
         return out if raw else head.finish(out)
 
-    def training_parts(self, layout: HeadLayout, dense: torch.Tensor, hidden: torch.Tensor, batch: dict) -> dict:
+    def training_parts(self, layout: HeadLayout, dense: torch.Tensor, hidden: torch.Tensor, batch: dict,
+                       states: tuple[torch.Tensor, ...] | None = None) -> dict:
         """The raw output of each head ``layout`` names, in its order (the token-lookup part runs the backbone
-        again, masked: models/lookup.py), from the side's ``dense`` output and the backbone's ``hidden`` states."""
+        again, masked: models/lookup.py), from the side's ``dense`` output and the backbone's ``hidden`` states
+        (``states``: every block's, for the ``layers`` part)."""
         mask, ids = batch["attention_mask"], batch["input_ids"]
         parts = {}
         for part in layout.parts:
@@ -186,6 +189,8 @@ class Encoder(torch.nn.Module):
                 parts["projected"] = self.distill_projection(dense)
             elif part.name == "tokens":
                 parts["tokens"] = token_block(hidden, mask, part.shape[0])
+            elif part.name == "layers":  # after each block but the last, side by side per token
+                parts["layers"] = token_block(torch.cat(states[1 : part.shape[1] + 1], -1), mask, part.shape[0])
             else:
                 raise ValueError(f"the encoder computes no training part {part.name!r}")
         return parts

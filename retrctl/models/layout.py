@@ -17,7 +17,9 @@ The parts, in order:
 - ``projected``: the dense output mapped to a teacher's width by a learned projection (embedding distillation from
   a teacher of another width; the projection is dropped at save), teacher width wide;
 - ``tokens``: the backbone's final hidden state of each token, a fixed [side's cap × hidden size] block (the text's
-  tokens first, in order, then zero rows) for token-level distillation from a teacher (``token_block``).
+  tokens first, in order, then zero rows) for token-level distillation from a teacher (``token_block``);
+- ``layers``: the backbone's hidden state of each token after each block but the last, a fixed [side's cap × blocks
+  × hidden size] block laid out as ``tokens``, for layer-wise distillation from a teacher.
 
 A new part (a teacher's vector, an extra projection) is one more entry in ``TrainingLayout.of`` plus where it is
 computed (``Encoder.training_parts``, or by the caller into ``join``'s dict); the losses read it by name from
@@ -139,10 +141,11 @@ class TrainingLayout:
 
     @classmethod
     def of(cls, enc, *, sparse: bool = False, colbert: bool = False, lookup: bool = False,
-           projected: int = 0, tokens: bool = False) -> TrainingLayout:
+           projected: int = 0, tokens: bool = False, layers: int = 0) -> TrainingLayout:
         """The layout of ``enc`` (an ``Encoder``) training its dense head, plus the sparse head, the colbert head
         and LightRetriever's token-lookup query encoder where asked, the dense output projected to a teacher's
-        width ``projected`` (0: none) and the token states (``tokens``). The sparse part sits on the query side
+        width ``projected`` (0: none), the token states (``tokens``) and those after the first ``layers`` blocks
+        (0: none). The sparse part sits on the query side
         only when the sparse head encodes queries (else queries are token counts, computed by the objective)."""
         hidden = enc.model.config.hidden_size
         vocab = enc.sparse.vocab if sparse else 0
@@ -151,10 +154,12 @@ class TrainingLayout:
         return cls(
             query=HeadLayout.of(("dense", hidden), ("lookup", hidden if lookup else 0), ("sparse", query_vocab),
                                ("colbert", (enc.config.query_max_len, dim) if dim else 0), ("projected", projected),
-                               ("tokens", (enc.config.query_max_len, hidden) if tokens else 0)),
+                               ("tokens", (enc.config.query_max_len, hidden) if tokens else 0),
+                               ("layers", (enc.config.query_max_len, layers, hidden) if layers else 0)),
             passage=HeadLayout.of(("dense", hidden), ("sparse", vocab),
                                   ("colbert", (enc.config.passage_max_len, dim) if dim else 0), ("projected", projected),
-                                  ("tokens", (enc.config.passage_max_len, hidden) if tokens else 0)))
+                                  ("tokens", (enc.config.passage_max_len, hidden) if tokens else 0),
+                                  ("layers", (enc.config.passage_max_len, layers, hidden) if layers else 0)))
 
     @classmethod
     def from_sizes(cls, query_width: int, passage_width: int, *, vocab: int = 0, colbert_dim: int = 0,

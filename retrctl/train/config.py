@@ -109,6 +109,11 @@ class TrainConfig:
                                                   "final hidden state of each token regresses onto the teacher's of the "
                                                   "same token (TinyBERT's hidden-state loss, last layer). Needs a teacher "
                                                   "with the student's tokenizer and width, as a model pruned from it.")
+    layer_distill_weight: float | None = _f(None, "Weight of layer-wise distillation, from a corpus alone: the student's "
+                                                  "hidden state of each token after each of its blocks but the last "
+                                                  "regresses onto the teacher's after the block it was cut from (the "
+                                                  "student's prune.json; the same block of a teacher as deep), each "
+                                                  "token's error relative to its state (TinyBERT's intermediate layers).")
     contrastive_weight: float = _f(1.0, "Weight of the InfoNCE term (0 = distillation alone, as GPL).")
     query_encoder: str = _f("full", "full, or token-lookup: also train LightRetriever's token-lookup query encoder (each "
                                     "query token encoded with the prompt alone, averaged) with a KL term to the full one, "
@@ -251,8 +256,10 @@ class TrainConfig:
                                            and not self.embed_distill_weight):
             raise UsageError("--contrastive-weight must be >= 0, and above 0 unless --distill-weight or "
                              "--embed-distill-weight is")
-        if min(self.distill_weight or 0, self.embed_distill_weight or 0, self.token_distill_weight or 0) < 0:
-            raise UsageError("--distill-weight, --embed-distill-weight and --token-distill-weight must not be negative")
+        if min(self.distill_weight or 0, self.embed_distill_weight or 0, self.token_distill_weight or 0,
+               self.layer_distill_weight or 0) < 0:
+            raise UsageError("--distill-weight, --embed-distill-weight, --token-distill-weight and "
+                             "--layer-distill-weight must not be negative")
         if self.embed_distill_loss not in EMBED_DISTILL_LOSSES:
             raise UsageError(f"--embed-distill-loss must be one of {', '.join(EMBED_DISTILL_LOSSES)}, "
                              f"got {self.embed_distill_loss!r}")

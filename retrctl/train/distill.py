@@ -10,11 +10,13 @@ with fewer layers on MSE to the teacher's embeddings.
 
 With ``--token-distill-weight`` the student's final hidden state of each token also regresses onto the teacher's of
 the same token (``losses.token_distill``, TinyBERT's hidden-state loss on the last layer): every token of every
-text is a target, where the vector is one per text. The teacher then reads the student's tokens, so it must share
-its tokenizer and width (a model pruned from it does).
+text is a target, where the vector is one per text. With ``--layer-distill-weight`` its state after each of its
+other blocks does too, onto the teacher's after the block it was cut from (``losses.layer_distill``, TinyBERT's
+intermediate layers through ``prune``'s map of kept blocks). The teacher then reads the student's tokens, so it must
+share its tokenizer and width (a model pruned from it does).
 
 The teacher is frozen, so its vectors are computed once, up front, in chunks saved under ``OUTPUT.partial/teacher``
-(a resume reuses every finished chunk; a fresh run starts over); with token distillation its token states (too
+(a resume reuses every finished chunk; a fresh run starts over); with token or layer distillation its hidden states (too
 large to keep) and its vectors come from one forward of each step's texts instead. The training loop is
 ``Trainer``'s own (checkpoints, resume, memory plan, GradCache, the saved model and its checks).
 """
@@ -114,8 +116,10 @@ class CorpusDistiller(Trainer):
                              "above 0", flag="--embed-distill-weight")
         super().__init__(cfg, None, corpus, output, **kwargs)
         # token-level distillation: the teacher's state of each token beside its vector of each text
-        self.tokens = (TeacherTokens(self.vectors.teacher, self.enc, cfg.teacher or "(given)", cfg.chunk_size)
-                       if cfg.token_distill_weight else None)
+        self.hidden = {name: w for name, w in (("tokens", cfg.token_distill_weight), ("layers", cfg.layer_distill_weight)) if w}
+        self.tokens = (TeacherTokens(self.vectors.teacher, self.enc, cfg.teacher or "(given)", cfg.chunk_size,
+                                     tokens="tokens" in self.hidden, layers="layers" in self.hidden)
+                       if self.hidden else None)
 
     def _read_data(self, groups, corpus) -> int:
         cfg, world = self.cfg, self.dist.world
@@ -148,15 +152,15 @@ class CorpusDistiller(Trainer):
         queries, passages = [e.query for e in local], [e.passage for e in local]
         if self.tokens is None:
             vectors = self.targets["query"][rows], self.targets["passage"][rows]
-        else:  # the teacher's token states and vectors from one forward of this step's texts
-            (blocks_q, vec_q), (blocks_p, vec_p) = self.tokens(queries, "query"), self.tokens(passages, "passage")
-            vectors = vec_q, vec_p
+        else:  # the teacher's hidden states and vectors from one forward of this step's texts
+            blocks_q, blocks_p = self.tokens(queries, "query"), self.tokens(passages, "passage")
+            vectors = blocks_q["vectors"], blocks_p["vectors"]
         loss_fn = functools.partial(
             losses.embed_distill_loss, layout=self.layout, teacher_q=vectors[0], teacher_p=vectors[1],
             weight=self.cfg.embed_distill_weight, kind=self.cfg.embed_distill_loss, normalize=self.vectors.unit)
         if self.tokens is not None:
-            loss_fn = functools.partial(losses.token_distill_loss, loss=loss_fn, layout=self.layout, teacher_q=blocks_q,
-                                        teacher_p=blocks_p, weight=self.cfg.token_distill_weight)
+            loss_fn = functools.partial(losses.hidden_distill_loss, loss=loss_fn, layout=self.layout, teacher_q=blocks_q,
+                                        teacher_p=blocks_p, weights=self.hidden)
         return queries, passages, loss_fn, torch.zeros(0, dtype=torch.bool)
 
     def _loop(self, pos) -> None:

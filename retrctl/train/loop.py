@@ -108,8 +108,9 @@ class Trainer:
         cfg.check(needs_model=encoder is None)
         if cfg.embed_distill_weight and not (cfg.teacher or isinstance(teacher, Encoder)):
             raise UsageError("--embed-distill-weight needs a teacher model (--teacher)")
-        if cfg.token_distill_weight and self.GROUPS:
-            raise UsageError("--token-distill-weight trains from a corpus alone: give --corpus and no GROUPS", flag="--token-distill-weight")
+        for flag, weight in (("--token-distill-weight", cfg.token_distill_weight), ("--layer-distill-weight", cfg.layer_distill_weight)):
+            if weight and self.GROUPS:
+                raise UsageError(f"{flag} trains from a corpus alone: give --corpus and no GROUPS", flag=flag)
         if cfg.teacher:
             check_teacher(cfg.teacher, output)
         check_output(output, cfg)
@@ -223,7 +224,8 @@ class Trainer:
         zero = cfg.ds_stage() if self.dist.deepspeed else None
         b, g = cfg.batch_size, self.group_size
         # the teacher's weights are loaded already (in what the process holds); its forward over one chunk is not
-        teacher = forward_bytes(self.vectors.teacher, cfg.chunk_size) if self.vectors is not None else 0
+        teacher = (forward_bytes(self.vectors.teacher, cfg.chunk_size, every_state=bool(cfg.layer_distill_weight))
+                   if self.vectors is not None else 0)
         cost = memory.StepCost(state=memory.optimizer_state(trainable, zero_stage=zero, world=self.dist.world),
                                per_query=per["query"], per_passage=per["passage"], queries=b, passages=b * g,
                                embeddings=memory.cached_outputs(self.layout, b, b * g, self.dist.world), teacher=teacher)

@@ -242,15 +242,36 @@ def token_distill(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
     return (student.float() - t).pow(2).sum() / t.pow(2).sum().clamp_min(1e-12)
 
 
-def token_distill_loss(q: torch.Tensor, p: torch.Tensor, *, loss, layout: TrainingLayout, teacher_q: torch.Tensor,
-                       teacher_p: torch.Tensor, weight: float) -> tuple[torch.Tensor, dict]:
-    """``loss(q, p)`` plus ``weight`` × token-level distillation (``token_distill``) of the queries' and the
-    passages' ``tokens`` parts against the teacher's blocks of the same texts, the two sides' terms averaged
-    (``token_mse``)."""
+def layer_distill(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """The student's states after its blocks against the teacher's after the blocks they were cut from, both
+    [N, cap, blocks, H] with zero rows after each text: ‖s − t‖² / ‖t‖² of each token at each block, averaged over
+    the real ones. Each token's error is relative to its own state because a decoder's residual stream carries a
+    few states hundreds of times the others' norm (massive activations), which would outweigh every other token in
+    one sum. No rows: 0."""
+    t = teacher.to(student.device, torch.float32)
+    norm = t.pow(2).sum(-1)
+    real = norm > 0
+    if not real.any():
+        return student.sum() * 0
+    return ((student.float() - t).pow(2).sum(-1)[real] / norm[real]).mean()
+
+
+HIDDEN_TERMS = {"tokens": (token_distill, "token_mse"), "layers": (layer_distill, "layer_mse")}
+
+
+def hidden_distill_loss(q: torch.Tensor, p: torch.Tensor, *, loss, layout: TrainingLayout, teacher_q: dict,
+                        teacher_p: dict, weights: dict[str, float]) -> tuple[torch.Tensor, dict]:
+    """``loss(q, p)`` plus, for each part ``weights`` names (``tokens``: ``token_distill``; ``layers``:
+    ``layer_distill``), its weight × the distillation of the queries' and the passages' part against the teacher's
+    blocks of the same texts (``teacher_q`` / ``teacher_p`` by part name), the two sides' terms averaged
+    (``token_mse``, ``layer_mse``)."""
     total, parts = loss(q, p)
-    sq, sp = layout.query.split(q)["tokens"], layout.passage.split(p)["tokens"]
-    term = (token_distill(sq, teacher_q.view_as(sq)) + token_distill(sp, teacher_p.view_as(sp))) / 2
-    return total + weight * term, {**parts, "token_mse": term.detach()}
+    sq, sp = layout.query.split(q), layout.passage.split(p)
+    for name, weight in weights.items():
+        term_of, key = HIDDEN_TERMS[name]
+        term = (term_of(sq[name], teacher_q[name].view_as(sq[name])) + term_of(sp[name], teacher_p[name].view_as(sp[name]))) / 2
+        total, parts = total + weight * term, {**parts, key: term.detach()}
+    return total, parts
 
 
 def embed_distill_loss(q: torch.Tensor, p: torch.Tensor, *, layout: TrainingLayout, teacher_q: torch.Tensor,

@@ -62,5 +62,6 @@ def prepare(enc: Encoder, cfg: TrainConfig, *, for_training: bool = True, teache
     enc.train(for_training)
     layout = TrainingLayout.of(enc, sparse=kind is not None, colbert="colbert" in heads,
                                lookup=cfg.query_encoder == "token-lookup", projected=projected,
-                               tokens=bool(cfg.token_distill_weight))
+                               tokens=bool(cfg.token_distill_weight),
+                               layers=enc.model.config.num_hidden_layers - 1 if cfg.layer_distill_weight else 0)
     return TrainedEncoder(enc, layout)

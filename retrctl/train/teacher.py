@@ -10,6 +10,7 @@ computed once and kept (``TeacherVectors``).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,8 +20,10 @@ import torch
 
 from retrctl import memory, records
 from retrctl.errors import UsageError
+from retrctl.hashing import weights_fingerprint
 from retrctl.models import Encoder, backbone
 from retrctl.models.layout import token_block
+from retrctl.models.loading import resolve
 from retrctl.train.data import Example
 
 Teacher = Callable[[str, Sequence[str]], Sequence[float]]
@@ -49,11 +52,35 @@ def load_teacher(name: str, device: str) -> Encoder:
     return teacher
 
 
-def forward_bytes(teacher: Encoder, texts: int) -> int:
-    """Working memory of the teacher's no-grad forward over ``texts`` texts at its longest length."""
+def forward_bytes(teacher: Encoder, texts: int, every_state: bool = False) -> int:
+    """Working memory of the teacher's no-grad forward over ``texts`` texts at its longest length; with
+    ``every_state`` the hidden states of every block it keeps too (layer-wise distillation's targets)."""
     cfg = teacher.model.config
     width = memory.within_positions(cfg, max(teacher.config.query_max_len, teacher.config.passage_max_len))
-    return texts * memory.inference_per_text(cfg, width, next(teacher.model.parameters()).element_size())
+    size = next(teacher.model.parameters()).element_size()
+    states = (cfg.num_hidden_layers + 1) * width * cfg.hidden_size * size if every_state else 0
+    return texts * (memory.inference_per_text(cfg, width, size) + states)
+
+
+def block_map(student: Encoder, teacher: Encoder, name: str) -> list[int]:
+    """The teacher's block each of the student's blocks was cut from: the blocks ``prune`` kept (the student's
+    prune.json, made from this teacher's weights), or each block itself for a student as deep without one."""
+    depth, of_teacher = student.model.config.num_hidden_layers, teacher.model.config.num_hidden_layers
+    report = resolve(student.source) / "prune.json"
+    if not report.is_file():
+        if depth != of_teacher:
+            raise UsageError(f"--layer-distill-weight: the student {student.source} has {depth} blocks and the teacher "
+                             f"{name} {of_teacher}, and no prune.json says which of the teacher's it kept")
+        return list(range(depth))
+    saved = json.loads(report.read_text())
+    if saved.get("source_fingerprint") != weights_fingerprint(resolve(teacher.source)):
+        raise UsageError(f"--layer-distill-weight: the student {student.source} was cut from another model than "
+                         f"the teacher {name} (its prune.json's source_fingerprint)")
+    kept = [i for i, on in enumerate(saved["masks"]["block"]) if on]
+    if len(saved["masks"]["block"]) != of_teacher or len(kept) != depth:
+        raise records.RecordError(report, field="masks", message=f"keeps {len(kept)} of {len(saved['masks']['block'])} "
+                                  f"blocks; the student has {depth} and the teacher {of_teacher}")
+    return kept
 
 
 class TeacherVectors:
@@ -106,34 +133,52 @@ def teacher_scores(teacher: Teacher | Encoder, examples: list[Example], vectors:
 
 
 class TeacherTokens:
-    """The teacher's final hidden state of each token the student reads (the student's tokenizer, prompt and cap),
-    as ``models.layout.token_block`` lays them out, and its vector of each text from the same forward: token-level
-    distillation's targets. Computed per step in chunks (a corpus's token states are far larger than its vectors,
-    so they are not cached). The teacher must read the student's tokens as its own and be as wide: a model pruned
-    from it is."""
+    """The teacher's hidden states of each token the student reads (the student's tokenizer, prompt and cap), as
+    ``models.layout.token_block`` lays them out, and its vector of each text from the same forward: token-level and
+    layer-wise distillation's targets. ``tokens``: its final states; ``layers``: its states after the blocks the
+    student's blocks but the last were cut from (``block_map``). Computed per step in chunks (a corpus's token states
+    are far larger than its vectors, so they are not cached). The teacher must read the student's tokens as its own
+    and be as wide: a model pruned from it does."""
 
-    def __init__(self, teacher: Encoder, student: Encoder, name: str, chunk_size: int = 32):
+    def __init__(self, teacher: Encoder, student: Encoder, name: str, chunk_size: int = 32, *, tokens: bool = True,
+                 layers: bool = False):
+        flag = "--token-distill-weight" if tokens else "--layer-distill-weight"
         if teacher.tokenizer.get_vocab() != student.tokenizer.get_vocab():
-            raise UsageError(f"--token-distill-weight: the teacher {name} and the student {student.source} have "
+            raise UsageError(f"{flag}: the teacher {name} and the student {student.source} have "
                              "different tokenizers; token-level distillation needs the same tokens on both sides")
         if teacher.model.config.hidden_size != student.model.config.hidden_size:
-            raise UsageError(f"--token-distill-weight: the teacher {name} is {teacher.model.config.hidden_size} wide and "
+            raise UsageError(f"{flag}: the teacher {name} is {teacher.model.config.hidden_size} wide and "
                              f"the student {student.source} {student.model.config.hidden_size}; token-level distillation "
                              "needs the same width")
-        self.teacher, self.student, self.chunk_size = teacher, student, chunk_size
+        self.teacher, self.student, self.chunk_size, self.tokens = teacher, student, chunk_size, tokens
+        # the teacher's hidden_states index of each student block but the last (index 0 is the embeddings)
+        self.layers = [b + 1 for b in block_map(student, teacher, name)[:-1]] if layers else []
+        if layers and not self.layers:
+            raise UsageError(f"--layer-distill-weight: the student {student.source} has one block; no state lies "
+                             "between its blocks")
         self.cuts = backbone.Tokenizer(student.tokenizer)  # its own cut counters: the student's count what it reads
 
-    def __call__(self, texts: list[str], kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """([len(texts), cap × hidden], [len(texts), teacher dim]) float32, in order."""
+    def __call__(self, texts: list[str], kind: str) -> dict[str, torch.Tensor]:
+        """{"vectors": [len(texts), teacher dim], "tokens": [len(texts), cap × hidden] (with ``tokens``),
+        "layers": [len(texts), cap × layers × hidden] (with ``layers``)}, float32, in order."""
         side, head = self.student.sides[kind], self.teacher.sides[kind].head
-        blocks, vectors = [], []
+        hidden_size = self.teacher.model.config.hidden_size
+        out = {"vectors": [], **({"tokens": []} if self.tokens else {}), **({"layers": []} if self.layers else {})}
         with torch.inference_mode():
             for start in range(0, len(texts), self.chunk_size):
                 batch = self.student.tokenize(texts[start : start + self.chunk_size], kind, counter=self.cuts)
                 batch = {k: v.to(self.teacher.device) for k, v in batch.items()}
-                hidden = backbone.hidden_states(self.teacher.model, batch)
-                blocks.append(token_block(hidden, batch["attention_mask"], side.max_len).float().cpu())
-                vectors.append(head.finish(head(hidden, batch["attention_mask"], batch["input_ids"])).float().cpu())
-        if not blocks:
-            return torch.zeros((0, side.max_len * self.teacher.model.config.hidden_size)), torch.zeros((0, self.teacher.dim))
-        return torch.cat(blocks), torch.cat(vectors)
+                mask = batch["attention_mask"]
+                if self.layers:
+                    states = backbone.every_hidden_state(self.teacher.model, batch)
+                    hidden = states[-1]
+                    out["layers"].append(token_block(torch.cat([states[i] for i in self.layers], -1), mask,
+                                                     side.max_len).float().cpu())
+                else:
+                    hidden = backbone.hidden_states(self.teacher.model, batch)
+                if self.tokens:
+                    out["tokens"].append(token_block(hidden, mask, side.max_len).float().cpu())
+                out["vectors"].append(head.finish(head(hidden, mask, batch["input_ids"])).float().cpu())
+        widths = {"vectors": self.teacher.dim, "tokens": side.max_len * hidden_size,
+                  "layers": side.max_len * len(self.layers) * hidden_size}
+        return {k: torch.cat(v) if v else torch.zeros((0, widths[k])) for k, v in out.items()}
