@@ -115,7 +115,7 @@ class CorpusDistiller(Trainer):
             raise UsageError("--embed-distill-weight: a corpus alone trains on embedding distillation only; it must be "
                              "above 0", flag="--embed-distill-weight")
         super().__init__(cfg, None, corpus, output, **kwargs)
-        # token-level distillation: the teacher's state of each token beside its vector of each text
+        # token-level and layer-wise distillation: the teacher's states of each token beside its vector of each text
         self.hidden = {name: w for name, w in (("tokens", cfg.token_distill_weight), ("layers", cfg.layer_distill_weight)) if w}
         self.tokens = (TeacherTokens(self.vectors.teacher, self.enc, cfg.teacher or "(given)", cfg.chunk_size,
                                      tokens="tokens" in self.hidden, layers="layers" in self.hidden)

@@ -76,10 +76,11 @@ def block_map(student: Encoder, teacher: Encoder, name: str) -> list[int]:
     if saved.get("source_fingerprint") != weights_fingerprint(resolve(teacher.source)):
         raise UsageError(f"--layer-distill-weight: the student {student.source} was cut from another model than "
                          f"the teacher {name} (its prune.json's source_fingerprint)")
-    kept = [i for i, on in enumerate(saved["masks"]["block"]) if on]
-    if len(saved["masks"]["block"]) != of_teacher or len(kept) != depth:
-        raise records.RecordError(report, field="masks", message=f"keeps {len(kept)} of {len(saved['masks']['block'])} "
-                                  f"blocks; the student has {depth} and the teacher {of_teacher}")
+    mask = (saved.get("masks") or {}).get("block") or []
+    kept = [i for i, on in enumerate(mask) if on]
+    if len(mask) != of_teacher or len(kept) != depth:
+        raise records.RecordError(report, field="masks", message=f"keeps {len(kept)} of {len(mask)} blocks; the "
+                                  f"student has {depth} and the teacher {of_teacher}")
     return kept
 
 
