@@ -354,6 +354,8 @@ def bert4(tmp_path_factory) -> Path:
 
 
 def test_layer_distillation_follows_the_blocks_prune_kept_and_its_loss_falls(bert4, no_dropout_bert, files, tmp_path):
+    import torch
+
     from retrctl.models import Encoder
     from retrctl.train.teacher import TeacherTokens, block_map
     from stages.prune import prune
@@ -368,12 +370,12 @@ def test_layer_distillation_follows_the_blocks_prune_kept_and_its_loss_falls(ber
     kept = [1, 3]
     assert block_map(student, teacher, "t") == kept
     assert block_map(teacher, teacher, "t") == [0, 1, 2, 3]  # as deep, no prune.json: each block itself
-    # the teacher's targets are its states after the kept blocks: a student that is the teacher reads them back
+    # the cut's targets are the teacher's states after the blocks it kept: those rows of the teacher's full set
     targets = TeacherTokens(teacher, student, "t", tokens=False, layers=True)(TEXTS, "passage")
     cap = student.config.passage_max_len
     assert set(targets) == {"vectors", "layers"} and targets["layers"].shape == (3, cap * 1 * 32)
     whole = TeacherTokens(teacher, teacher, "t", tokens=False, layers=True)(TEXTS, "passage")["layers"]
-    assert torch_equal(targets["layers"].view(3, cap, 32), whole.view(3, cap, 3, 32)[:, :, kept[0]])
+    assert torch.allclose(targets["layers"].view(3, cap, 32), whole.view(3, cap, 3, 32)[:, :, kept[0]], atol=1e-5)
 
     same = train(None, corpus=str(c), output=tmp_path / "same", model=str(no_dropout_bert),
                  teacher=str(no_dropout_bert), layer_distill_weight=1.0, max_steps=2, **{**FAST, "lr": None})
@@ -385,12 +387,6 @@ def test_layer_distillation_follows_the_blocks_prune_kept_and_its_loss_falls(ber
     seen = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     for key in ("layer_mse", "token_mse"):
         assert seen[0][key] > 0.01 and np.mean([m[key] for m in seen[-5:]]) < 0.7 * np.mean([m[key] for m in seen[:5]])
-
-
-def torch_equal(a, b) -> bool:
-    import torch
-
-    return torch.allclose(a, b, atol=1e-5)
 
 
 def test_layer_distillation_weighs_each_token_by_its_own_state():
