@@ -16,22 +16,25 @@ from stages.train import train
 TEXTS = ["cat purr memory", "python code safety rust", "hot water tea leaf"]
 
 
-@pytest.fixture(scope="module")
-def wide_teacher(tmp_path_factory) -> Path:
-    """A 2-layer, hidden-48 BERT (another width than tiny_bert's 32) with the MiniLM tokenizer."""
+def _random_bert(out: Path, seed: int, **settings) -> Path:
+    """A random BERT (2 heads, MLP 64, 128 positions, ``settings`` on top) with the MiniLM tokenizer, saved in ``out``."""
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     from retrctl.models import locate_shipped
 
-    torch.manual_seed(1)
-    out = tmp_path_factory.mktemp("wide_teacher")
+    torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(str(locate_shipped("minilm")))
-    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=48, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=128)
-    BertModel(cfg).save_pretrained(out)
+    BertModel(BertConfig(vocab_size=tok.vocab_size, num_attention_heads=2, intermediate_size=64,
+                         max_position_embeddings=128, **settings)).save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def wide_teacher(tmp_path_factory) -> Path:
+    """A 2-layer, hidden-48 BERT (another width than tiny_bert's 32) with the MiniLM tokenizer."""
+    return _random_bert(tmp_path_factory.mktemp("wide_teacher"), 1, hidden_size=48, num_hidden_layers=2)
 
 
 @pytest.fixture
@@ -338,19 +341,8 @@ def test_token_distillation_refuses_groups_and_a_teacher_of_another_tokenizer_or
 @pytest.fixture(scope="module")
 def bert4(tmp_path_factory) -> Path:
     """A 4-layer, hidden-32 BERT without dropout, with the MiniLM tokenizer: a teacher to cut blocks from."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    from retrctl.models import locate_shipped
-
-    torch.manual_seed(3)
-    out = tmp_path_factory.mktemp("bert4")
-    tok = AutoTokenizer.from_pretrained(str(locate_shipped("minilm")))
-    BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=0.0,
-                         attention_probs_dropout_prob=0.0)).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return _random_bert(tmp_path_factory.mktemp("bert4"), 3, hidden_size=32, num_hidden_layers=4,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
 def test_layer_distillation_follows_the_blocks_prune_kept_and_its_loss_falls(bert4, no_dropout_bert, files, tmp_path):
