@@ -145,8 +145,8 @@ class TrainingLayout:
         """The layout of ``enc`` (an ``Encoder``) training its dense head, plus the sparse head, the colbert head
         and LightRetriever's token-lookup query encoder where asked, the dense output projected to a teacher's
         width ``projected`` (0: none), the token states (``tokens``) and those after the first ``layers`` blocks
-        (0: none). The sparse part sits on the query side
-        only when the sparse head encodes queries (else queries are token counts, computed by the objective)."""
+        (0: none). The sparse part sits on the query side only when the sparse head encodes queries (else queries
+        are token counts, computed by the objective)."""
         hidden = enc.model.config.hidden_size
         vocab = enc.sparse.vocab if sparse else 0
         dim = enc.colbert.out_dim if colbert else 0
