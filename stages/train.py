@@ -19,7 +19,7 @@ LoRA (Hu et al. 2021, arXiv:2106.09685); ZeRO (Rajbhandari et al. 2020, arXiv:19
 | LoRA r / alpha / dropout | ``--lora-r --lora-alpha --lora-dropout`` |
 | ZeRO stage | ``--zero-stage`` or ``--deepspeed ds.json`` |
 | distillation from reranker scores | ``--distill-weight --teacher-temperature`` |
-| distillation from a teacher model: its scores (KL / MarginMSE), its embeddings (MSE, sentence-transformers' model distillation), its token states, last and intermediate layers (TinyBERT); a corpus alone as data | ``--teacher --distill-weight --embed-distill-weight --embed-distill-loss --token-distill-weight --layer-distill-weight --attention-dropout`` |
+| distillation from a teacher model: its scores (KL / MarginMSE), its embeddings (MSE, sentence-transformers' model distillation), its token states, last and intermediate layers (TinyBERT); a corpus alone as data | ``--teacher --distill-weight --embed-distill-weight --embed-distill-loss --token-distill-weight --layer-distill-weight --fresh-crops --attention-dropout`` |
 | never deliver a worse model: held-out slice, WiSE-FT candidates | ``--guard-shards --guard-alphas`` |
 | LightRetriever's token-lookup query encoder | ``--query-encoder token-lookup --lookup-kl-weight`` |
 | SPLADE sparse head (FLOPS λ, quadratic warm-up) | ``--heads dense,sparse --flops-weight --flops-warmup --sparse-query --sparse-top-k`` |

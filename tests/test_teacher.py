@@ -411,3 +411,49 @@ def test_layer_distillation_refuses_a_student_it_cannot_map(bert4, no_dropout_be
         r = runner("train", *args, *base, "-o", out)
         assert r.exit_code == 2 and named in r.stderr, r.stderr
         assert not out.exists() and not out.with_name("m.partial").exists()
+
+
+SENTENCES = [["Cats purr when they feel safe.", "Tea leaves steep in hot water.", "Rust checks memory safety early."],
+             ["Python code runs on many machines.", "Green tea tastes of grass and smoke.", "A cat sleeps in the sun."]]
+
+
+def _sentence_corpus(n=12) -> dict[str, dict]:
+    """Docs of three sentences each (trainkit's corpus has one per doc, so every crop of it is the same)."""
+    return {f"s{i}": {"title": f"t{i}", "text": " ".join(f"{s[:-1]} number {i}." for s in SENTENCES[i % 2])}
+            for i in range(n)}
+
+
+def test_fresh_crops_cycle_through_distinct_sentences_pass_by_pass():
+    from retrctl.train.distill import TextBatches, corpus_texts
+
+    docs = {**_sentence_corpus(2), "short": {"text": "Too few words. Here."}}
+    fixed, fresh = corpus_texts(docs, seed=0), corpus_texts(docs, seed=0, passes=4)
+    assert [p.crops for p in fixed] == [(), (), ()] and all(p.query in docs["s0"]["text"] for p in fixed[:1])
+    assert len(set(fresh[0].crops)) == 3 and all(c in docs["s0"]["text"] for c in fresh[0].crops)
+    assert fresh[2].crops == ("Too few words. Here.",)  # no sentence of 4 words: its first words, every pass
+    batches = TextBatches(fresh, global_batch=3, seed=0)
+    seen = [{p.index: p.query for b in batches.epoch(e) for p in b} for e in range(4)]
+    assert [s[0] for s in seen] == [*fresh[0].crops, fresh[0].crops[0]]  # one sentence a pass, then again
+    assert {p.index: p.query for b in TextBatches(fixed, global_batch=3, seed=0).epoch(1) for p in b}[0] == fixed[0].query
+
+
+def test_fresh_crops_are_distilled_against_the_teachers_vectors_of_each_passs_crop(no_dropout_bert, files, tmp_path,
+                                                                                  runner):
+    from retrctl.train.config import TrainConfig
+    from retrctl.train.distill import CorpusDistiller
+
+    corpus = _sentence_corpus()
+    for extra in ({}, {"token_distill_weight": 1.0}):  # the teacher's vectors kept, or from each step's forward
+        cfg = TrainConfig().replace(model=str(no_dropout_bert), teacher=str(no_dropout_bert), fresh_crops=True, epochs=2,
+                                    **{**FAST, "lr": 1e-5}, **extra)  # Adam's steps of ~lr keep it near itself
+        run = CorpusDistiller(cfg, corpus, tmp_path / f"m{len(extra)}")
+        out = run.fit()
+        # distilled from itself: a target of another text than the student read would move the loss off 0
+        assert len(losses(out)) == 6 and max(losses(out)) < 1e-5, losses(out)
+        if not extra:  # two passes, a crop of another sentence each
+            assert len(run.vectors.cache["query"]) == 2 * len(corpus), len(run.vectors.cache["query"])
+    c, g = files
+    r = runner("train", g, "--corpus", c, "--model", no_dropout_bert, "--teacher", no_dropout_bert, "--fresh-crops",
+               "-o", tmp_path / "g")
+    assert r.exit_code == 2 and "--fresh-crops" in r.stderr and "corpus alone" in r.stderr, r.stderr
+    assert not (tmp_path / "g").exists()

@@ -114,6 +114,9 @@ class TrainConfig:
                                                   "regresses onto the teacher's after the block it was cut from (the "
                                                   "student's prune.json; the same block of a teacher as deep), each "
                                                   "token's error relative to its state (TinyBERT's intermediate layers).")
+    fresh_crops: bool = _f(False, "From a corpus alone: a new sentence crop of each doc on each pass (distinct sentences "
+                                  "while the doc has them, then again from its first; Contriever's crops drawn anew each "
+                                  "time), where by default the one crop serves every pass.")
     contrastive_weight: float = _f(1.0, "Weight of the InfoNCE term (0 = distillation alone, as GPL).")
     query_encoder: str = _f("full", "full, or token-lookup: also train LightRetriever's token-lookup query encoder (each "
                                     "query token encoded with the prompt alone, averaged) with a KL term to the full one, "

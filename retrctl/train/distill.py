@@ -3,10 +3,11 @@
 ``train --corpus C --model small/ --teacher BIG -o healed/`` with no groups (the heal step after ``prune``): the
 texts are each doc's passage (title + text, the passage side) and one sentence crop of it (the query side; the
 crops ``retrctl crop`` cuts, from retrctl/crops.py, seeded by ``--seed``; a doc with no sentence of 4 words gives
-its first 32 words). Each step is one embedding-distillation step over a batch of docs: the student's vectors of
-the batch's crops and passages regress onto the teacher's (``losses.embed_distill_loss``; a learned projection
-when the widths differ, dropped at save), as sentence-transformers' model-distillation example trains a student
-with fewer layers on MSE to the teacher's embeddings.
+its first 32 words; with ``--fresh-crops`` another sentence of the doc on each pass, as Contriever draws its crops
+anew each time it reads a doc). Each step is one embedding-distillation step over a batch of docs: the student's
+vectors of the batch's crops and passages regress onto the teacher's (``losses.embed_distill_loss``; a learned
+projection when the widths differ, dropped at save), as sentence-transformers' model-distillation example trains
+a student with fewer layers on MSE to the teacher's embeddings.
 
 With ``--token-distill-weight`` the student's final hidden state of each token also regresses onto the teacher's of
 the same token (``losses.token_distill``, TinyBERT's hidden-state loss on the last layer): every token of every
@@ -16,8 +17,9 @@ intermediate layers through ``prune``'s map of kept blocks). The teacher then re
 share its tokenizer and width (a model pruned from it does).
 
 The teacher is frozen, so its vectors are computed once, up front, in chunks saved under ``OUTPUT.partial/teacher``
-(a resume reuses every finished chunk; a fresh run starts over); with token or layer distillation its hidden states (too
-large to keep) and its vectors come from one forward of each step's texts instead. The training loop is
+(a resume reuses every finished chunk; a fresh run starts over), those of fresh crops as the steps meet them; with
+token or layer distillation its hidden states (too large to keep) and its vectors come from one forward of each
+step's texts instead. The training loop is
 ``Trainer``'s own (checkpoints, resume, memory plan, GradCache, the saved model and its checks).
 """
 
@@ -51,11 +53,13 @@ TEACHER_CHUNK = 1024  # texts per saved chunk of the teacher's vectors
 
 @dataclasses.dataclass
 class TextPair:
-    """One doc's texts: a sentence crop (query side) and the passage, ``index`` its row in the teacher's vectors."""
+    """One doc's texts: a sentence crop (query side) and the passage, ``index`` its row in the teacher's vectors;
+    ``crops``, with fresh crops, the query side of each pass in turn (``query`` the first)."""
 
     index: int
     query: str
     passage: str
+    crops: tuple[str, ...] = ()
     padded: int = 0  # the loop's counters of resampled and drawn negatives: none here
     drawn: int = 0
 
@@ -66,14 +70,24 @@ class TextPair:
     def cost(self) -> int:
         return len(self.query) + len(self.passage)
 
+    def on_pass(self, epoch: int) -> TextPair:
+        """The pair as pass ``epoch`` reads it: with fresh crops, that pass's crop, cycling through the doc's."""
+        return dataclasses.replace(self, query=self.crops[epoch % len(self.crops)]) if self.crops else self
 
-def corpus_texts(corpus: dict[str, dict], seed: int) -> list[TextPair]:
-    """Each doc with text as a (crop, passage) pair, in corpus order; the crops as ``retrctl crop --seed`` cuts them."""
+
+def corpus_texts(corpus: dict[str, dict], seed: int, passes: int = 0) -> list[TextPair]:
+    """Each doc with text as a (crop, passage) pair, in corpus order; the crops as ``retrctl crop --seed`` cuts them.
+    ``passes`` > 0: fresh crops, up to that many distinct sentences of each doc (``crop --per-doc``), one per pass."""
     docs = [(docid, d) for docid, d in corpus.items() if records.passage_text(d).strip()]
-    crops = {c["source_docid"]: c["query_text"]
-             for c in crop(({"docid": docid, "text": d.get("text") or ""} for docid, d in docs), seed=seed)}
-    return [TextPair(i, crops.get(docid) or " ".join(records.passage_text(d).split()[:FALLBACK_WORDS]),
-                     records.passage_text(d)) for i, (docid, d) in enumerate(docs)]
+    crops: dict[str, list[str]] = {}
+    for c in crop(({"docid": docid, "text": d.get("text") or ""} for docid, d in docs), per_doc=max(passes, 1), seed=seed):
+        crops.setdefault(c["source_docid"], []).append(c["query_text"])
+    pairs = []
+    for i, (docid, d) in enumerate(docs):
+        passage = records.passage_text(d)
+        queries = crops.get(docid) or [" ".join(passage.split()[:FALLBACK_WORDS])]
+        pairs.append(TextPair(i, queries[0], passage, tuple(queries) if passes else ()))
+    return pairs
 
 
 class TextBatches:
@@ -88,7 +102,7 @@ class TextBatches:
 
     def epoch(self, epoch: int) -> Iterator[list[TextPair]]:
         rng = np.random.default_rng([self.seed, epoch])
-        order = [self.pairs[i] for i in rng.permutation(len(self.pairs))]
+        order = [self.pairs[i].on_pass(epoch) for i in rng.permutation(len(self.pairs))]
         window = self.global_batch * 16
         for start in range(0, len(order), window):
             buf = order[start : start + window]
@@ -126,19 +140,19 @@ class CorpusDistiller(Trainer):
         if not corpus:
             raise UsageError("distillation without groups trains on a corpus: give --corpus")
         self.source = None
-        self.pairs = corpus_texts(corpus, cfg.seed)
+        self.pairs = corpus_texts(corpus, cfg.seed, cfg.epochs if cfg.fresh_crops else 0)
         if not self.pairs:
             raise UsageError("the corpus has no passage with text to distil on")
         self.n_groups, self.group_size = len(self.pairs), 1
-        self.fingerprint = json_lines_hex([p.query, p.passage] for p in self.pairs)
+        self.fingerprint = json_lines_hex([p.query, p.passage, *p.crops] for p in self.pairs)
         self.batches = TextBatches(self.pairs, global_batch=cfg.batch_size * world, seed=cfg.seed,
                                    group_by_length=cfg.group_by_length)
         if world > 1 and len(self.pairs) % (cfg.batch_size * world):
             raise UsageError(f"with {world} processes the corpus's {len(self.pairs)} docs must fill whole global batches "
                              f"of {cfg.batch_size * world}; use one process or another --batch-size")
         per_epoch = self.batches.per_epoch()
-        log.info("%d docs (a sentence crop and the passage of each), %d steps of %d docs, distilled from %s",
-                 len(self.pairs), cfg.max_steps or per_epoch * cfg.epochs, cfg.batch_size * world, cfg.teacher or "a teacher")
+        log.info("%d docs (%s and the passage of each), %d steps of %d docs, distilled from %s", len(self.pairs),
+                 "a sentence crop per pass" if cfg.fresh_crops else "a sentence crop", cfg.max_steps or per_epoch * cfg.epochs, cfg.batch_size * world, cfg.teacher or "a teacher")
         return per_epoch
 
     @property
@@ -150,8 +164,9 @@ class CorpusDistiller(Trainer):
         local = batch[self.dist.rank * b : (self.dist.rank + 1) * b]
         rows = torch.tensor([e.index for e in local])
         queries, passages = [e.query for e in local], [e.passage for e in local]
-        if self.tokens is None:
-            vectors = self.targets["query"][rows], self.targets["passage"][rows]
+        if self.tokens is None:  # a fresh crop's vector from the teacher as it comes (kept in memory)
+            vectors = (self.vectors(queries, "query") if self.cfg.fresh_crops else self.targets["query"][rows],
+                       self.targets["passage"][rows])
         else:  # the teacher's hidden states and vectors from one forward of this step's texts
             blocks_q, blocks_p = self.tokens(queries, "query"), self.tokens(passages, "passage")
             vectors = blocks_q["vectors"], blocks_p["vectors"]
@@ -165,7 +180,8 @@ class CorpusDistiller(Trainer):
 
     def _loop(self, pos) -> None:
         if self.tokens is None:  # else the step's forward of the teacher gives its vectors too
-            self.targets = {kind: self._teacher_vectors(kind) for kind in ("query", "passage")}
+            kinds = ("passage",) if self.cfg.fresh_crops else ("query", "passage")
+            self.targets = {kind: self._teacher_vectors(kind) for kind in kinds}
         super()._loop(pos)
 
     def _export(self) -> None:

@@ -108,7 +108,9 @@ class Trainer:
         cfg.check(needs_model=encoder is None)
         if cfg.embed_distill_weight and not (cfg.teacher or isinstance(teacher, Encoder)):
             raise UsageError("--embed-distill-weight needs a teacher model (--teacher)")
-        for flag, weight in (("--token-distill-weight", cfg.token_distill_weight), ("--layer-distill-weight", cfg.layer_distill_weight)):
+        corpus_only = (("--token-distill-weight", cfg.token_distill_weight), ("--layer-distill-weight", cfg.layer_distill_weight),
+                       ("--fresh-crops", cfg.fresh_crops))
+        for flag, weight in corpus_only:
             if weight and self.GROUPS:
                 raise UsageError(f"{flag} trains from a corpus alone: give --corpus and no GROUPS", flag=flag)
         if cfg.teacher:
