@@ -19,8 +19,8 @@ share its tokenizer and width (a model pruned from it does).
 The teacher is frozen, so its vectors are computed once, up front, in chunks saved under ``OUTPUT.partial/teacher``
 (a resume reuses every finished chunk; a fresh run starts over), those of fresh crops as the steps meet them; with
 token or layer distillation its hidden states (too large to keep) and its vectors come from one forward of each
-step's texts instead. The training loop is
-``Trainer``'s own (checkpoints, resume, memory plan, GradCache, the saved model and its checks).
+step's texts instead. The training loop is ``Trainer``'s own (checkpoints, resume, memory plan, GradCache, the saved
+model and its checks).
 """
 
 from __future__ import annotations
@@ -152,7 +152,8 @@ class CorpusDistiller(Trainer):
                              f"of {cfg.batch_size * world}; use one process or another --batch-size")
         per_epoch = self.batches.per_epoch()
         log.info("%d docs (%s and the passage of each), %d steps of %d docs, distilled from %s", len(self.pairs),
-                 "a sentence crop per pass" if cfg.fresh_crops else "a sentence crop", cfg.max_steps or per_epoch * cfg.epochs, cfg.batch_size * world, cfg.teacher or "a teacher")
+                 "a sentence crop per pass" if cfg.fresh_crops else "a sentence crop",
+                 cfg.max_steps or per_epoch * cfg.epochs, cfg.batch_size * world, cfg.teacher or "a teacher")
         return per_epoch
 
     @property
