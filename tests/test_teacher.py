@@ -457,3 +457,20 @@ def test_fresh_crops_are_distilled_against_the_teachers_vectors_of_each_passs_cr
                "-o", tmp_path / "g")
     assert r.exit_code == 2 and "--fresh-crops" in r.stderr and "corpus alone" in r.stderr, r.stderr
     assert not (tmp_path / "g").exists()
+
+
+def test_a_fresh_crop_run_resumed_in_its_second_pass_reads_that_passs_crops(no_dropout_bert, tmp_path):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"docid": k, **v} for k, v in _sentence_corpus().items()])
+    kw = {"corpus": str(corpus), "model": str(no_dropout_bert), "teacher": str(no_dropout_bert), "fresh_crops": True,
+          "epochs": 2, "save_steps": 3, **FAST}  # 3 steps a pass: the checkpoint ends pass 1
+    whole = train(None, output=tmp_path / "a", **kw)
+
+    def crash(step, metrics):
+        if step == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(None, output=tmp_path / "b", on_step=crash, **kw)
+    resumed = train(None, output=tmp_path / "b", resume=True, **kw)
+    assert len(losses(whole)) == 6 and np.allclose(losses(whole), losses(resumed), atol=1e-6), (losses(whole),
+                                                                                               losses(resumed))
