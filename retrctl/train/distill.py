@@ -17,7 +17,7 @@ intermediate layers through ``prune``'s map of kept blocks). The teacher then re
 share its tokenizer and width (a model pruned from it does).
 
 The teacher is frozen, so its vectors are computed once, up front, in chunks saved under ``OUTPUT.partial/teacher``
-(a resume reuses every finished chunk; a fresh run starts over), those of fresh crops as the steps meet them; with
+(a resume reuses every finished chunk; a fresh run starts over), those of fresh crops by each step that reads them; with
 token or layer distillation its hidden states (too large to keep) and its vectors come from one forward of each
 step's texts instead. The training loop is ``Trainer``'s own (checkpoints, resume, memory plan, GradCache, the saved
 model and its checks).
@@ -165,9 +165,10 @@ class CorpusDistiller(Trainer):
         local = batch[self.dist.rank * b : (self.dist.rank + 1) * b]
         rows = torch.tensor([e.index for e in local])
         queries, passages = [e.query for e in local], [e.passage for e in local]
-        if self.tokens is None:  # a fresh crop's vector from the teacher as it comes (kept in memory)
-            vectors = (self.vectors(queries, "query") if self.cfg.fresh_crops else self.targets["query"][rows],
-                       self.targets["passage"][rows])
+        if self.tokens is None:  # a fresh crop is read once a pass: its teacher vector is encoded here, not kept
+            q = (torch.from_numpy(self.vectors.teacher.encode(queries, kind="query", batch_size=self.cfg.chunk_size))
+                 if self.cfg.fresh_crops else self.targets["query"][rows])
+            vectors = q, self.targets["passage"][rows]
         else:  # the teacher's hidden states and vectors from one forward of this step's texts
             blocks_q, blocks_p = self.tokens(queries, "query"), self.tokens(passages, "passage")
             vectors = blocks_q["vectors"], blocks_p["vectors"]

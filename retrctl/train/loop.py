@@ -110,8 +110,8 @@ class Trainer:
             raise UsageError("--embed-distill-weight needs a teacher model (--teacher)")
         corpus_only = (("--token-distill-weight", cfg.token_distill_weight), ("--layer-distill-weight", cfg.layer_distill_weight),
                        ("--fresh-crops", cfg.fresh_crops))
-        for flag, weight in corpus_only:
-            if weight and self.GROUPS:
+        for flag, value in corpus_only:
+            if value and self.GROUPS:
                 raise UsageError(f"{flag} trains from a corpus alone: give --corpus and no GROUPS", flag=flag)
         if cfg.teacher:
             check_teacher(cfg.teacher, output)
