@@ -38,6 +38,26 @@ QUERIES = [
 ]
 QRELS = {"q1": {"d1": 1}, "q2": {"d4": 2, "d3": 1}, "q3": {"d6": 1}}
 
+# Importance scores are means of 1 − cos(a, b) over tokens. cos near 1 is float32 with spacing 6e-8 below 1, and
+# computing it (a dot product over two norms) rounds a few times, so 1 − cos carries an absolute error of a few eps32
+# (1.2e-7) whatever its size: a block that barely changes its input (1 − cos ~ 1e-5) has no relative precision
+# better than ~1e-2, and kernels of another CPU (AVX-512, AVX2, default) differ there. 1e-6 is 8 eps32.
+GAP_ABS = 1e-6
+
+
+def with_large_gaps(model, std: float = 0.4):
+    """``model`` with every Linear weight drawn anew at ``std`` (seeded): a random model at the usual init (0.02)
+    barely changes its input in a block (1 − cos ~ 1e-5, below float32's precision for a relative check), so tests
+    of importance scores run on layers that move their states (1 − cos ~ 0.1)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * std)
+    return model
+
 
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("RETRCTL_SLOW", "") not in ("1", "true"):
