@@ -50,7 +50,7 @@ METHODS = ("rrf", "linear")
 NORMS = ("none", "minmax", "zscore")
 # The defaults of every caller (fuse, eval --sweep, a multi-head search): with BM25 + MiniLM, linear min-max fusion
 # scores above RRF on SciFact and XQuAD-en and level with it on ArguAna, and above it for every pair of a
-# multi-head index's heads (bench/RESULTS-fusion.md), as in Pyserini's BEIR fusion experiments.
+# multi-head index's heads (bench/RESULTS.md, "Fusion: BM25 + MiniLM"), as in Pyserini's BEIR fusion experiments.
 METHOD, NORM, RRF_K = "linear", "minmax", 60.0
 Run = Mapping[str, Sequence[tuple[str, float]]]
 

@@ -27,8 +27,7 @@ LoRA (Hu et al. 2021, arXiv:2106.09685); ZeRO (Rajbhandari et al. 2020, arXiv:19
 | pooling, bidirectional attention, prompts, lengths | the shared encoder flags |
 
 Defaults (τ 0.05, group size 2 = one hard negative, 3 epochs, batch 32) are the recipe that reached SciFact test
-nDCG@10 0.69 from all-MiniLM's 0.645 on 809 queries in bench/RESULTS.md; τ 0.02 with 7 negatives and 1 epoch reached
-only 0.675 and needed 4× the memory per step. 3 epochs is HF TrainingArguments' default; τ≈0.05 is what E5 and
+nDCG@10 0.69 from all-MiniLM's 0.645 on 809 queries (bench/RESULTS.md, "Training quality"). 3 epochs is HF TrainingArguments' default; τ≈0.05 is what E5 and
 sentence-transformers use for small encoders.
 
 Deviations and additions, each because a peer tool went wrong there:

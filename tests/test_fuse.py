@@ -187,7 +187,7 @@ def test_cli_rrf_stdout_and_run_tag(runner, tmp_path):
 
 def test_one_default_fusion_in_fuse_eval_sweep_and_search(runner, tmp_path):
     """fuse, eval --sweep and search --heads share one declaration of the fusion flags and one default: linear
-    fusion of min-max normalised scores (bench/RESULTS-fusion.md)."""
+    fusion of min-max normalised scores (bench/RESULTS.md, "Fusion: BM25 + MiniLM")."""
     import importlib
 
     a = write_trec(tmp_path / "a.trec", A)
