@@ -31,8 +31,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from retrctl.hashing import stable_int
-from retrctl.stage import in_shard
+from retrctl.hashing import in_shard, stable_int
 
 log = logging.getLogger("retrctl.guard")
 

@@ -20,7 +20,7 @@ import inspect
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,18 +28,17 @@ import click
 
 from retrctl import fusion, records
 from retrctl.errors import UsageError
-from retrctl.hashing import stable_int
+from retrctl.hashing import shard
 from retrctl.models.config import ENCODER_FLAGS, flag_fields
 
 log = logging.getLogger("retrctl")
-STATE = {"debug": False, "quiet": False}
+STATE = {"quiet": False}
 
 
 # ---------------------------------------------------------------- logging and progress
 
 
 def setup_logging(level: str = "info", quiet: bool = False) -> None:
-    STATE["debug"] = level == "debug"
     STATE["quiet"] = quiet
     lvl = logging.WARNING if quiet else getattr(logging, level.upper())
     root = logging.getLogger()
@@ -66,26 +65,7 @@ def progress(iterable: Iterable, desc: str = "", total: int | None = None, unit:
     return tqdm(iterable, desc=desc, total=total, unit=unit, file=sys.stderr, disable=disable, dynamic_ncols=True)
 
 
-# ---------------------------------------------------------------- sharding
-
-
-def shard_of(key: str, shard_num: int) -> int:
-    """Stable shard of a record id: the same on any machine, in any order."""
-    return stable_int(key, size=8) % shard_num
-
-
-def in_shard(key: str, shard_id: int, shard_num: int) -> bool:
-    return shard_num == 1 or shard_of(key, shard_num) == shard_id
-
-
-def shard(recs: Iterable[dict], shard_id: int, shard_num: int, key: str) -> Iterator[dict]:
-    """The records of one shard, by their ``key`` field."""
-    if shard_num == 1:
-        yield from recs
-        return
-    for r in recs:
-        if shard_of(r[key], shard_num) == shard_id:
-            yield r
+# ---------------------------------------------------------------- sharding (which record is in which shard: retrctl.hashing)
 
 
 def check_shard(shard_id: int, shard_num: int) -> None:

@@ -66,9 +66,9 @@ import numpy as np
 
 from retrctl import distributed, records
 from retrctl.errors import UsageError
-from retrctl.hashing import stable_rng
+from retrctl.hashing import in_shard, stable_rng
 from retrctl.retrievers import open_retriever
-from retrctl.stage import check_range, encoder_overrides, in_shard, options, parse_range, stage
+from retrctl.stage import check_range, encoder_overrides, options, parse_range, stage
 
 log = logging.getLogger("retrctl.mine")
 

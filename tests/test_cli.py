@@ -80,6 +80,8 @@ def test_our_failure_exits_1_with_one_line_and_traceback_only_in_debug(runner, m
     assert result.stderr.splitlines() == ["retrctl eval: RuntimeError: boom"]
     debug = runner("eval", run, "--qrels", qrels, "--log-level", "debug")
     assert debug.exit_code == 1 and "Traceback" in debug.stderr and debug.stderr.rstrip().endswith("retrctl eval: RuntimeError: boom")
+    again = runner("eval", run, "--qrels", qrels)  # the debug run's setting does not outlive it
+    assert again.stderr.splitlines() == ["retrctl eval: RuntimeError: boom"]
 
 
 def test_closed_pipe_ends_quietly(run_and_qrels, tmp_path):

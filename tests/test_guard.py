@@ -10,8 +10,8 @@ import torch
 from trainkit import FAST, corpus, groups, write_jsonl
 
 from retrctl import guard
+from retrctl.hashing import shard
 from retrctl.metrics import Result
-from retrctl.stage import shard
 from retrctl.train.config import parse_alphas
 
 
