@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from retrctl import records
+from retrctl.process import pid_alive
 
 log = logging.getLogger("retrctl.index")
 
@@ -243,14 +244,6 @@ _HELD: dict[str, tuple[int, int]] = {}  # realpath -> (thread, depth) of the wri
 _HELD_GUARD = threading.Lock()
 
 
-def _alive(pid) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (OSError, ValueError, TypeError):
-        return False
-    return True
-
-
 def _write_lock_record(f, held: bool) -> None:
     f.seek(0)
     f.truncate()
@@ -284,7 +277,7 @@ def _flock(root: Path):
     try:
         prev = _lock_record(path) or {}
         if prev.get("held") and prev.get("pid") != os.getpid():
-            state = "no longer running" if not _alive(prev.get("pid")) else "no longer holding it"
+            state = "no longer running" if not pid_alive(prev.get("pid")) else "no longer holding it"
             log.warning("%s: taking over the stale lock of pid %s (%s; it was killed before it finished)", path, prev.get("pid"), state)
         _write_lock_record(f, True)
         yield
@@ -466,7 +459,7 @@ def _old_swap_dirs(root: Path):
         return
     for p in parent.iterdir():
         m = _SWAP.match(p.name)
-        if m and m["name"] == root.name and p.is_dir() and not _alive(m["pid"]):
+        if m and m["name"] == root.name and p.is_dir() and not pid_alive(m["pid"]):
             yield p, m["kind"]
 
 

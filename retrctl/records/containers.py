@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from retrctl.errors import RecordError
+from retrctl.process import pid_alive
 
 log = logging.getLogger("retrctl.records")
 
@@ -259,16 +260,6 @@ def _swap(src: Path, dst: Path) -> None:
 _LEFT = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)(?:-[^/]*)?$")  # atomic_dir's siblings
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: it exists, under another user
-        return True
-    return True
-
-
 def sweep_dir(path) -> list[Path]:
     """Clean up after an ``atomic_dir(path)`` whose process was killed; returns what was removed.
 
@@ -284,7 +275,7 @@ def sweep_dir(path) -> list[Path]:
     left = []
     for p in sorted(parent.iterdir()):
         m = _LEFT.match(p.name)
-        if m and m["name"] == path.name and p.is_dir() and not p.is_symlink() and not _alive(int(m["pid"])):
+        if m and m["name"] == path.name and p.is_dir() and not p.is_symlink() and not pid_alive(m["pid"]):
             left.append((p, m["kind"]))
     if not (path.exists() or path.is_symlink()):
         old = next((p for p, kind in left if kind == "old"), None)
