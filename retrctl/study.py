@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import re
 from pathlib import Path
 
@@ -241,9 +240,10 @@ class Row:
         return sum(self.ndcg.values()) / len(self.ndcg) if self.ndcg else None
 
     def write(self, path: Path) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(dataclasses.asdict(self), indent=1) + "\n")
-        os.replace(tmp, path)
+        from retrctl import records
+
+        with records.atomic_path(path) as tmp:
+            Path(tmp).write_text(json.dumps(dataclasses.asdict(self), indent=1) + "\n")
 
     @classmethod
     def read(cls, path: Path) -> Row:

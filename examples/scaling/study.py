@@ -65,9 +65,8 @@ def proxy(a) -> None:
         bits, note = study.lm_bits_per_byte(a.model, texts, a.max_len)
     except Exception as err:  # noqa: BLE001  (the proxy is optional: its failure is a note in the row)
         bits, note = None, f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
-    tmp = Path(a.output + ".tmp")
-    tmp.write_text(json.dumps({"bits_per_byte": bits, "note": note, "texts": len(texts), "max_len": a.max_len}) + "\n")
-    tmp.replace(a.output)
+    with records.atomic_path(a.output) as tmp:
+        Path(tmp).write_text(json.dumps({"bits_per_byte": bits, "note": note, "texts": len(texts), "max_len": a.max_len}) + "\n")
     print(f"LM proxy of {a.model}: " + (f"{bits:.3f} bits/byte" if bits is not None else f"none ({note})"), file=sys.stderr)
 
 
@@ -88,9 +87,10 @@ def report(a) -> None:
         drawn = study.plot(rows, Path(a.plot), note=a.note)
         text += f"\nplot: {drawn}" if drawn else "\nplot: no backbone finished, nothing to draw"
     if a.output:
-        tmp = Path(a.output + ".tmp")
-        tmp.write_text(text + "\n")
-        tmp.replace(a.output)
+        from retrctl import records
+
+        with records.atomic_path(a.output) as tmp:
+            Path(tmp).write_text(text + "\n")
     else:
         print(text)
 

@@ -67,7 +67,12 @@ LEGACY_FILES = frozenset({"index.faiss", "docids.parquet", "vectors.npy", "bm25s
 
 _NUM = re.compile(r"^\d{6,}$")
 _TMP = re.compile(r"^\.(\d{6,})\.tmp-(\d+)$")
-_POINTER_TMP = re.compile(r"^\.index\.json\.tmp-\d+$")
+_POINTER_TMP = re.compile(r"^\.index\.json\.tmp-\d+$")  # the pointer's temporary file before records.atomic_path wrote it
+
+
+def _pointer_temp(name: str) -> bool:
+    """A temporary file of the pointer that a killed writer left (this retrctl's, or an earlier one's)."""
+    return records.temp_target(name) == MANIFEST or bool(_POINTER_TMP.match(name))
 
 
 @dataclass(frozen=True)
@@ -209,7 +214,7 @@ def _why_not_ours(root: Path) -> str | None:
         return f"no {MANIFEST}"
     if LOCK in entries and _lock_record(root / LOCK) is None:
         return f"{LOCK} is not retrctl's lock"
-    foreign = sorted(e for e in entries if e not in (MANIFEST, VERSIONS, LOCK) and e not in LEGACY_FILES and not _POINTER_TMP.match(e))
+    foreign = sorted(e for e in entries if e not in (MANIFEST, VERSIONS, LOCK) and e not in LEGACY_FILES and not _pointer_temp(e))
     if VERSIONS in entries:
         vroot = root / VERSIONS
         if not vroot.is_dir():
@@ -374,13 +379,9 @@ def _fsync_tree(top: Path) -> None:
 def _write_pointer(root: Path, name: str, manifest: dict) -> None:
     data = {"format": MARKER, "format_version": LAYOUT_VERSION, "current": name,
             **{k: v for k, v in manifest.items() if k != "format_version"}}
-    tmp = root / f".index.json.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, root / MANIFEST)  # the one atomic step a reader can observe
-    _fsync(root)
+    with records.atomic_path(root / MANIFEST, durable=True) as tmp:  # the one atomic step a reader can observe
+        with open(tmp, "w") as f:
+            f.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 @contextlib.contextmanager
@@ -437,7 +438,7 @@ def gc(root: Path, keep: int = KEEP) -> list[str]:
 def sweep(root: Path) -> None:
     """Remove what dead writers left (called with the lock held, so no live writer owns any of it)."""
     for p in root.iterdir():
-        if _POINTER_TMP.match(p.name):
+        if _pointer_temp(p.name):
             p.unlink(missing_ok=True)
     vroot = root / VERSIONS
     if vroot.is_dir():

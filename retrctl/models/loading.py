@@ -98,11 +98,12 @@ def gguf_to_hf(gguf: Path) -> Path:
         raise RuntimeError(f"GGUF conversion mismatch: missing {missing}, unexpected {unexpected}")
     if missing:  # tied embeddings
         model.tie_weights()
-    tmp = out.with_name(out.name + ".partial")
-    with stdout_to_stderr():
-        model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    os.replace(tmp, out)
+    from retrctl.records import atomic_dir
+
+    with atomic_dir(out, resume=False) as tmp:  # two processes converting at once each build their own
+        with stdout_to_stderr():
+            model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
     return out
 
 

@@ -29,7 +29,6 @@ import dataclasses
 import functools
 import json
 import logging
-import os
 import shutil
 from collections.abc import Callable, Iterator
 
@@ -207,9 +206,8 @@ class CorpusDistiller(Trainer):
             vecs = self.vectors.teacher.encode(texts[start : start + TEACHER_CHUNK], kind=kind, batch_size=self.cfg.chunk_size)
             if self.dist.rank == 0:
                 root.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(path.stem + ".tmp.npy")
-                np.save(tmp, vecs)
-                os.replace(tmp, path)
+                with records.atomic_path(path, suffix=".npy") as tmp:
+                    np.save(tmp, vecs)
                 meta.write_text(json.dumps(key) + "\n")
             out.append(vecs)
             log.info("teacher vectors: %s %d/%d", kind, min(start + TEACHER_CHUNK, len(texts)), len(texts))
