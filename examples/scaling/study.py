@@ -1,5 +1,5 @@
 """The scaling study's steps that are not retrctl stages, called by this folder's Makefile (each reads and writes
-files, so every Make target stays resumable); the logic is retrctl.study's.
+files, so every Make target stays resumable); the logic is study_lib's, beside this script.
 
     study.py plan --backbone minilm=minilm --backbone smollm2-drop8=smollm2:8 --groups 192 ...   # the estimate
     study.py slice DATA --docs 300 --queries 50 -o OUT                                            # a collection cut
@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
+if str(ROOT) not in sys.path:  # study_lib uses the checkout's retrctl, wherever the script is run from
     sys.path.insert(0, str(ROOT))
 
-from retrctl import study  # noqa: E402  (the checkout's retrctl, wherever the script is run from)
+import study_lib as study  # noqa: E402  (beside this script, which Python puts first on sys.path)
 
 
 def plan(a) -> None:
