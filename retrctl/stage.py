@@ -220,6 +220,32 @@ def _llm_backend_moved(ctx, param, value):
                          "and rerank is --llm-backend hf|openai")
 
 
+# a flag renamed (so that one name has one meaning across stages) keeps its old name, hidden, for one release
+RENAMED = "renamed_to__"
+
+
+def renamed(old: str, new: str, **kw):
+    """The old name of the flag ``new``, hidden: given, its value is ``new``'s, with a warning on stderr; both
+    given is a usage error. ``kw``: the new flag's type (and callback), so the old name checks values alike."""
+    return _opt(old, RENAMED + new.lstrip("-").replace("-", "_"), hidden=True, default=None,
+                help=f"The old name of {new}.", **kw)
+
+
+def _take_renamed(cmd: click.Command, kw: dict) -> None:
+    """Move the values given under old flag names (``renamed``) to their new names in ``kw``."""
+    ctx = click.get_current_context()
+    for key in [k for k in kw if k.startswith(RENAMED)]:
+        value, new = kw.pop(key), key[len(RENAMED):]
+        if value is None:
+            continue
+        old_flag = next(p.opts[0] for p in cmd.params if p.name == key)
+        new_flag = next(o for p in cmd.params if p.name == new for o in p.opts if o.startswith("--"))
+        if ctx.get_parameter_source(new) is click.core.ParameterSource.COMMANDLINE:
+            raise UsageError(f"{old_flag} is the old name of {new_flag}: give {new_flag} alone", flag=old_flag)
+        log.warning("%s is now %s; the old name goes in the next release", old_flag, new_flag)
+        kw[new] = value
+
+
 def options(*names: str):
     """Attach shared options by name: ``@options("model", "encoder", "batch_size")``."""
 
@@ -389,6 +415,7 @@ def stage(func: Callable | None = None, *, reads: str | None = None, writes: str
         @functools.wraps(body)
         def run(**kw):
             setup_logging(kw.pop("log_level"), kw.pop("quiet"))
+            _take_renamed(cmd, kw)
             arguments = [p.name for p in cmd.params if isinstance(p, click.Argument)]
             records.check_outputs([kw.get(o) for o in OUTPUT_OPTIONS], [kw.get(i) for i in (*arguments, *INPUT_OPTIONS)],
                                   dir_output=writes == "dir")

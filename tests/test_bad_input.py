@@ -357,8 +357,8 @@ def test_bad_input_api_raises_record_error(tmp_path, tiny_bert, stage, case):
 
 
 BAD_FLAGS = [
-    ("crop", "--per-doc", "0"), ("crop", "--per-doc", "-1"), ("crop", "--min-words", "0"), ("crop", "--max-tokens", "0"),
-    ("crop", "--shard-num", "0"), ("crop", "--shard-id", "-1"), ("crop", "--max-tokens", "2"),
+    ("crop", "--per-doc", "0"), ("crop", "--per-doc", "-1"), ("crop", "--min-words", "0"), ("crop", "--max-words", "0"),
+    ("crop", "--shard-num", "0"), ("crop", "--shard-id", "-1"), ("crop", "--max-words", "2"),
     ("mine", "--top-k", "0"), ("mine", "--top-k", "-5"), ("mine", "--num-negatives", "-1"), ("mine", "--batch-size", "0"),
     ("mine", "--negative-range", "9-3"), ("mine", "--negative-range", "abc"), ("mine", "--positive-ranks", "-1"),
     ("mine", "--relative-margin", "-0.1"), ("mine", "--passage-max-len", "0"),
