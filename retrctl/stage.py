@@ -15,6 +15,7 @@ becomes click's own usage error there, where click's context gives the usage lin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import logging
@@ -144,6 +145,8 @@ def _encoder_option(field):
     return _opt(m["flag"], field.name, type=kind, help=m["help"])
 
 
+# the help of --qrels, which eval declares itself (several, NAME=PATH across collections)
+QRELS_HELP = "Judgments: TREC, BEIR TSV, JSONL, or a BEIR folder."
 # the value types of shared flags that a stage defines itself (train takes --batch-size from TrainConfig)
 SHARED_TYPES = {"batch_size": click.IntRange(min=1)}
 OPTIONS: dict[str, Callable] = {
@@ -160,7 +163,7 @@ OPTIONS: dict[str, Callable] = {
     "seed": _opt("--seed", type=int, help="Random seed."),
     "model": _opt("--model", help="Encoder: directory (sentence-transformers or Hugging Face), GGUF file, or 'minilm' / 'smollm2'."),
     "corpus": _opt("--corpus", help="Corpus (JSONL/Parquet/BEIR folder) beside the main input."),
-    "qrels": _opt("--qrels", help="Judgments: TREC, BEIR TSV, JSONL, or a BEIR folder."),
+    "qrels": _opt("--qrels", help=QRELS_HELP),
     "retriever": _opt("--retriever", help="Retriever: an index dir, 'bm25', a model (see --model), or a run file."),
     "per_doc": _opt("--per-doc", type=click.IntRange(min=1), help="Queries to make per document."),
     "top_k": _opt("--top-k", type=click.IntRange(min=1), help="Candidates retrieved (or reranked) per query."),
@@ -194,6 +197,18 @@ OPTIONS: dict[str, Callable] = {
                     help="One weight per list fused, comma-separated (e.g. 0.3,0.7): fuse, in the runs' order; search, "
                          "and index (recorded as the search's default), in dense,sparse,colbert,bm25 order. "
                          "[default: 1 each, or the index's; search with colbert: BGE-M3's 1,0.3,1]"),
+    # what a run written is like (search, fuse)
+    "hits": _opt("--hits", type=click.IntRange(min=1), help="Results per query written."),
+    "run_format": _opt("--output-format", type=click.Choice(["trec", "jsonl", "parquet"]),
+                       help="Run format. [default: by -o extension, else trec]"),
+    "run_tag": _opt("--run-tag", help="TREC tag column. [default: search: names the retriever; fuse: fused-<method>]"),
+    # the length bounds of a query (crop cuts none outside them, qgen drops generated ones outside them)
+    "query_words": lambda f: _opt("--min-words", type=click.IntRange(min=1),
+                                  help="Shortest query, in words: crop cuts none shorter, qgen drops shorter ones "
+                                       "(crop counts a Han character or ~4 Thai graphemes as a word).")(
+        _opt("--max-words", type=click.IntRange(min=1),
+             help="Longest query, in words: crop cuts a longer sentence to a random window of this many, qgen drops "
+                  "longer ones.")(f)),
     "runtime": _opt("--backend", "runtime", type=click.Choice(["torch", "onnx"]),
                     help="Dense: run the encoder on torch or onnxruntime [default: what the model path holds; torch when both]."),
     "encoder": lambda f: functools.reduce(lambda g, o: o(g), [_encoder_option(fl) for fl in flag_fields()], f),
@@ -211,6 +226,14 @@ OPTIONS: dict[str, Callable] = {
                   "given (else 1800). [default: 600]"),
     ], f),
 }
+
+
+def config_flag(config, name: str, **kw):
+    """The flag of a field of a config dataclass (``TrainConfig``): ``--name-with-dashes``, its help the field's
+    ``metadata["help"]``. train builds all its flags from its fields; a stage that runs the trainer too (prune's
+    healing) takes the same flags from them, so they read alike. ``kw``: the click type, the default."""
+    field = next(f for f in dataclasses.fields(config) if f.name == name)
+    return _opt("--" + name.replace("_", "-"), name, help=field.metadata["help"], **kw)
 
 
 def _llm_backend_moved(ctx, param, value):
@@ -235,11 +258,12 @@ def _take_renamed(cmd: click.Command, kw: dict) -> None:
     """Move the values given under old flag names (``renamed``) to their new names in ``kw``."""
     ctx = click.get_current_context()
     for key in [k for k in kw if k.startswith(RENAMED)]:
-        value, new = kw.pop(key), key[len(RENAMED):]
+        value = kw.pop(key)
         if value is None:
             continue
         old_flag = next(p.opts[0] for p in cmd.params if p.name == key)
-        new_flag = next(o for p in cmd.params if p.name == new for o in p.opts if o.startswith("--"))
+        new_flag = "--" + key[len(RENAMED):].replace("_", "-")
+        new = next(p.name for p in cmd.params if new_flag in p.opts)  # the parameter may be named otherwise
         if ctx.get_parameter_source(new) is click.core.ParameterSource.COMMANDLINE:
             raise UsageError(f"{old_flag} is the old name of {new_flag}: give {new_flag} alone", flag=old_flag)
         log.warning("%s is now %s; the old name goes in the next release", old_flag, new_flag)

@@ -52,8 +52,7 @@ __all__ = ["_rng", "command", "crop", "segments", "sentences", "units"]  # the c
 @stage(crop, reads="doc", writes="query")
 @options("seed", "per_doc")
 @click.option("--unit", type=click.Choice(["sentence", "span"]), help="sentence (DRAMA/DRAGON) or span (Contriever).")
-@click.option("--min-words", type=click.IntRange(min=1), help="Shortest crop, in words (a Han character or ~4 Thai graphemes = 1 word).")
-@click.option("--max-words", type=click.IntRange(min=1), help="Longest crop, in words; longer sentences are cut to a random window.")
+@options("query_words")
 @renamed("--max-tokens", "--max-words", type=click.IntRange(min=1))  # it counts words
 def command(docs, **opts):
     """Sentence-crop pseudo-queries (DRAMA / DRAGON / Contriever): one query per crop, its doc the positive."""

@@ -362,7 +362,7 @@ BAD_FLAGS = [
     ("mine", "--top-k", "0"), ("mine", "--top-k", "-5"), ("mine", "--num-negatives", "-1"), ("mine", "--batch-size", "0"),
     ("mine", "--negative-range", "9-3"), ("mine", "--negative-range", "abc"), ("mine", "--positive-ranks", "-1"),
     ("mine", "--relative-margin", "-0.1"), ("mine", "--passage-max-len", "0"),
-    ("qgen", "--per-doc", "0"), ("qgen", "--top-p", "0"), ("qgen", "--top-p", "1.5"), ("qgen", "--temperature", "-1"),
+    ("qgen", "--per-doc", "0"), ("qgen", "--top-p", "0"), ("qgen", "--top-p", "1.5"), ("qgen", "--sampling-temperature", "-1"), ("qgen", "--temperature", "-1"),
     ("qgen", "--max-new-tokens", "0"), ("qgen", "--keep-top", "0"), ("qgen", "--concurrency", "0"), ("qgen", "--timeout", "0"),
     ("qgen", "--max-retries", "-1"), ("qgen", "--min-words", "5", "--max-words", "3"), ("qgen", "--batch-size", "0"),
     ("rerank", "--window", "1"), ("rerank", "--stride", "0"), ("rerank", "--window", "5", "--stride", "6"),

@@ -77,7 +77,7 @@ class TrainConfig:
     batch_size: int = _f(32, "Query groups per step per process; in-batch negatives span all processes.")
     train_group_size: int = _f(2, "Passages per query: 1 positive + N-1 hard negatives (resampled per epoch from the group's).")
     temperature: float = _f(0.05, "Softmax temperature on cosine scores (0.05 as E5/sentence-transformers; LightRetriever 0.02).")
-    lr: float | None = _f(None, "Peak learning rate (AdamW).")
+    lr: float | None = _f(None, "Peak learning rate of the model's weights (AdamW).")
     weight_decay: float = _f(0.01, "AdamW weight decay (not on biases and norms).")
     warmup_ratio: float = _f(0.1, "Linear warmup over this fraction of the steps, then linear decay to 0.")
     warmup_steps: int | None = _f(None, "Warmup steps (overrides --warmup-ratio).")
@@ -88,7 +88,7 @@ class TrainConfig:
     attention_dropout: float | None = _f(None, "Dropout on the attention probabilities while training (not saved). "
                                                "0 lets attention run fused on CPU: a MiniLM step ~1.7x faster.")
     max_grad_norm: float = _f(1.0, "Gradient clipping (global norm); 0 = off.")
-    seed: int = _f(42, "Seed for sampling, dropout and LoRA init.")
+    seed: int = _f(42, "Random seed.")  # sampling, dropout, LoRA init; the help is the shared --seed's
     mrl_dims: list[int] | None = _f(None, "Matryoshka: loss summed over these truncated dims, e.g. 64,128,384.")
     distill_weight: float | None = _f(None, "Weight of the distillation term: the teacher's scores of each group's "
                                             "passages (--teacher), else those the groups carry (positive/negative_scores).")
@@ -157,7 +157,7 @@ class TrainConfig:
     group_by_length: bool = _f(True, "Batch groups of similar length (less padding); order shuffled per epoch.")
     zero_stage: int | None = _f(None, "DeepSpeed ZeRO stage 0-3 (config generated); implies DeepSpeed.")
     deepspeed: str | None = _f(None, "DeepSpeed JSON config ('auto' values are filled in).")
-    save_steps: int = _f(0, "Checkpoint every N steps into <output>.partial/checkpoints (0 = none).")
+    save_steps: int = _f(0, "Checkpoint every N steps into <output>.partial (0 = none).")
     save_minutes: float = _f(10.0, "Also checkpoint when this many minutes passed since the last one (0 = none).")
     save_total_limit: int = _f(2, "Checkpoints kept.")
     resume: bool = _f(False, "Continue from the newest checkpoint in <output>.partial (refused if its data or settings differ).")
