@@ -147,7 +147,7 @@ def _encoder_option(field):
 
 # the help of --qrels, which eval declares itself (several, NAME=PATH across collections)
 QRELS_HELP = "Judgments: TREC, BEIR TSV, JSONL, or a BEIR folder."
-# the value types of shared flags that a stage defines itself (train takes --batch-size from TrainConfig)
+# the value types of flags that a stage defines from its config (train's --train-batch-size, from TrainConfig)
 SHARED_TYPES = {"batch_size": click.IntRange(min=1)}
 OPTIONS: dict[str, Callable] = {
     "output": _opt("-o", "--output", default="-", show_default=True, help="Output path ('-' = stdout); written atomically."),
@@ -228,12 +228,17 @@ OPTIONS: dict[str, Callable] = {
 }
 
 
-def config_flag(config, name: str, **kw):
-    """The flag of a field of a config dataclass (``TrainConfig``): ``--name-with-dashes``, its help the field's
-    ``metadata["help"]``. train builds all its flags from its fields; a stage that runs the trainer too (prune's
-    healing) takes the same flags from them, so they read alike. ``kw``: the click type, the default."""
+def config_flag(config, name: str, dest: str | None = None, **kw):
+    """The flag of a field of a config dataclass (``TrainConfig``): ``metadata["flag"]`` or ``--name-with-dashes``,
+    its help the field's ``metadata["help"]``. train builds all its flags from its fields; a stage that runs the
+    trainer too (prune's healing) takes the same flags from them, so they read alike. ``dest``: the parameter's
+    name, when not the field's; ``kw``: the click type, the default."""
     field = next(f for f in dataclasses.fields(config) if f.name == name)
-    return _opt("--" + name.replace("_", "-"), name, help=field.metadata["help"], **kw)
+    return _opt(config_flag_name(field), dest or name, help=field.metadata["help"], **kw)
+
+
+def config_flag_name(field: dataclasses.Field) -> str:
+    return field.metadata.get("flag") or "--" + field.name.replace("_", "-")
 
 
 def _llm_backend_moved(ctx, param, value):

@@ -335,9 +335,9 @@ def _shape(model, shape, *, output, calibration, calibration_size, max_length, o
 @click.option("--shape-warmup", type=click.IntRange(min=0), help="Steps over which the target sparsity ramps up (default: a fifth of --shape-steps).")
 @click.option("--mask-lr", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="Learning rate of the masks and Lagrange multipliers (--target-shape; LLM-Shearing: 1.0).")
-@click.option("--train-batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Query groups (or texts, --objective lm) per step.")
 # the trainer's flags, as train declares them (the model's weights train in --slim-mlp and --target-shape; the
 # groups, with --slim-mlp and --objective contrastive)
+@config_flag(TrainConfig, "batch_size", "train_batch_size", type=click.IntRange(min=1), default=32, show_default=True)
 @config_flag(TrainConfig, "train_group_size", type=click.IntRange(min=2), default=2, show_default=True)
 @config_flag(TrainConfig, "lr", type=click.FloatRange(min=0, min_open=True), default=2e-5, show_default=True)
 @config_flag(TrainConfig, "save_steps", type=click.IntRange(min=0), default=0, show_default=True)

@@ -270,7 +270,8 @@ def open_consistency_retriever(spec: str, sharded: bool):
 @click.option("--drop-copies/--keep-copies", default=None, help="Drop queries copied verbatim from their doc (>= 6 words).")
 @click.option("--keep-top", type=click.FloatRange(0, 1, min_open=True), help="InPars filter: keep this fraction of queries with the best mean log-prob.")
 @click.option("--consistency-k", type=click.IntRange(min=0), help="Keep a query only if --retriever ranks its source doc in the top k.")
-@click.option("--candidates", help="Checkpoint of raw generations (default: <output>.candidates.jsonl; none for stdout).")
+@click.option("--candidates-file", "candidates", help="Checkpoint of raw generations (default: <output>.candidates.jsonl; none for stdout).")
+@renamed("--candidates", "--candidates-file")  # search's --candidates are heads
 def command(docs, output, llm, retriever, consistency_k, examples, candidates, shard_num, **opts):
     """LLM-written queries for documents (InPars / Promptagator / DRAMA), filtered; resumable."""
     ray = distributed.pop_settings(opts)

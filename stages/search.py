@@ -51,6 +51,7 @@ import click
 
 from retrctl import distributed, records
 from retrctl.errors import UsageError
+from retrctl.models.config import QUERY_ENCODER_HELP
 from retrctl.stage import Output, encoder_overrides, flag_option, options, progress, stage
 
 log = logging.getLogger("retrctl.search")
@@ -161,8 +162,7 @@ def set_knobs(idx, knobs: dict) -> None:
 @options("run_format", "run_tag")
 @click.option("--with-text", is_flag=True, help="Add query_text, title and text to each row (JSONL/Parquet), for rerank in a pipe.")
 @click.option("--query-encoder", type=click.Choice(["auto", "full", "token-lookup"]), default="auto", show_default=True,
-              help="Dense: auto = by token lookup when the model ships a table (LightRetriever; no transformer loaded), "
-                   "else the full model; full or token-lookup to insist.")
+              help=QUERY_ENCODER_HELP)
 def command(index_dir, queries, output, input_format, batch_size, corpus, hits, remove_query, output_format, run_tag,
             with_text, query_encoder, fusion_method, **opts):
     """Search an index (from `retrctl index`) with queries (JSONL/Parquet/BEIR folder, '-' = stdin); write a run."""

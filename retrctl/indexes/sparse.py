@@ -40,6 +40,7 @@ from retrctl.indexes.encoded import (
     encoder_from_manifest,
     same_encoder,
 )
+from retrctl.models.config import SPARSE_TOP_K_HELP
 from retrctl.process import stdout_to_stderr  # Seismic's Rust core prints its build log on descriptor 1
 
 log = logging.getLogger("retrctl.index")
@@ -130,7 +131,7 @@ def seismic_search(built, docs, qrows: np.ndarray, k: int, key: np.ndarray, doci
 
 SEISMIC_FILE = "sparse.index.seismic"  # what SeismicIndex.save("<dir>/sparse") writes
 
-SPARSE_TOP_K = base.Flag("sparse_top_k", "Sparse: terms kept per doc [default: the model's sparse head's].", int, low=1)
+SPARSE_TOP_K = base.Flag("sparse_top_k", f"{SPARSE_TOP_K_HELP} [default: the model's sparse head's]", int, low=1)
 NO_SPARSE = "--{flag}: this {backend} index holds no sparse head"
 SEARCH_FLAGS = (
     base.Flag("sparse_search", "Sparse head: exact (scipy CSR) or seismic (approximate inverted index, candidates "

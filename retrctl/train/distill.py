@@ -148,7 +148,7 @@ class CorpusDistiller(Trainer):
                                    group_by_length=cfg.group_by_length)
         if world > 1 and len(self.pairs) % (cfg.batch_size * world):
             raise UsageError(f"with {world} processes the corpus's {len(self.pairs)} docs must fill whole global batches "
-                             f"of {cfg.batch_size * world}; use one process or another --batch-size")
+                             f"of {cfg.batch_size * world}; use one process or another --train-batch-size")
         per_epoch = self.batches.per_epoch()
         log.info("%d docs (%s and the passage of each), %d steps of %d docs, distilled from %s", len(self.pairs),
                  "a sentence crop per pass" if cfg.fresh_crops else "a sentence crop",
