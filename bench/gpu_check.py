@@ -63,7 +63,7 @@ def run_train(name, args, work, model, corpus, groups, steps, env):
     out = work / f"out-{name}"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", str(29500 + hash(name) % 400),
            "-m", "retrctl", "train", str(groups), "--corpus", str(corpus), "--model", str(model), "--max-steps", str(steps),
-           "--batch-size", "16", "--train-group-size", "4", "--temperature", "0.05", "--lr", "1e-3", "--seed", "1",
+           "--train-batch-size", "16", "--train-group-size", "4", "--temperature", "0.05", "--lr", "1e-3", "--seed", "1",
            "--save-steps", "1000", "-o", str(out), "--quiet", *args]
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)

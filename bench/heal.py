@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--heal-steps", type=int, default=20)
     a = recipe_args(ap).parse_args()
     work, groups, enc = setup(a)
-    train = [groups, "--corpus", DATA / "scifact", "--max-steps", a.heal_steps, "--batch-size", a.batch_size,
+    train = [groups, "--corpus", DATA / "scifact", "--max-steps", a.heal_steps, "--train-batch-size", a.batch_size,
              "--train-group-size", a.group_size, "--lr", a.lr, "--overwrite"]
     corpus = DATA / "scifact" / "corpus.jsonl"
     scores, notes, trained = None, [], {}

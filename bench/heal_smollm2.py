@@ -45,7 +45,7 @@ from train_quality import slice_beir
 from retrctl import records
 from retrctl.models import Encoder
 
-TEACHER_RECIPE = ["--pooling", "mean", "--bidirectional", "--grad-cache", "--chunk-size", 16, "--batch-size", 16,
+TEACHER_RECIPE = ["--pooling", "mean", "--bidirectional", "--grad-cache", "--chunk-size", 16, "--train-batch-size", 16,
                   "--train-group-size", 2, "--lr", 1e-4, "--temperature", 0.05, "--query-max-len", 64,
                   "--passage-max-len", 128, "--query-prompt", SMOLLM2_PROMPT]
 CAPS = ["--passage-max-len", 256, "--query-max-len", 256]  # light.py's evaluation caps

@@ -50,7 +50,7 @@ MODES = {  # Table 1 of the paper: the search flags of each row
 def train_measured(groups: Path, out: Path, extra: list, a) -> tuple[float, float]:
     """`retrctl train` in a child process: (seconds, peak RSS in GB of that process)."""
     argv = [sys.executable, "-m", "retrctl", "train", groups, "--corpus", DATA / "scifact", "--model", "minilm",
-            "-o", out, "--epochs", a.epochs, "--batch-size", a.batch_size, "--train-group-size", a.group_size,
+            "-o", out, "--epochs", a.epochs, "--train-batch-size", a.batch_size, "--train-group-size", a.group_size,
             "--lr", a.lr, "--temperature", a.temperature, "--query-max-len", a.query_max_len,
             "--passage-max-len", a.passage_max_len, "--logging-steps", 10, "--overwrite", *extra]
     print("$ retrctl " + " ".join(map(str, argv[3:])), file=sys.stderr, flush=True)

@@ -84,7 +84,7 @@ def run(case, groups: Path, work: Path) -> dict:
     out = work / "out"
     shutil.rmtree(out, ignore_errors=True)
     args = [sys.executable, "-m", "retrctl", "train", str(groups), "--corpus", str(DATA / "scifact" / "corpus.jsonl"),
-            "--model", model, "--batch-size", str(b), "--train-group-size", str(g), "--query-max-len", str(length),
+            "--model", model, "--train-batch-size", str(b), "--train-group-size", str(g), "--query-max-len", str(length),
             "--passage-max-len", str(length), "--max-steps", "1", "--grad-cache", mode, "--save-minutes", "0",
             "-o", str(out), "-q"]
     if chunk:

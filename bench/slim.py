@@ -46,7 +46,7 @@ def main() -> None:
                          "--slim-steps", a.slim_steps, "--heal-steps", a.heal_steps, "--train-batch-size", a.batch_size,
                          "--train-group-size", a.group_size, "--lr", a.lr, *enc, "-o", slim, capture_stderr=False)
     t_base, *_ = retrctl("train", groups, "--corpus", DATA / "scifact", "--model", a.model, *enc, "--max-steps",
-                         a.slim_steps + a.heal_steps, "--batch-size", a.batch_size, "--train-group-size", a.group_size,
+                         a.slim_steps + a.heal_steps, "--train-batch-size", a.batch_size, "--train-group-size", a.group_size,
                          "--lr", a.lr, "--overwrite", "-o", base, capture_stderr=False)
     report = json.loads((slim / "prune.json").read_text())
     caps = {"passage_max_len": a.max_length, "query_max_len": 64}

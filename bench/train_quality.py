@@ -91,7 +91,7 @@ def train(a, groups: Path, model: str, out: Path, encoder: list, steps: int | No
           group_size: int, passage_max_len: int) -> float:
     how = ["--max-steps", steps] if steps else ["--epochs", a.epochs]
     t, *_ = retrctl("train", groups, "--corpus", DATA / "scifact", "--model", model, *encoder, "-o", out, *how,
-                    "--batch-size", batch_size, "--train-group-size", group_size, "--lr", lr,
+                    "--train-batch-size", batch_size, "--train-group-size", group_size, "--lr", lr,
                     "--temperature", a.temperature, "--query-max-len", a.query_max_len, "--passage-max-len", passage_max_len,
                     "--logging-steps", 1, "--overwrite", capture_stderr=False)  # the model of an earlier run of this script
     return t

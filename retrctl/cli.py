@@ -5,7 +5,8 @@ Stages are referred to by name only and imported on first use (click's lazy-load
 exit 2 as click shows them (the core's retrctl.errors.UsageError arrives as one: the stage's command,
 retrctl.stage.StageCommand, converts it where click's context gives the usage line); RecordError exits 2 with
 one line; an output locked by another run (BusyError) exits 75 (EX_TEMPFAIL: retry later, cron can skip
-quietly); anything else exits 1 with one line (the traceback with --log-level debug).
+quietly); anything else exits 1 with one line (the traceback with --log-level debug: logged at debug, so it shows
+where the stage's logging setup lets debug messages through).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import click
 
 from retrctl import __version__
 from retrctl.errors import BusyError, RecordError
-from retrctl.stage import STATE
 
 EX_TEMPFAIL = 75
 
@@ -90,7 +90,7 @@ def main(argv=None) -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as e:
-        if STATE["debug"]:
-            logging.getLogger("retrctl").exception("failed")
+        # the traceback is a debug message: shown when the stage set --log-level debug, by logging's own level
+        logging.getLogger("retrctl").debug("failed", exc_info=True)
         click.echo(f"{prog}: {type(e).__name__}: {e}", err=True)
         sys.exit(1)

@@ -77,27 +77,27 @@ def _nospace_script(text: str, start: int, end: int) -> bool:
     return bool(letters) and sum(bool(regex.match(rf"[{_NOSPACE}]", c)) for c in letters) * 2 > len(letters)
 
 
-def _clauses(text: str, start: int, end: int, min_words: int, max_tokens: int) -> list[tuple[int, int]]:
+def _clauses(text: str, start: int, end: int, min_words: int, max_words: int) -> list[tuple[int, int]]:
     """Split a no-space-script segment at its spaces (Thai puts them between phrases and sentences) and merge
-    the pieces greedily into clauses of about max_tokens/4 words (a sentence-sized query), never over max_tokens."""
-    target = max(min_words, max_tokens // 4)
+    the pieces greedily into clauses of about max_words/4 words (a sentence-sized query), never over max_words."""
+    target = max(min_words, max_words // 4)
     pieces = [(start + m.start(), start + m.end()) for m in regex.finditer(r"\S+", text[start:end])]
     out: list[list[int]] = []
     for s, e in pieces:
         n = len(units(text, s, e))
-        if out and (out[-1][2] < target or n < min_words) and out[-1][2] + n <= max_tokens:
+        if out and (out[-1][2] < target or n < min_words) and out[-1][2] + n <= max_words:
             out[-1][1], out[-1][2] = e, out[-1][2] + n
         else:
             out.append([s, e, n])
     return [(s, e) for s, e, _ in out]
 
 
-def segments(text: str, min_words: int, max_tokens: int) -> list[tuple[int, int]]:
+def segments(text: str, min_words: int, max_words: int) -> list[tuple[int, int]]:
     """Sentences, with over-long no-space-script segments (Thai) split at spaces into clauses."""
     out = []
     for s, e in sentences(text):
-        if len(units(text, s, e)) > max_tokens and _nospace_script(text, s, e):
-            out.extend(_clauses(text, s, e, min_words, max_tokens))
+        if len(units(text, s, e)) > max_words and _nospace_script(text, s, e):
+            out.extend(_clauses(text, s, e, min_words, max_words))
         else:
             out.append((s, e))
     return out
@@ -107,13 +107,13 @@ def _boundary_after(text: str, pos: int, limit: int) -> bool:
     return pos >= limit or text[pos].isspace() or bool(regex.match(r"\p{P}", text[pos]))
 
 
-def _window(text: str, us: list[tuple[int, int]], seg_end: int, min_words: int, max_tokens: int, rng) -> tuple[int, int]:
-    """A random window of max_tokens units, preferring starts/ends at spaces or punctuation."""
+def _window(text: str, us: list[tuple[int, int]], seg_end: int, min_words: int, max_words: int, rng) -> tuple[int, int]:
+    """A random window of max_words units, preferring starts/ends at spaces or punctuation."""
     n = len(us)
-    last = n - max_tokens
+    last = n - max_words
     starts = [i for i in range(last + 1) if i == 0 or _boundary_after(text, us[i][0] - 1, seg_end)]
     i = rng.choice(starts) if starts else rng.randint(0, last)
-    j = i + max_tokens - 1
+    j = i + max_words - 1
     for k in range(j, i + min_words - 2, -1):  # end at a boundary if one keeps >= min_words units
         if _boundary_after(text, us[k][1], seg_end):
             j = k
@@ -125,19 +125,19 @@ def _rng(seed: int, docid: str) -> random.Random:
     return stable_rng(seed, docid)
 
 
-def crop(docs: Iterable[dict], *, per_doc: int = 1, unit: str = "sentence", min_words: int = 4, max_tokens: int = 64,
+def crop(docs: Iterable[dict], *, per_doc: int = 1, unit: str = "sentence", min_words: int = 4, max_words: int = 64,
          seed: int = 0) -> Iterator[dict]:
     """Yield query records (query_id, query_text, source_docid, start, end, truncated) cut from doc records."""
-    if per_doc < 1 or min_words < 1 or max_tokens < min_words:
-        raise ValueError("need per_doc >= 1 and 1 <= min_words <= max_tokens")
+    if per_doc < 1 or min_words < 1 or max_words < min_words:
+        raise ValueError("need per_doc >= 1 and 1 <= min_words <= max_words")
     if unit not in ("sentence", "span"):
         raise ValueError(f"unit must be 'sentence' or 'span', got {unit!r}")
     stats = {"docs": 0, "queries": 0, "skipped": 0, "fewer": 0, "truncated": 0}
     for doc in docs:
         stats["docs"] += 1
         text, rng = doc["text"], _rng(seed, doc["docid"])
-        spans = _sentence_crops(text, per_doc, min_words, max_tokens, rng) if unit == "sentence" else \
-            _span_crops(text, per_doc, min_words, max_tokens, rng)
+        spans = _sentence_crops(text, per_doc, min_words, max_words, rng) if unit == "sentence" else \
+            _span_crops(text, per_doc, min_words, max_words, rng)
         if not spans:
             stats["skipped"] += 1
             continue
@@ -149,12 +149,12 @@ def crop(docs: Iterable[dict], *, per_doc: int = 1, unit: str = "sentence", min_
                    "start": s, "end": e, "truncated": cut}
     log.info("%d docs -> %d queries; %d docs skipped (no %s of >= %d words); %d docs gave fewer than %d; "
              "%d crops cut to %d words", stats["docs"], stats["queries"], stats["skipped"], unit, min_words,
-             stats["fewer"], per_doc, stats["truncated"], max_tokens)
+             stats["fewer"], per_doc, stats["truncated"], max_words)
 
 
-def _sentence_crops(text, per_doc, min_words, max_tokens, rng) -> list[tuple[int, int, bool]]:
+def _sentence_crops(text, per_doc, min_words, max_words, rng) -> list[tuple[int, int, bool]]:
     cands = []
-    for s, e in segments(text, min_words, max_tokens):
+    for s, e in segments(text, min_words, max_words):
         us = units(text, s, e)
         if len(us) >= min_words:
             cands.append((s, e, us))
@@ -162,20 +162,20 @@ def _sentence_crops(text, per_doc, min_words, max_tokens, rng) -> list[tuple[int
     out = []
     for k in picked:
         s, e, us = cands[k]
-        if len(us) > max_tokens:
-            out.append((*_window(text, us, e, min_words, max_tokens, rng), True))
+        if len(us) > max_words:
+            out.append((*_window(text, us, e, min_words, max_words, rng), True))
         else:
             out.append((s, e, False))
     return out
 
 
-def _span_crops(text, per_doc, min_words, max_tokens, rng) -> list[tuple[int, int, bool]]:
+def _span_crops(text, per_doc, min_words, max_words, rng) -> list[tuple[int, int, bool]]:
     us = units(text)
     if len(us) < min_words:
         return []
     seen, out = set(), []
     for _ in range(per_doc * 4):  # a few retries so short docs do not repeat a span
-        length = rng.randint(min_words, min(max_tokens, len(us)))
+        length = rng.randint(min_words, min(max_words, len(us)))
         i = rng.randint(0, len(us) - length)
         span = (us[i][0], us[i + length - 1][1])
         if span not in seen:

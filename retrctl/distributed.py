@@ -38,6 +38,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from retrctl.errors import UsageError
+from retrctl.process import stdout_onto_stderr
 
 log = logging.getLogger("retrctl.ray")
 
@@ -152,8 +153,7 @@ class _Worker:
     """The actor: the target built once from its shipped pickle; ``run`` calls one of its methods."""
 
     def __init__(self, target, threads: int, share: int):
-        os.dup2(2, 1)  # print() in a worker must never reach the driver's stdout
-        sys.stdout = sys.stderr
+        stdout_onto_stderr()  # print() in a worker must never reach the driver's stdout
         os.environ["RETRCTL_LOCAL_WORKERS"] = str(share)
         os.environ["OMP_NUM_THREADS"] = str(max(1, threads))  # torch's threads, when it is imported later
         if "torch" in sys.modules:  # the target's unpickling imported it already

@@ -31,8 +31,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from retrctl.hashing import stable_int
-from retrctl.stage import in_shard
+from retrctl.hashing import in_shard, stable_int
 
 log = logging.getLogger("retrctl.guard")
 
@@ -159,6 +158,7 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
 
     import torch
 
+    from retrctl import records
     from retrctl.models import Encoder, lookup
 
     veto = set(veto)
@@ -182,11 +182,9 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     decision = decide(results, level, veto)
     decision.update(alphas=alphas, pool_docs=len(docs), base_model=str(base_model))
     if keep is not None:  # written beside, then renamed: a half-written copy is never mistaken for a model
-        keep, tmp = Path(keep), Path(f"{keep}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(model_dir, tmp, ignore=shutil.ignore_patterns("checkpoints", "teacher", "*.tmp"))
-        shutil.rmtree(keep, ignore_errors=True)
-        tmp.rename(keep)
+        with records.atomic_dir(keep, resume=False) as tmp:
+            shutil.copytree(model_dir, tmp, ignore=shutil.ignore_patterns("checkpoints", "teacher", "*.tmp"),
+                            dirs_exist_ok=True)
     if decision["pick"] != 1.0:
         enc.load_state_dict(interpolate(base_state, trained, decision["pick"]))
         enc.save(model_dir)

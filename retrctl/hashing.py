@@ -1,4 +1,4 @@
-"""Stable hashes and weight fingerprints, written once, so every caller derives the same value.
+"""Stable hashes, shards and weight fingerprints, written once, so every caller derives the same value.
 
 Python's ``hash()`` is salted per process; these are not, so ids, shard assignments, seeds and cache keys are
 the same on any machine and in any run. Parts are joined with the unit separator (\\x1f) so ("ab", "c") and
@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
@@ -35,6 +35,26 @@ def stable_int(*parts, size: int = 8) -> int:
 def stable_rng(*parts) -> random.Random:
     """A random.Random seeded from the parts (e.g. run seed and record id): the same draws in any order."""
     return random.Random(stable_int(*parts))
+
+
+def shard_of(key: str, shard_num: int) -> int:
+    """Stable shard of a record id: the same on any machine, in any order."""
+    return stable_int(key, size=8) % shard_num
+
+
+def in_shard(key: str, shard_id: int, shard_num: int) -> bool:
+    """Whether the record id ``key`` is in shard ``shard_id`` of ``shard_num`` (``--shard-id``/``--shard-num``)."""
+    return shard_num == 1 or shard_of(key, shard_num) == shard_id
+
+
+def shard(recs: Iterable[dict], shard_id: int, shard_num: int, key: str) -> Iterator[dict]:
+    """The records of one shard, by their ``key`` field."""
+    if shard_num == 1:
+        yield from recs
+        return
+    for r in recs:
+        if shard_of(r[key], shard_num) == shard_id:
+            yield r
 
 
 def json_lines_hex(values: Iterable, size: int = 16) -> str:

@@ -15,12 +15,13 @@ becomes click's own usage error there, where click's context gives the usage lin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,18 +29,17 @@ import click
 
 from retrctl import fusion, records
 from retrctl.errors import UsageError
-from retrctl.hashing import stable_int
+from retrctl.hashing import shard
 from retrctl.models.config import ENCODER_FLAGS, flag_fields
 
 log = logging.getLogger("retrctl")
-STATE = {"debug": False, "quiet": False}
+STATE = {"quiet": False}
 
 
 # ---------------------------------------------------------------- logging and progress
 
 
 def setup_logging(level: str = "info", quiet: bool = False) -> None:
-    STATE["debug"] = level == "debug"
     STATE["quiet"] = quiet
     lvl = logging.WARNING if quiet else getattr(logging, level.upper())
     root = logging.getLogger()
@@ -66,26 +66,7 @@ def progress(iterable: Iterable, desc: str = "", total: int | None = None, unit:
     return tqdm(iterable, desc=desc, total=total, unit=unit, file=sys.stderr, disable=disable, dynamic_ncols=True)
 
 
-# ---------------------------------------------------------------- sharding
-
-
-def shard_of(key: str, shard_num: int) -> int:
-    """Stable shard of a record id: the same on any machine, in any order."""
-    return stable_int(key, size=8) % shard_num
-
-
-def in_shard(key: str, shard_id: int, shard_num: int) -> bool:
-    return shard_num == 1 or shard_of(key, shard_num) == shard_id
-
-
-def shard(recs: Iterable[dict], shard_id: int, shard_num: int, key: str) -> Iterator[dict]:
-    """The records of one shard, by their ``key`` field."""
-    if shard_num == 1:
-        yield from recs
-        return
-    for r in recs:
-        if shard_of(r[key], shard_num) == shard_id:
-            yield r
+# ---------------------------------------------------------------- sharding (which record is in which shard: retrctl.hashing)
 
 
 def check_shard(shard_id: int, shard_num: int) -> None:
@@ -164,7 +145,9 @@ def _encoder_option(field):
     return _opt(m["flag"], field.name, type=kind, help=m["help"])
 
 
-# the value types of shared flags that a stage defines itself (train takes --batch-size from TrainConfig)
+# the help of --qrels, which eval declares itself (several, NAME=PATH across collections)
+QRELS_HELP = "Judgments: TREC, BEIR TSV, JSONL, or a BEIR folder."
+# the value types of flags that a stage defines from its config (train's --train-batch-size, from TrainConfig)
 SHARED_TYPES = {"batch_size": click.IntRange(min=1)}
 OPTIONS: dict[str, Callable] = {
     "output": _opt("-o", "--output", default="-", show_default=True, help="Output path ('-' = stdout); written atomically."),
@@ -180,7 +163,7 @@ OPTIONS: dict[str, Callable] = {
     "seed": _opt("--seed", type=int, help="Random seed."),
     "model": _opt("--model", help="Encoder: directory (sentence-transformers or Hugging Face), GGUF file, or 'minilm' / 'smollm2'."),
     "corpus": _opt("--corpus", help="Corpus (JSONL/Parquet/BEIR folder) beside the main input."),
-    "qrels": _opt("--qrels", help="Judgments: TREC, BEIR TSV, JSONL, or a BEIR folder."),
+    "qrels": _opt("--qrels", help=QRELS_HELP),
     "retriever": _opt("--retriever", help="Retriever: an index dir, 'bm25', a model (see --model), or a run file."),
     "per_doc": _opt("--per-doc", type=click.IntRange(min=1), help="Queries to make per document."),
     "top_k": _opt("--top-k", type=click.IntRange(min=1), help="Candidates retrieved (or reranked) per query."),
@@ -214,6 +197,18 @@ OPTIONS: dict[str, Callable] = {
                     help="One weight per list fused, comma-separated (e.g. 0.3,0.7): fuse, in the runs' order; search, "
                          "and index (recorded as the search's default), in dense,sparse,colbert,bm25 order. "
                          "[default: 1 each, or the index's; search with colbert: BGE-M3's 1,0.3,1]"),
+    # what a run written is like (search, fuse)
+    "hits": _opt("--hits", type=click.IntRange(min=1), help="Results per query written."),
+    "run_format": _opt("--output-format", type=click.Choice(["trec", "jsonl", "parquet"]),
+                       help="Run format. [default: by -o extension, else trec]"),
+    "run_tag": _opt("--run-tag", help="TREC tag column. [default: search: names the retriever; fuse: fused-<method>]"),
+    # the length bounds of a query (crop cuts none outside them, qgen drops generated ones outside them)
+    "query_words": lambda f: _opt("--min-words", type=click.IntRange(min=1),
+                                  help="Shortest query, in words: crop cuts none shorter, qgen drops shorter ones "
+                                       "(crop counts a Han character or ~4 Thai graphemes as a word).")(
+        _opt("--max-words", type=click.IntRange(min=1),
+             help="Longest query, in words: crop cuts a longer sentence to a random window of this many, qgen drops "
+                  "longer ones.")(f)),
     "runtime": _opt("--backend", "runtime", type=click.Choice(["torch", "onnx"]),
                     help="Dense: run the encoder on torch or onnxruntime [default: what the model path holds; torch when both]."),
     "encoder": lambda f: functools.reduce(lambda g, o: o(g), [_encoder_option(fl) for fl in flag_fields()], f),
@@ -233,11 +228,51 @@ OPTIONS: dict[str, Callable] = {
 }
 
 
+def config_flag(config, name: str, dest: str | None = None, **kw):
+    """The flag of a field of a config dataclass (``TrainConfig``): ``metadata["flag"]`` or ``--name-with-dashes``,
+    its help the field's ``metadata["help"]``. train builds all its flags from its fields; a stage that runs the
+    trainer too (prune's healing) takes the same flags from them, so they read alike. ``dest``: the parameter's
+    name, when not the field's; ``kw``: the click type, the default."""
+    field = next(f for f in dataclasses.fields(config) if f.name == name)
+    return _opt(config_flag_name(field), dest or name, help=field.metadata["help"], **kw)
+
+
+def config_flag_name(field: dataclasses.Field) -> str:
+    return field.metadata.get("flag") or "--" + field.name.replace("_", "-")
+
+
 def _llm_backend_moved(ctx, param, value):
     """qgen/rerank: --backend names the encoder runtime (index, search); the LLM client has its own flag."""
     if value is not None:
         raise UsageError("--backend is the encoder runtime of index and search (torch|onnx); the LLM client of qgen "
                          "and rerank is --llm-backend hf|openai")
+
+
+# a flag renamed (so that one name has one meaning across stages) keeps its old name, hidden, for one release
+RENAMED = "renamed_to__"
+
+
+def renamed(old: str, new: str, **kw):
+    """The old name of the flag ``new``, hidden: given, its value is ``new``'s, with a warning on stderr; both
+    given is a usage error. ``kw``: the new flag's type (and callback), so the old name checks values alike."""
+    return _opt(old, RENAMED + new.lstrip("-").replace("-", "_"), hidden=True, default=None,
+                help=f"The old name of {new}.", **kw)
+
+
+def _take_renamed(cmd: click.Command, kw: dict) -> None:
+    """Move the values given under old flag names (``renamed``) to their new names in ``kw``."""
+    ctx = click.get_current_context()
+    for key in [k for k in kw if k.startswith(RENAMED)]:
+        value = kw.pop(key)
+        if value is None:
+            continue
+        old_flag = next(p.opts[0] for p in cmd.params if p.name == key)
+        new_flag = "--" + key[len(RENAMED):].replace("_", "-")
+        new = next(p.name for p in cmd.params if new_flag in p.opts)  # the parameter may be named otherwise
+        if ctx.get_parameter_source(new) is click.core.ParameterSource.COMMANDLINE:
+            raise UsageError(f"{old_flag} is the old name of {new_flag}: give {new_flag} alone", flag=old_flag)
+        log.warning("%s is now %s; the old name goes in the next release", old_flag, new_flag)
+        kw[new] = value
 
 
 def options(*names: str):
@@ -409,6 +444,7 @@ def stage(func: Callable | None = None, *, reads: str | None = None, writes: str
         @functools.wraps(body)
         def run(**kw):
             setup_logging(kw.pop("log_level"), kw.pop("quiet"))
+            _take_renamed(cmd, kw)
             arguments = [p.name for p in cmd.params if isinstance(p, click.Argument)]
             records.check_outputs([kw.get(o) for o in OUTPUT_OPTIONS], [kw.get(i) for i in (*arguments, *INPUT_OPTIONS)],
                                   dir_output=writes == "dir")

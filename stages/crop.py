@@ -9,7 +9,7 @@ independent cropping (Izacard et al. 2021, arXiv:2112.09118, §3.2: a random con
 |---------------------------------------------|---------------------------|---------|
 | crop = one sentence (DRAMA/DRAGON) or span   | `--unit sentence|span`    | sentence|
 | crops per document                           | `--per-doc`               | 1       |
-| span length bounds (Contriever: ratio of doc)| `--min-words/--max-tokens`| 4 / 64  |
+| span length bounds (Contriever: ratio of doc)| `--min-words/--max-words`| 4 / 64  |
 | randomness                                   | `--seed`                  | 0       |
 
 Sentences are found with language-agnostic rules on Unicode properties (UAX #29 sentence-break classes via the
@@ -22,7 +22,7 @@ is split at its spaces (which separate clauses there) and short clauses are merg
 
 Length is counted in "words" that work across scripts: a whitespace-separated token; one Han/kana character
 (as BERT's basic tokenizer does); or up to 4 graphemes of a no-space script (about one Thai word). Tokens
-with no letter or digit (punctuation) do not count. A sentence longer than `--max-tokens` is cut to a random
+with no letter or digit (punctuation) do not count. A sentence longer than `--max-words` is cut to a random
 window of that many words, preferring cuts at spaces and punctuation; such queries carry `truncated: true` and
 are counted on stderr (silent truncation is a peer bug, ST#4060).
 
@@ -35,7 +35,7 @@ depend on which other documents are in the run: `--shard-id/--shard-num` runs co
 run sorted, and the same seed and input give byte-identical output.
 
 Deviations: Contriever samples span length as a ratio (10-50%) of the document; we sample a word count in
-[min_words, max_tokens] so queries stay query-sized for long documents. Titles are not cropped (only `text`).
+[min_words, max_words] so queries stay query-sized for long documents. Titles are not cropped (only `text`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import click
 
 from retrctl.crops import _rng, crop, segments, sentences, units
 from retrctl.errors import UsageError
-from retrctl.stage import options, stage
+from retrctl.stage import options, renamed, stage
 
 __all__ = ["_rng", "command", "crop", "segments", "sentences", "units"]  # the cutting lives in retrctl/crops.py
 
@@ -52,12 +52,12 @@ __all__ = ["_rng", "command", "crop", "segments", "sentences", "units"]  # the c
 @stage(crop, reads="doc", writes="query")
 @options("seed", "per_doc")
 @click.option("--unit", type=click.Choice(["sentence", "span"]), help="sentence (DRAMA/DRAGON) or span (Contriever).")
-@click.option("--min-words", type=click.IntRange(min=1), help="Shortest crop, in words (a Han character or ~4 Thai graphemes = 1 word).")
-@click.option("--max-tokens", type=click.IntRange(min=1), help="Longest crop, in words; longer sentences are cut to a random window.")
+@options("query_words")
+@renamed("--max-tokens", "--max-words", type=click.IntRange(min=1))  # it counts words
 def command(docs, **opts):
     """Sentence-crop pseudo-queries (DRAMA / DRAGON / Contriever): one query per crop, its doc the positive."""
     opts = {k: v for k, v in opts.items() if v is not None}
     defaults = crop.__kwdefaults__
-    if opts.get("max_tokens", defaults["max_tokens"]) < opts.get("min_words", defaults["min_words"]):
-        raise UsageError("must be >= --min-words", flag="--max-tokens")
+    if opts.get("max_words", defaults["max_words"]) < opts.get("min_words", defaults["min_words"]):
+        raise UsageError("must be >= --min-words", flag="--max-words")
     return crop(docs, **opts)

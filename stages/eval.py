@@ -63,7 +63,7 @@ import click
 
 from retrctl import across_collections, fusion, metrics, plots, records
 from retrctl.errors import UsageError
-from retrctl.stage import options, stage
+from retrctl.stage import QRELS_HELP, options, stage
 
 log = logging.getLogger("retrctl.eval")
 SELF_CONVENTION = re.compile(r"arguana|quora", re.IGNORECASE)
@@ -288,8 +288,7 @@ def _single_csv(rows: list[dict], names: list[str]) -> str:
 @stage(eval)
 @click.argument("runs", nargs=-1, required=True)
 @options("output", "input_format")
-@click.option("--qrels", multiple=True, metavar="PATH|NAME=PATH", help="Judgments: TREC, BEIR TSV, JSONL, or a BEIR folder. Across collections: "
-              "NAME=PATH, once per collection, with runs given as SYSTEM:NAME=RUN.")
+@click.option("--qrels", multiple=True, metavar="PATH|NAME=PATH", help=QRELS_HELP)  # NAME=PATH: see the docstring
 @click.option("--qrels-split", help="Split file of a BEIR folder's qrels/ (default: test, else dev).")
 @click.option("-m", "--measure", "measures", multiple=True, help="ir_measures name, repeatable (e.g. -m nDCG@10 -m 'AP(rel=2)').")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per run (across collections: per system) and line.")

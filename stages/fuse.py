@@ -65,9 +65,7 @@ def _input_summary(path: str) -> dict:
 @stage(fuse, writes="run")
 @options("input_format", "fusion", "weights")
 @click.argument("runs", nargs=-1, required=True)
-@click.option("--hits", type=click.IntRange(min=1), help="Results per query written.")
-@click.option("--output-format", type=click.Choice(["trec", "jsonl", "parquet"]), help="Run format. [default: by -o extension, else trec]")
-@click.option("--run-tag", help="TREC tag column. [default: fused-<method>]")
+@options("hits", "run_format", "run_tag")
 def command(runs, output, input_format, fusion_method, rrf_k, weights, norm, depth, hits, output_format, run_tag):
     """Fuse two or more runs (TREC, JSONL, Parquet) into one run: RRF or a weighted sum of normalised scores."""
     fusion.check(len(runs), fusion_method, rrf_k, weights, norm, depth, hits)

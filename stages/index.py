@@ -75,9 +75,10 @@ import click
 from retrctl import distributed, records
 from retrctl.distributed import RaySettings
 from retrctl.errors import UsageError
+from retrctl.hashing import shard
 from retrctl.indexes import BACKENDS, DEFAULT_BACKEND, declared_flags
 from retrctl.indexes.store import KEEP
-from retrctl.stage import check_shard, encoder_overrides, flag_option, options, progress, shard, stage
+from retrctl.stage import check_shard, encoder_overrides, flag_option, options, progress, stage
 
 log = logging.getLogger("retrctl.index")
 

@@ -42,7 +42,7 @@ Judgments none of whose query ids is among the queries are the wrong file for th
 Every judged positive of a query is written (not only the first, tevatron#107), so training can mask in-batch
 candidates that share an id or text with any of them.
 
-Output (`--output-format`): `tevatron` = the canonical group {query_id, query_text, positive_document_ids,
+Output (`--group-format`): `tevatron` = the canonical group {query_id, query_text, positive_document_ids,
 negative_document_ids, positive_scores, negative_scores}; `tevatron-legacy` ({docid,title,text} passages);
 `flagembedding` ({query, pos, neg} texts); `triplets` (sentence-transformers {anchor, positive, negative}, one
 row per positive x negative). Passage text is "title text" as the dense index encodes it.
@@ -66,9 +66,9 @@ import numpy as np
 
 from retrctl import distributed, records
 from retrctl.errors import UsageError
-from retrctl.hashing import stable_rng
+from retrctl.hashing import in_shard, stable_rng
 from retrctl.retrievers import open_retriever
-from retrctl.stage import check_range, encoder_overrides, in_shard, options, parse_range, stage
+from retrctl.stage import check_range, encoder_overrides, options, parse_range, renamed, stage
 
 log = logging.getLogger("retrctl.mine")
 
@@ -110,7 +110,7 @@ def _rng(seed: int, qid: str) -> random.Random:
 def mine(queries: Iterable[dict], *, corpus: dict[str, dict], retriever, qrels: dict | None = None,
          top_k: int | None = None, positive_ranks: int = 0, source_positives: bool = True,
          negative_range: str = "30-100", num_negatives: int = 7, margin: float | None = None,
-         relative_margin: float | None = None, seed: int = 0, batch_size: int = 64, output_format: str = "tevatron",
+         relative_margin: float | None = None, seed: int = 0, batch_size: int = 64, group_format: str = "tevatron",
          allow_empty: bool = False, qrels_path: str = "qrels", stats: dict | None = None) -> Iterator[dict]:
     """Yield one training group per query with a positive. ``stats`` (a dict), when given, receives the counters.
 
@@ -120,8 +120,8 @@ def mine(queries: Iterable[dict], *, corpus: dict[str, dict], retriever, qrels: 
     depth = top_k or max(hi, positive_ranks)
     if depth < hi:
         log.warning("--top-k %d is shorter than the negative range %s: sampling from ranks %d-%d", depth, negative_range, lo, depth)
-    if output_format not in FORMATS:
-        raise ValueError(f"output format must be one of {FORMATS}, got {output_format!r}")
+    if group_format not in FORMATS:
+        raise ValueError(f"group format must be one of {FORMATS}, got {group_format!r}")
     if num_negatives < 0 or positive_ranks < 0 or batch_size < 1:
         raise ValueError("num_negatives and positive_ranks must be >= 0, batch_size >= 1")
     qrels = qrels or {}
@@ -144,7 +144,7 @@ def mine(queries: Iterable[dict], *, corpus: dict[str, dict], retriever, qrels: 
                            lo, hi, num_negatives, margin, relative_margin, _rng(seed, qid), st, dists)
             if group is not None:
                 st["groups"] += 1
-                yield from _format(group, corpus, output_format)
+                yield from _format(group, corpus, group_format)
     unknown = set(qrels) - seen_q
     if unknown:
         log.warning("%d query ids in the judgments are not among the queries (e.g. %s)", len(unknown), min(unknown))
@@ -278,7 +278,8 @@ def _report(st: dict, dists: dict, num_negatives: int) -> None:
 @click.option("--num-negatives", type=click.IntRange(min=0), help="Negatives per group.")
 @click.option("--margin", type=float, help="Drop candidates with score > positive score - MARGIN.")
 @click.option("--relative-margin", type=click.FloatRange(min=0), help="Drop candidates with score > positive score * (1 - REL).")
-@click.option("--output-format", type=click.Choice(FORMATS), help="Group format written.")
+@click.option("--group-format", type=click.Choice(FORMATS), help="Group format written.")
+@renamed("--output-format", "--group-format", type=click.Choice(FORMATS))  # search's and fuse's is a run format
 @click.option("--cache/--no-cache", default=True, show_default=True, help="Cache dense corpus vectors by (model, content hash).")
 @click.option("--allow-empty", is_flag=True, help="Write the groups even when no query id of --qrels is among the queries.")
 def command(queries, corpus, qrels, retriever, model, cache, shard_id, shard_num, **opts):

@@ -78,7 +78,8 @@ import click
 
 from retrctl import memory, records
 from retrctl.hashing import stable_hex, weights_fingerprint
-from retrctl.stage import encoder_overrides, options, progress, stage
+from retrctl.stage import config_flag, encoder_overrides, options, progress, stage
+from retrctl.train.config import TrainConfig
 
 log = logging.getLogger("retrctl.prune")
 
@@ -334,14 +335,14 @@ def _shape(model, shape, *, output, calibration, calibration_size, max_length, o
 @click.option("--shape-warmup", type=click.IntRange(min=0), help="Steps over which the target sparsity ramps up (default: a fifth of --shape-steps).")
 @click.option("--mask-lr", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="Learning rate of the masks and Lagrange multipliers (--target-shape; LLM-Shearing: 1.0).")
-@click.option("--train-batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Query groups (or texts, --objective lm) per step.")
-@click.option("--train-group-size", type=click.IntRange(min=2), default=2, show_default=True, help="Passages per query (--slim-mlp, --objective contrastive).")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=2e-5, show_default=True, help="Learning rate of the model's weights (--slim-mlp, --target-shape).")
-@click.option("--save-steps", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Checkpoint the training phases every N steps (into -o's .partial; 0 = none).")
-@click.option("--save-minutes", type=click.FloatRange(min=0), default=10.0, show_default=True,
-              help="Also checkpoint when this many minutes passed since the last one (0 = none).")
-@click.option("--resume", is_flag=True, help="Continue an interrupted run of the same settings from -o's .partial.")
+# the trainer's flags, as train declares them (the model's weights train in --slim-mlp and --target-shape; the
+# groups, with --slim-mlp and --objective contrastive)
+@config_flag(TrainConfig, "batch_size", "train_batch_size", type=click.IntRange(min=1), default=32, show_default=True)
+@config_flag(TrainConfig, "train_group_size", type=click.IntRange(min=2), default=2, show_default=True)
+@config_flag(TrainConfig, "lr", type=click.FloatRange(min=0, min_open=True), default=2e-5, show_default=True)
+@config_flag(TrainConfig, "save_steps", type=click.IntRange(min=0), default=0, show_default=True)
+@config_flag(TrainConfig, "save_minutes", type=click.FloatRange(min=0), default=10.0, show_default=True)
+@config_flag(TrainConfig, "resume", is_flag=True)
 @options("batch_size", "seed", "encoder", "corpus")
 def command(source, train_batch_size, train_group_size, lr, **opts):
     """Drop the least important sub-layers, blocks (EffiR, ShortGPT) or MLP neurons (EffiR's self-slimming) of a decoder,

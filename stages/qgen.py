@@ -13,7 +13,7 @@ chat LLM with 3 shots for one query per document.
 | prompt: zero-shot / few-shot (InPars 3, DRAMA 3)   | `--examples FILE`, `--shots`      | zero-shot, 3     |
 | chat template (DRAMA) or plain prompt (InPars)     | `--prompt-style auto|chat|plain`  | auto             |
 | queries per document                               | `--per-doc`                       | 1                |
-| sampling (InPars: greedy; DRAMA: sampled)          | `--temperature`, `--top-p`        | 0.8, 0.9         |
+| sampling (InPars: greedy; DRAMA: sampled)          | `--sampling-temperature`, `--top-p` | 0.8, 0.9         |
 | query length cap, stop at newline/EOS              | `--max-new-tokens`                | 32               |
 | InPars score filter: top fraction by mean log-prob | `--keep-top`                      | 1.0 (off)        |
 | Promptagator consistency: source doc in top k      | `--retriever`, `--consistency-k`  | off              |
@@ -61,7 +61,7 @@ from retrctl import distributed, records
 from retrctl.errors import UsageError
 from retrctl.hashing import stable_int
 from retrctl.llm import LLM, Checkpoint, llm_from_flags, load_llm, resumable, sha
-from retrctl.stage import Output, options, stage
+from retrctl.stage import Output, options, renamed, stage
 
 log = logging.getLogger("retrctl.qgen")
 
@@ -260,17 +260,18 @@ def open_consistency_retriever(spec: str, sharded: bool):
 @click.option("--examples", type=click.Path(dir_okay=False), help="Few-shot examples (JSONL: document, query).")
 @click.option("--shots", type=click.IntRange(min=0), help="Examples used from --examples (DRAMA and InPars use 3).")
 @click.option("--prompt-style", type=click.Choice(["auto", "chat", "plain"]), help="chat template or InPars plain prompt.")
-@click.option("--temperature", type=click.FloatRange(min=0), help="Sampling temperature (0 = greedy).")
+@click.option("--sampling-temperature", "temperature", type=click.FloatRange(min=0), help="Sampling temperature (0 = greedy).")
+@renamed("--temperature", "--sampling-temperature", type=click.FloatRange(min=0))  # train's is the softmax's
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), help="Nucleus sampling mass.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), help="Tokens per query at most; generation also stops at newline/EOS.")
 @click.option("--doc-max-words", type=click.IntRange(min=1), help="Document words shown in the prompt.")
-@click.option("--min-words", type=click.IntRange(min=0), help="Drop queries shorter than this (words).")
-@click.option("--max-words", type=click.IntRange(min=1), help="Drop queries longer than this (words).")
+@options("query_words")
 @click.option("--dedupe/--no-dedupe", default=None, help="Drop repeated queries (case and punctuation folded).")
 @click.option("--drop-copies/--keep-copies", default=None, help="Drop queries copied verbatim from their doc (>= 6 words).")
 @click.option("--keep-top", type=click.FloatRange(0, 1, min_open=True), help="InPars filter: keep this fraction of queries with the best mean log-prob.")
 @click.option("--consistency-k", type=click.IntRange(min=0), help="Keep a query only if --retriever ranks its source doc in the top k.")
-@click.option("--candidates", help="Checkpoint of raw generations (default: <output>.candidates.jsonl; none for stdout).")
+@click.option("--candidates-file", "candidates", help="Checkpoint of raw generations (default: <output>.candidates.jsonl; none for stdout).")
+@renamed("--candidates", "--candidates-file")  # search's --candidates are heads
 def command(docs, output, llm, retriever, consistency_k, examples, candidates, shard_num, **opts):
     """LLM-written queries for documents (InPars / Promptagator / DRAMA), filtered; resumable."""
     ray = distributed.pop_settings(opts)

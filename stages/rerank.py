@@ -64,8 +64,9 @@ import click
 
 from retrctl import distributed, records
 from retrctl.errors import UsageError
+from retrctl.hashing import in_shard, shard
 from retrctl.llm import LLM, Checkpoint, llm_from_flags, load_llm, planning_llm, resumable, sha
-from retrctl.stage import Output, check_range, in_shard, options, parse_range, progress, shard, stage
+from retrctl.stage import Output, check_range, options, parse_range, progress, stage
 
 log = logging.getLogger("retrctl.rerank")
 

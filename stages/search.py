@@ -51,6 +51,7 @@ import click
 
 from retrctl import distributed, records
 from retrctl.errors import UsageError
+from retrctl.models.config import QUERY_ENCODER_HELP
 from retrctl.stage import Output, encoder_overrides, flag_option, options, progress, stage
 
 log = logging.getLogger("retrctl.search")
@@ -156,14 +157,12 @@ def set_knobs(idx, knobs: dict) -> None:
 @options("input_format", "batch_size", "corpus", "encoder", "runtime", "fusion", "weights", "ray")
 @click.argument("index_dir")
 @click.argument("queries", default="-", required=False)
-@click.option("--hits", type=click.IntRange(min=1), help="Results per query.")
+@options("hits")
 @click.option("--remove-query", is_flag=True, help="Drop a doc whose id equals the query id (BEIR ArguAna convention).")
-@click.option("--output-format", type=click.Choice(["trec", "jsonl", "parquet"]), help="Run format. [default: by -o extension, else trec]")
-@click.option("--run-tag", help="TREC tag column. [default: names the retriever]")
+@options("run_format", "run_tag")
 @click.option("--with-text", is_flag=True, help="Add query_text, title and text to each row (JSONL/Parquet), for rerank in a pipe.")
 @click.option("--query-encoder", type=click.Choice(["auto", "full", "token-lookup"]), default="auto", show_default=True,
-              help="Dense: auto = by token lookup when the model ships a table (LightRetriever; no transformer loaded), "
-                   "else the full model; full or token-lookup to insist.")
+              help=QUERY_ENCODER_HELP)
 def command(index_dir, queries, output, input_format, batch_size, corpus, hits, remove_query, output_format, run_tag,
             with_text, query_encoder, fusion_method, **opts):
     """Search an index (from `retrctl index`) with queries (JSONL/Parquet/BEIR folder, '-' = stdin); write a run."""

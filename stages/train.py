@@ -11,7 +11,7 @@ LoRA (Hu et al. 2021, arXiv:2106.09685); ZeRO (Rajbhandari et al. 2020, arXiv:19
 |---|---|
 | temperature τ (0.05 E5 and ours; 0.02 LightRetriever) | ``--temperature`` |
 | hard negatives per query (group = 1 + n) | ``--train-group-size`` |
-| batch size (queries per step per process) | ``--batch-size`` |
+| batch size (queries per step per process) | ``--train-batch-size`` |
 | negatives shared across devices | automatic under ``torchrun``/``deepspeed`` (all processes' passages) |
 | GradCache and its sub-batch | ``--grad-cache auto|on|off --chunk-size`` (auto: chosen from memory) |
 | memory cap | ``--max-memory 12GB`` |
@@ -93,7 +93,7 @@ import click
 from retrctl import distributed, records
 from retrctl.distributed import RaySettings
 from retrctl.errors import UsageError
-from retrctl.stage import ENCODER_FLAGS, SHARED_TYPES, Size, options, stage
+from retrctl.stage import ENCODER_FLAGS, SHARED_TYPES, Size, config_flag_name, options, renamed, stage
 from retrctl.train.config import (
     EMBED_DISTILL_LOSSES,
     QUERY_ENCODERS,
@@ -170,8 +170,8 @@ def _guarded(groups, docs, cfg: TrainConfig):
 
 # ---------------------------------------------------------------- command line
 
-# --batch-size and --seed keep the shared names (FORMATS.md) but take help and default from TrainConfig,
-# where train defines them: a step of query groups per process, and a seed that also seeds LoRA init.
+# --seed keeps the shared name and help (FORMATS.md) but takes its default from TrainConfig; train's batch, query
+# groups per step per process, is --train-batch-size (--batch-size is texts per forward pass everywhere else).
 SHARED = {"model", *ENCODER_FLAGS}
 INTERNAL = {"plan"}  # written by train into train_config.json, not set by users
 CHOICES = {"query_encoder": QUERY_ENCODERS, "sparse_query": SPARSE_QUERIES, "embed_distill_loss": EMBED_DISTILL_LOSSES}
@@ -183,7 +183,7 @@ def config_options(f):
     for field in reversed(dataclasses.fields(TrainConfig)):
         if field.name in SHARED | INTERNAL:
             continue
-        flag, kind = "--" + field.name.replace("_", "-"), hints[field.name]
+        flag, kind = config_flag_name(field), hints[field.name]
         help = f"{field.metadata['help']} [default: {SETTLED.get(field.name, field.default)}]"
         if field.name == "grad_cache":  # a bare --grad-cache (as before auto existed) means on
             f = click.option(flag, field.name, type=click.Choice(["auto", "on", "off"]), is_flag=False, flag_value="on",
@@ -217,6 +217,7 @@ def _int_list(ctx, param, value):
 @click.option("--config", "config_file", help="TrainConfig as JSON (train_config.json of an earlier run); flags override it. "
               "--resume and --overwrite come from flags only.")
 @config_options
+@renamed("--batch-size", "--train-batch-size", type=SHARED_TYPES["batch_size"])
 def command(groups, output, corpus, config_file, **flags):
     """Contrastive training on groups (from `retrctl mine`, file or stdin): InfoNCE with in-batch and hard
     negatives, GradCache, LoRA, Matryoshka, DeepSpeed ZeRO 0-3 under torchrun/deepspeed or on a Ray cluster

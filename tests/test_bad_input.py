@@ -99,7 +99,7 @@ def _clash_cases(data, idx):
         "rerank onto its queries": (["rerank", run, "--queries", q, "--corpus", c, *NO_SERVER, "-o", q], q),
         "rerank onto its groups": (["rerank", g, "--corpus", c, *NO_SERVER, "-o", g], g),
         "qgen onto its docs": (["qgen", c, *NO_SERVER, "-o", c], c),
-        "qgen candidates onto its docs": (["qgen", c, *NO_SERVER, "-o", str(data["dir"] / "q.jsonl"), "--candidates", c], c),
+        "qgen candidates onto its docs": (["qgen", c, *NO_SERVER, "-o", str(data["dir"] / "q.jsonl"), "--candidates-file", c], c),
     }
 
 
@@ -127,7 +127,7 @@ def test_output_onto_an_input_is_refused_and_the_input_kept(runner, data, bm25_i
     assert res.exit_code == 2, (res.stdout, res.stderr)
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "writing it would destroy the input" in lines[0], res.stderr
-    out = args[args.index("--candidates") + 1] if "--candidates" in args else args[args.index("-o") + 1]
+    out = args[args.index("--candidates-file") + 1] if "--candidates-file" in args else args[args.index("-o") + 1]
     assert f": {out}: the output" in lines[0] and "the input" in lines[0]
     assert tree(victim) == before
     assert tree(tmp_path) == everything  # nothing written anywhere
@@ -310,7 +310,7 @@ def _cli(stage: str, path: Path, data: dict, out: Path, idx: Path, tiny_bert) ->
         "mine": ["mine", path, "--corpus", c, "--retriever", "bm25", "-o", out / "g.jsonl"],
         "mine-corpus": ["mine", q, "--corpus", path, "--retriever", "bm25", "-o", out / "g.jsonl"],
         "rerank": ["rerank", path, "--corpus", c, *NO_SERVER, "-o", out / "g.jsonl"],
-        "train": ["train", path, "--corpus", c, "--model", tiny_bert, "--device", "cpu", "--batch-size", "2",
+        "train": ["train", path, "--corpus", c, "--model", tiny_bert, "--device", "cpu", "--train-batch-size", "2",
                   "--max-steps", "1", "-o", out / "model"],
         "index": ["index", path, "--method", "bm25", "-o", out / "idx"],
         "search": ["search", idx, path, "-o", out / "run.trec"],
@@ -357,12 +357,12 @@ def test_bad_input_api_raises_record_error(tmp_path, tiny_bert, stage, case):
 
 
 BAD_FLAGS = [
-    ("crop", "--per-doc", "0"), ("crop", "--per-doc", "-1"), ("crop", "--min-words", "0"), ("crop", "--max-tokens", "0"),
-    ("crop", "--shard-num", "0"), ("crop", "--shard-id", "-1"), ("crop", "--max-tokens", "2"),
+    ("crop", "--per-doc", "0"), ("crop", "--per-doc", "-1"), ("crop", "--min-words", "0"), ("crop", "--max-words", "0"),
+    ("crop", "--shard-num", "0"), ("crop", "--shard-id", "-1"), ("crop", "--max-words", "2"),
     ("mine", "--top-k", "0"), ("mine", "--top-k", "-5"), ("mine", "--num-negatives", "-1"), ("mine", "--batch-size", "0"),
     ("mine", "--negative-range", "9-3"), ("mine", "--negative-range", "abc"), ("mine", "--positive-ranks", "-1"),
     ("mine", "--relative-margin", "-0.1"), ("mine", "--passage-max-len", "0"),
-    ("qgen", "--per-doc", "0"), ("qgen", "--top-p", "0"), ("qgen", "--top-p", "1.5"), ("qgen", "--temperature", "-1"),
+    ("qgen", "--per-doc", "0"), ("qgen", "--top-p", "0"), ("qgen", "--top-p", "1.5"), ("qgen", "--sampling-temperature", "-1"), ("qgen", "--temperature", "-1"),
     ("qgen", "--max-new-tokens", "0"), ("qgen", "--keep-top", "0"), ("qgen", "--concurrency", "0"), ("qgen", "--timeout", "0"),
     ("qgen", "--max-retries", "-1"), ("qgen", "--min-words", "5", "--max-words", "3"), ("qgen", "--batch-size", "0"),
     ("rerank", "--window", "1"), ("rerank", "--stride", "0"), ("rerank", "--window", "5", "--stride", "6"),
@@ -371,7 +371,7 @@ BAD_FLAGS = [
     ("search", "--batch-size", "0"),
     ("eval", "--alpha", "0"), ("eval", "--alpha", "1"),
     ("index", "--batch-size", "0"), ("index", "--shard-num", "0"),
-    ("train", "--batch-size", "0"),
+    ("train", "--train-batch-size", "0"), ("train", "--batch-size", "0"),
 ]
 
 
@@ -439,7 +439,7 @@ def test_a_file_given_as_qgen_checkpoint_is_refused_not_truncated(runner, data, 
     notes = tmp_path / "notes.txt"
     notes.write_bytes(content)
     out = tmp_path / "q.jsonl"
-    res = runner("qgen", data["corpus"], *NO_SERVER, "-o", out, "--candidates", notes)
+    res = runner("qgen", data["corpus"], *NO_SERVER, "-o", out, "--candidates-file", notes)
     assert res.exit_code == 2 and "is not a retrctl checkpoint" in res.stderr, res.stderr
     assert notes.read_bytes() == content and not out.exists()
 

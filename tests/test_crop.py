@@ -58,7 +58,7 @@ def _docs(lang, n=6):
 @pytest.mark.parametrize("lang", LANGS)
 def test_xquad_every_language_offsets_and_bounds(lang):
     docs = _docs(lang)
-    qs = list(crop(docs, per_doc=2, min_words=4, max_tokens=24, seed=3))
+    qs = list(crop(docs, per_doc=2, min_words=4, max_words=24, seed=3))
     by_id = {d["docid"]: d for d in docs}
     assert {q["source_docid"] for q in qs} == set(by_id)  # every (long) XQuAD paragraph gives crops
     for q in qs:
@@ -86,21 +86,21 @@ def test_seed_per_docid_independent_of_other_docs():
 def test_long_sentence_is_windowed_flagged_and_counted(caplog):
     caplog.set_level(logging.INFO, logger="retrctl.crop")
     doc = {"docid": "long", "title": "", "text": " ".join(f"w{i}" for i in range(100)) + ". Short one here ok."}
-    qs = list(crop([doc], per_doc=2, min_words=3, max_tokens=10, seed=0))
+    qs = list(crop([doc], per_doc=2, min_words=3, max_words=10, seed=0))
     cut = [q for q in qs if q["truncated"]]
     assert len(cut) == 1 and len(units(cut[0]["query_text"])) == 10
     assert "1 crops cut to 10 words" in caplog.text
 
 
 def test_span_mode_within_bounds():
-    qs = list(crop(DOCS, unit="span", per_doc=3, min_words=2, max_tokens=5, seed=1))
+    qs = list(crop(DOCS, unit="span", per_doc=3, min_words=2, max_words=5, seed=1))
     assert qs and all(2 <= len(units(q["query_text"])) <= 5 for q in qs)
     assert len({(q["source_docid"], q["start"], q["end"]) for q in qs}) == len(qs)
 
 
 def test_bad_arguments():
     with pytest.raises(ValueError):
-        list(crop(DOCS, min_words=10, max_tokens=5))
+        list(crop(DOCS, min_words=10, max_words=5))
 
 
 def _write(tmp_path, docs, name="corpus.jsonl"):
@@ -116,6 +116,20 @@ def test_cli_stdout_records_stderr_logs_and_skips(runner, tmp_path):
     qs = [records.normalize_query(json.loads(line)) for line in res.stdout.splitlines()]
     assert len(qs) == len(DOCS) and all(q["query_id"].startswith(q["source_docid"] + "#crop") for q in qs)
     assert "1 docs skipped" in res.stderr and "{" not in res.stderr
+
+
+def test_old_flag_name_max_tokens_still_works_with_a_warning(runner, tmp_path):
+    """--max-tokens counted words, so it is --max-words now; the old name stays for one release."""
+    corpus = _write(tmp_path, DOCS)
+    new = runner("crop", corpus, "--max-words", "5", "--min-words", "2", "--seed", "1")
+    old = runner("crop", corpus, "--max-tokens", "5", "--min-words", "2", "--seed", "1")
+    assert new.exit_code == old.exit_code == 0, old.stderr
+    assert old.stdout == new.stdout != runner("crop", corpus, "--min-words", "2", "--seed", "1").stdout
+    assert "--max-tokens is now --max-words" in old.stderr and "--max-tokens" not in new.stderr
+    both = runner("crop", corpus, "--max-tokens", "5", "--max-words", "6")
+    assert both.exit_code == 2 and "--max-tokens is the old name of --max-words" in both.stderr
+    assert runner("crop", corpus, "--max-tokens", "0").exit_code == 2  # checked as the new name is
+    assert "--max-tokens" not in runner("crop", "--help").stdout
 
 
 @pytest.mark.real

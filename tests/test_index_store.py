@@ -461,7 +461,8 @@ def test_leftovers_of_a_killed_writer_inside_the_index_are_swept(tmp_path):
     pid = dead_pid()
     (out / "versions" / f".000002.tmp-{pid}").mkdir()
     (out / "versions" / "000005").mkdir()  # written but never published
-    (out / f".index.json.tmp-{pid}").write_text("{")
+    (out / f".index.json.tmp-{pid}").write_text("{")  # an earlier retrctl's name for the pointer's temporary file
+    (out / ".index.json.k3x_9a2b.tmp").write_text("{")  # records.atomic_path's
     assert open_index(out).search(QUERIES, 2)  # readers do not care
     index(DOCS[:3], out)
     assert sorted(p.name for p in out.iterdir()) == ["index.json", "index.lock", "versions"]

@@ -1,5 +1,6 @@
 """The layering ARCHITECTURE.md describes, checked: no import circle in the core, no core module importing
-a stage, stages independent of each other, and no core module longer than a newcomer reads in one sitting.
+a stage or the CLI layer (stage.py, cli.py), stages independent of each other, and no core module longer than a
+newcomer reads in one sitting.
 
 The import rules are import-linter contracts (pyproject.toml, ``[tool.importlinter]``; `lint-imports`, also run by
 ``make lint``): grimp reads every import statement at any depth, function-local and TYPE_CHECKING ones included
@@ -30,11 +31,11 @@ def _lint_imports(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 def test_import_contracts_hold():
     out = _lint_imports(ROOT)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    assert "Contracts: 3 kept, 0 broken." in out.stdout
+    assert "Contracts: 4 kept, 0 broken." in out.stdout
 
 
-def test_the_contracts_catch_a_circle_and_a_core_module_importing_a_stage(tmp_path):
-    """The same contracts on a toy tree with both faults: import-linter must report each (else the test above
+def test_the_contracts_catch_a_circle_a_core_module_importing_a_stage_and_one_importing_the_cli_layer(tmp_path):
+    """The same contracts on a toy tree with the three faults: import-linter must report each (else the test above
     could pass with contracts that check nothing)."""
     (tmp_path / "retrctl" / "sub").mkdir(parents=True)
     (tmp_path / "stages").mkdir()
@@ -43,11 +44,16 @@ def test_the_contracts_catch_a_circle_and_a_core_module_importing_a_stage(tmp_pa
     (tmp_path / "retrctl" / "a.py").write_text("def f():\n    from retrctl.sub import b\n")
     (tmp_path / "retrctl" / "sub" / "b.py").write_text("from retrctl import a\nimport stages.one\n")
     (tmp_path / "stages" / "one.py").write_text("")
+    (tmp_path / "retrctl" / "stage.py").write_text("")
+    (tmp_path / "retrctl" / "cli.py").write_text("")
+    (tmp_path / "retrctl" / "__main__.py").write_text("from retrctl import cli\n")  # the one import allowed
+    (tmp_path / "retrctl" / "c.py").write_text("from retrctl.stage import shard\n")
     contracts = (ROOT / "pyproject.toml").read_text().split("[tool.importlinter]", 1)[1]
     (tmp_path / "pyproject.toml").write_text("[tool.importlinter]" + contracts)
     out = _lint_imports(tmp_path)
     assert out.returncode != 0
-    assert "Contracts: 1 kept, 2 broken." in out.stdout, out.stdout[-3000:]
+    assert "Contracts: 1 kept, 3 broken." in out.stdout, out.stdout[-3000:]
+    assert "retrctl.c -> retrctl.stage" in out.stdout and "retrctl.__main__ ->" not in out.stdout, out.stdout[-3000:]
 
 
 def test_no_core_module_is_longer_than_the_limit():

@@ -255,7 +255,7 @@ def test_three_heads_under_zero2_grad_cache_and_lora_match_one_plain_process(no_
     lora = ["--lora-r", 4, "--lora-dropout", 0, "--lora-check-steps", 2]
     common = [groups_file, "--corpus", corpus_file, "--model", no_dropout_bert, "--train-group-size", 3, "--lr", 1e-3,
               "--max-steps", 4, "--query-max-len", 16, "--passage-max-len", 24, *heads, *lora]
-    r = _torchrun(2, [*common, "--batch-size", 2, "--zero-stage", 2, "--grad-cache", "--chunk-size", 3, "-o", tmp_path / "two"],
+    r = _torchrun(2, [*common, "--train-batch-size", 2, "--zero-stage", 2, "--grad-cache", "--chunk-size", 3, "-o", tmp_path / "two"],
                   tmp_path, _free_port())
     assert r.returncode == 0, r.stderr[-3000:]
     one = train(str(groups_file), corpus=str(corpus_file), output=tmp_path / "one", model=str(no_dropout_bert),

@@ -176,7 +176,7 @@ def test_impossible_max_memory_exits_2_with_the_message(no_dropout_bert, tmp_pat
     groups = _write_jsonl(tmp_path / "groups.jsonl", _groups())
     cap = HELD + 1024 * 1024  # 1 MiB above what the process holds
     r = runner("train", groups, "--corpus", corpus, "--model", no_dropout_bert, "-o", tmp_path / "m", "--max-memory", f"{cap}B",
-               "--batch-size", 4, "--train-group-size", 3)
+               "--train-batch-size", 4, "--train-group-size", 3)
     assert r.exit_code == 2, r.stderr
     assert "one training step needs" in r.stderr and "do not fit" in r.stderr
     assert len([ln for ln in r.stderr.splitlines() if "Error" in ln]) == 1
@@ -186,7 +186,7 @@ def test_impossible_max_memory_exits_2_with_the_message(no_dropout_bert, tmp_pat
 def test_the_plan_is_said_on_stderr(no_dropout_bert, tmp_path, runner, machine):
     corpus = _write_jsonl(tmp_path / "corpus.jsonl", [{"docid": k, **v} for k, v in _corpus().items()])
     groups = _write_jsonl(tmp_path / "groups.jsonl", _groups(8))
-    r = runner("train", groups, "--corpus", corpus, "--model", no_dropout_bert, "-o", tmp_path / "m", "--batch-size", 4,
+    r = runner("train", groups, "--corpus", corpus, "--model", no_dropout_bert, "-o", tmp_path / "m", "--train-batch-size", 4,
                "--train-group-size", 2, "--passage-max-len", 24, "--max-steps", 1, "--grad-cache", "--chunk-size", 3)
     assert r.exit_code == 0, r.stderr
     line = next(ln for ln in r.stderr.splitlines() if "one step needs" in ln)

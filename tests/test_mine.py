@@ -182,7 +182,7 @@ def test_output_formats_parse_back(mcorpus):
     base = list(mine(QUERIES, corpus=corpus, retriever=_bm25(corpus), qrels=QRELS, negative_range="1-20", num_negatives=3))
     for fmt in ("tevatron", "tevatron-legacy", "flagembedding"):
         out = list(mine(QUERIES, corpus=corpus, retriever=_bm25(corpus), qrels=QRELS, negative_range="1-20",
-                        num_negatives=3, output_format=fmt))
+                        num_negatives=3, group_format=fmt))
         for g, row in zip(base, out, strict=True):
             back = records.normalize_group(json.loads(json.dumps(row)))
             if fmt == "flagembedding":
@@ -196,7 +196,7 @@ def test_output_formats_parse_back(mcorpus):
             if fmt == "tevatron-legacy":
                 assert all(back["passages"][d]["text"] == corpus[d]["text"] for d in g["negative_document_ids"])
     trip = list(mine(QUERIES, corpus=corpus, retriever=_bm25(corpus), qrels=QRELS, negative_range="1-20",
-                     num_negatives=3, output_format="triplets"))
+                     num_negatives=3, group_format="triplets"))
     assert len(trip) == sum(len(g["positive_document_ids"]) * len(g["negative_document_ids"]) for g in base)
     assert set(trip[0]) == {"anchor", "positive", "negative"} and trip[0]["anchor"] == QUERIES[0]["query_text"]
 

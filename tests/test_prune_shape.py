@@ -214,7 +214,7 @@ def test_cli_contrastive_objective_then_train_index_search(runner, gqa_decoder, 
     report = _check_output(out, gqa_decoder)
     assert report["shape"]["metrics"]["step"] == 2 and "penalty" in report["shape"]["metrics"]
     trained = tmp_path / "trained"
-    r = runner("train", groups, "--corpus", corpus, "--model", out, "-o", trained, "--max-steps", 2, "--batch-size", 4, "--lr", 1e-3)
+    r = runner("train", groups, "--corpus", corpus, "--model", out, "-o", trained, "--max-steps", 2, "--train-batch-size", 4, "--lr", 1e-3)
     assert r.exit_code == 0, r.stderr
     assert json.loads((trained / "config.json").read_text())["hidden_size"] == 24
     r = runner("index", corpus, "-o", tmp_path / "idx", "--method", "dense", "--model", trained)

@@ -193,14 +193,14 @@ def test_cli_refilters_from_the_candidates_and_refuses_other_generation_settings
     res = runner(*_args(tiny_llama, corpus_file, out, "--keep-top", 0.5))
     assert res.exit_code == 0, res.stderr
     assert len(list(records.read(out, "query"))) == _kept(res.stderr) == math.ceil(0.5 * _kept(first.stderr))
-    res = runner(*_args(tiny_llama, corpus_file, out, "--temperature", 0.5))
+    res = runner(*_args(tiny_llama, corpus_file, out, "--sampling-temperature", 0.5))
     assert res.exit_code == 2 and "differ in: temperature" in res.stderr
 
 
 def test_cli_openai_backend_greedy_matches_hf(runner, tiny_llama, corpus_file, tmp_path):
-    hf = runner(*_args(tiny_llama, corpus_file, "-", "--temperature", 0))
+    hf = runner(*_args(tiny_llama, corpus_file, "-", "--sampling-temperature", 0))
     with OpenAIServer(tiny_llama) as srv:
-        oa = runner(*_args(tiny_llama, corpus_file, "-", "--temperature", 0, "--llm-backend", "openai", "--base-url", srv.url))
+        oa = runner(*_args(tiny_llama, corpus_file, "-", "--sampling-temperature", 0, "--llm-backend", "openai", "--base-url", srv.url))
         assert {r["path"] for r in srv.requests} == {"/v1/completions"} and len(srv.requests) == len(DOCS)
     assert hf.exit_code == oa.exit_code == 0, oa.stderr
     assert oa.stdout == hf.stdout
@@ -225,7 +225,7 @@ def test_cli_bad_input_exits_2_without_output(runner, tiny_llama, corpus_file, t
 
 def test_cli_consistency_filter_with_a_retriever_built_over_the_docs(runner, tiny_llama, corpus_file, tmp_path):
     out = tmp_path / "q.jsonl"
-    res = runner(*_args(tiny_llama, corpus_file, out, "--retriever", "bm25", "--consistency-k", 1, "--temperature", 0))
+    res = runner(*_args(tiny_llama, corpus_file, out, "--retriever", "bm25", "--consistency-k", 1, "--sampling-temperature", 0))
     assert res.exit_code == 0, res.stderr
     m = re.search(r"(\d+) generated, dropped (.*); kept (\d+)", res.stderr)
     rows = [json.loads(x) for x in out.read_text().splitlines()]

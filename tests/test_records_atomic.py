@@ -172,3 +172,41 @@ def test_kill_at_every_step_of_the_swap_leaves_old_or_new_whole(tmp_path, resume
             assert sorted(p.name for p in target.iterdir()) == (["a", "only-old"] if content == "old" else ["a"]), n
         else:
             assert not existing and not target.exists(), n  # a first build killed before its rename: nothing there
+
+
+# ---------------------------------------------------------------- the one atomic-file helper (records.atomic_path)
+
+
+def test_atomic_path_renames_on_success_and_names_its_temp_for_sweeps(tmp_path):
+    target = tmp_path / "sub" / "index.json"
+    with records.atomic_path(target, suffix=".gz") as tmp:
+        assert Path(tmp).parent == target.parent and Path(tmp).name.endswith(".tmp.gz")
+        assert records.temp_target(Path(tmp).name) == "index.json" and not target.exists()
+        Path(tmp).write_text("new")
+    assert target.read_text() == "new" and sorted(p.name for p in target.parent.iterdir()) == ["index.json"]
+    with pytest.raises(RuntimeError), records.atomic_path(target, durable=True) as tmp:
+        Path(tmp).write_text("half")
+        raise RuntimeError("died")
+    assert target.read_text() == "new" and sorted(p.name for p in target.parent.iterdir()) == ["index.json"]
+    with records.atomic_path(target, durable=True) as tmp:
+        Path(tmp).write_text("durable")
+    assert target.read_text() == "durable"
+    assert records.temp_target("index.json") is None and records.temp_target(".index.json") is None
+
+
+def test_outputs_get_the_mode_a_plain_write_gives_not_a_private_one(tmp_path):
+    """A temporary file or dir is private by tempfile's default; the output renamed from it is for others to read
+    as much as a file written in place would be (an index's pointer, a shared model cache)."""
+    old = os.umask(0o022)
+    try:
+        plain = tmp_path / "plain"
+        plain.write_text("x")
+        (tmp_path / "plain-dir").mkdir()
+        with records.atomic_path(tmp_path / "f") as tmp:
+            Path(tmp).write_text("x")
+        with records.atomic_dir(tmp_path / "d", resume=False) as d:
+            (d / "a").write_text("x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "f").stat().st_mode & 0o777 == plain.stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "d").stat().st_mode & 0o777 == (tmp_path / "plain-dir").stat().st_mode & 0o777 == 0o755

@@ -70,13 +70,58 @@ def test_ensure_pad_token_uses_eos_then_unk_and_keeps_an_existing_one():
 
 
 def test_stdout_to_stderr_keeps_stdout_for_data(capsys):
-    from retrctl.models import stdout_to_stderr
+    from retrctl.process import stdout_to_stderr
 
     with stdout_to_stderr():
         print("DeepSpeed banner")
     print("data")
     out, err = capsys.readouterr()
     assert out == "data\n" and err == "DeepSpeed banner\n"
+
+
+def test_stdout_to_stderr_also_moves_the_descriptor_and_puts_both_back(capfd):
+    """What C or Rust code writes on descriptor 1 (Seismic's build log) is no record either."""
+    import os
+    import sys
+
+    from retrctl.process import stdout_to_stderr
+
+    print("before", flush=True)
+    python_stdout = sys.stdout
+    with stdout_to_stderr():
+        os.write(1, b"rust println\n")
+        print("python print")
+    assert sys.stdout is python_stdout
+    os.write(1, b"after\n")
+    out, err = capfd.readouterr()
+    assert out == "before\nafter\n" and err == "rust println\npython print\n"
+
+
+def test_stdout_onto_stderr_undone_also_when_the_block_raises(capfd):
+    import os
+
+    from retrctl.process import stdout_to_stderr
+
+    with pytest.raises(RuntimeError), stdout_to_stderr():
+        raise RuntimeError("boom")
+    os.write(1, b"data\n")
+    assert capfd.readouterr().out == "data\n"
+
+
+def test_pid_alive_one_semantics_for_locks_and_leftovers():
+    import os
+    import subprocess
+    import sys
+
+    from retrctl.process import pid_alive
+
+    assert pid_alive(os.getpid()) and pid_alive(str(os.getpid()))
+    assert pid_alive(1)  # init: running, whether signalling it is allowed (root) or refused with EPERM
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert not pid_alive(gone.pid)
+    for junk in (None, "", "abc", 0, -1, -os.getpid(), 2**80):  # 0 and negatives would name process groups
+        assert not pid_alive(junk), junk
 
 
 # ---------------------------------------------------------------- bench/_run.py: the measures every benchmark shares

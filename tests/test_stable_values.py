@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from retrctl import hashing, llm, records, retrievers, stage
+from retrctl import hashing, llm, records, retrievers
 from stages import crop, mine, qgen
 
 
 def test_ids_hashes_shards_and_seeds_are_unchanged():
     assert records.text_id("Hello wörld") == "h2a2f0d3175c83cbb"
     assert records.content_hash("T", "body text") == "0db5c8f08bbede3d14a22dd2fb11d24a"
-    assert [stage.shard_of(k, 7) for k in ["q1", "doc-42", "ü"]] == [3, 5, 3]
+    assert [hashing.shard_of(k, 7) for k in ["q1", "doc-42", "ü"]] == [3, 5, 3]
     assert llm.row_seeds(13, 3) == [56752582244507909, 35546246419899265, 31878689904077133]
     assert qgen._seed(0, "d1", 2) == 71911166659647141
     assert crop._rng(3, "d9").random() == 0.6194794536641257

@@ -10,8 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from retrctl import records
+from retrctl.hashing import in_shard
 from retrctl.llm import CheckpointMismatch
-from retrctl.stage import Output, in_shard, stage
+from retrctl.stage import Output, stage
 
 QIDS = [f"q{i}" for i in range(12)]
 

@@ -95,7 +95,7 @@ def test_the_teachers_scores_are_distilled_with_groups(no_dropout_bert, tiny_ber
     c, g = files
     out = tmp_path / "m"
     r = runner("train", g, "--corpus", c, "--model", tiny_bert, "--teacher", no_dropout_bert, "--distill-loss",
-               "margin-mse", "--max-steps", 2, "--batch-size", 4, "--train-group-size", 3, "--query-max-len", 16,
+               "margin-mse", "--max-steps", 2, "--train-batch-size", 4, "--train-group-size", 3, "--query-max-len", 16,
                "--passage-max-len", 24, "-o", out)
     assert r.exit_code == 0, r.stderr
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
@@ -106,7 +106,7 @@ def test_a_corpus_alone_trains_through_the_cli(tiny_bert, no_dropout_bert, files
     c, _ = files
     out = tmp_path / "healed"
     r = runner("train", "--corpus", c, "--model", tiny_bert, "--teacher", no_dropout_bert, "-o", out, "--max-steps", 2,
-               "--batch-size", 4, "--query-max-len", 16, "--passage-max-len", 24)
+               "--train-batch-size", 4, "--query-max-len", 16, "--passage-max-len", 24)
     assert r.exit_code == 0, r.stderr
     assert r.stdout == ""
     assert (out / "model.safetensors").is_file() and not out.with_name("healed.partial").exists()
@@ -131,13 +131,13 @@ def test_resume_with_another_teacher_is_refused_naming_the_key(tiny_bert, no_dro
     partial = out.with_name("m.partial")
     assert (partial / "checkpoints" / "step-1").is_dir() and list((partial / "teacher").glob("passage-*.npy"))
     r = runner("train", "--corpus", c, "--model", tiny_bert, "--teacher", wide_teacher, "-o", out, "--max-steps", 4,
-               "--save-steps", 1, "--batch-size", 4, "--train-group-size", 3, "--lr", 1e-3, "--query-max-len", 16, "--passage-max-len", 24,
+               "--save-steps", 1, "--train-batch-size", 4, "--train-group-size", 3, "--lr", 1e-3, "--query-max-len", 16, "--passage-max-len", 24,
                "--logging-steps", 1, "--resume")
     assert r.exit_code == 2, r.stderr
     assert "differs from the checkpoint in teacher" in r.stderr and str(wide_teacher) in r.stderr
     assert not out.exists()
     r = runner("train", "--corpus", c, "--model", tiny_bert, "--teacher", no_dropout_bert, "-o", out, "--max-steps", 4,
-               "--save-steps", 1, "--batch-size", 4, "--train-group-size", 3, "--lr", 1e-3, "--query-max-len", 16, "--passage-max-len", 24,
+               "--save-steps", 1, "--train-batch-size", 4, "--train-group-size", 3, "--lr", 1e-3, "--query-max-len", 16, "--passage-max-len", 24,
                "--logging-steps", 1, "--resume")
     assert r.exit_code == 0, r.stderr
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
@@ -327,7 +327,7 @@ def test_token_blocks_line_up_whatever_the_padding():
 def test_token_distillation_refuses_groups_and_a_teacher_of_another_tokenizer_or_width(
         tiny_bert, wide_teacher, other_vocab_teacher, files, tmp_path, runner):
     c, g = files
-    base = ["--model", tiny_bert, "--token-distill-weight", 1, "--max-steps", 1, "--batch-size", 4,
+    base = ["--model", tiny_bert, "--token-distill-weight", 1, "--max-steps", 1, "--train-batch-size", 4,
             "--query-max-len", 16, "--passage-max-len", 24]
     for args, named in (([g, "--corpus", c, "--teacher", tiny_bert], "corpus alone"),
                         (["--corpus", c, "--teacher", other_vocab_teacher], "different tokenizers"),
@@ -401,7 +401,7 @@ def test_layer_distillation_refuses_a_student_it_cannot_map(bert4, no_dropout_be
     from stages.prune import prune
 
     c, g = files
-    base = ["--layer-distill-weight", 1, "--max-steps", 1, "--batch-size", 4, "--query-max-len", 16,
+    base = ["--layer-distill-weight", 1, "--max-steps", 1, "--train-batch-size", 4, "--query-max-len", 16,
             "--passage-max-len", 24]
     other = prune(str(no_dropout_bert), output=tmp_path / "other", calibration=str(c), drop_layers=1)
     for args, named in (([g, "--corpus", c, "--model", no_dropout_bert, "--teacher", no_dropout_bert], "corpus alone"),

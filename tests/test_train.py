@@ -207,7 +207,7 @@ def test_resume_after_a_crash_gives_the_same_losses(tiny_bert, tmp_path, runner)
 def test_cli_streams_groups_from_stdin(tiny_bert, tmp_path, runner):
     corpus_file = _write_jsonl(tmp_path / "corpus.jsonl", [{"docid": k, **v} for k, v in _corpus().items()])
     stdin = "".join(json.dumps(g) + "\n" for g in _groups(8))
-    r = runner("train", "--corpus", corpus_file, "--model", tiny_bert, "-o", tmp_path / "m", "--batch-size", 4,
+    r = runner("train", "--corpus", corpus_file, "--model", tiny_bert, "-o", tmp_path / "m", "--train-batch-size", 4,
                "--train-group-size", 2, "--passage-max-len", 24, "--logging-steps", 1, "--epochs", 1, input=stdin)
     assert r.exit_code == 0, r.stderr
     assert r.stdout == ""  # stdout is for records; train writes none
@@ -220,7 +220,7 @@ def test_cli_config_file_with_flag_override(tiny_bert, tmp_path, runner):
     groups_file = _write_jsonl(tmp_path / "groups.jsonl", _groups(8))
     (tmp_path / "train.json").write_text(json.dumps({"model": str(tiny_bert), "train_group_size": 2, "lr": 5e-4,
                                                      "batch_size": 8, "passage_max_len": 24}))
-    r = runner("train", groups_file, "--corpus", corpus_file, "--config", tmp_path / "train.json", "--batch-size", 4,
+    r = runner("train", groups_file, "--corpus", corpus_file, "--config", tmp_path / "train.json", "--train-batch-size", 4,
                "-o", tmp_path / "m")
     assert r.exit_code == 0, r.stderr
     saved = json.loads((tmp_path / "m" / "train_config.json").read_text())
@@ -309,7 +309,7 @@ def test_zero2_two_processes_match_one_process_with_double_batch(no_dropout_bert
               "--max-steps", 20, "--query-max-len", 16, "--passage-max-len", 24, "--logging-steps", 5]
     one = train(str(groups_file), corpus=str(corpus_file), output=tmp_path / "one", model=str(no_dropout_bert),
                 train_group_size=4, lr=1e-3, max_steps=20, query_max_len=16, passage_max_len=24, batch_size=4)
-    r = _torchrun(2, [*common, "--batch-size", 2, "--zero-stage", 2, "-o", tmp_path / "two"], tmp_path, _free_port())
+    r = _torchrun(2, [*common, "--train-batch-size", 2, "--zero-stage", 2, "-o", tmp_path / "two"], tmp_path, _free_port())
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout == ""
     a, b = _losses(one), _losses(tmp_path / "two")
@@ -333,7 +333,7 @@ def test_zero_matrix(no_dropout_bert, tmp_path, zero, grad_cache, lora):
     extra += ["--lora-r", 4, "--lora-dropout", 0, "--lora-check-steps", 2] if lora else []
     common = [groups_file, "--corpus", corpus_file, "--model", no_dropout_bert, "--train-group-size", 3, "--lr", 1e-3,
               "--max-steps", 6, "--query-max-len", 16, "--passage-max-len", 24, *extra]
-    r = _torchrun(2, [*common, "--batch-size", 2, "--zero-stage", zero, "-o", tmp_path / "two"], tmp_path, _free_port())
+    r = _torchrun(2, [*common, "--train-batch-size", 2, "--zero-stage", zero, "-o", tmp_path / "two"], tmp_path, _free_port())
     assert r.returncode == 0, r.stderr[-3000:]
     settings = {"grad_cache": grad_cache, "chunk_size": 3, "lora_r": 4 if lora else 0, "lora_dropout": 0.0, "lora_check_steps": 2}
     one = train(str(groups_file), corpus=str(corpus_file), output=tmp_path / "one", model=str(no_dropout_bert), train_group_size=3,
@@ -354,7 +354,7 @@ def test_deepspeed_resume_after_kill(no_dropout_bert, tmp_path):
 
     corpus_file, groups_file = _files(tmp_path)
     common = [groups_file, "--corpus", corpus_file, "--model", no_dropout_bert, "--train-group-size", 3, "--lr", 1e-3,
-              "--max-steps", 8, "--save-steps", 2, "--batch-size", 2, "--zero-stage", 2, "--query-max-len", 16,
+              "--max-steps", 8, "--save-steps", 2, "--train-batch-size", 2, "--zero-stage", 2, "--query-max-len", 16,
               "--passage-max-len", 24]
     r = _torchrun(2, [*common, "-o", tmp_path / "a"], tmp_path, _free_port())
     assert r.returncode == 0, r.stderr[-3000:]

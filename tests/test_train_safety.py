@@ -212,6 +212,26 @@ def test_partial_scratch_without_checkpoints_is_started_afresh(tiny_bert, files,
     assert len(_losses(out)) == 2 and 9.0 not in _losses(out) and not partial.exists()
 
 
+def test_temporary_files_of_a_killed_write_are_scratch_in_a_partial_only(tmp_path):
+    """A kill inside records.atomic_path leaves its temporary file (metrics.jsonl's rewrite, a teacher chunk): a
+    resume takes it for scratch, not for a user's file; the names an earlier retrctl used stay scratch too."""
+    from retrctl import records
+    from retrctl.train.checkpoint import foreign_files
+
+    partial = tmp_path / "m.partial"
+    (partial / "teacher").mkdir(parents=True)
+    left = []
+    for target, suffix in [(partial / "metrics.jsonl", ""), (partial / "teacher" / "passage-00000.npy", ".npy")]:
+        with records.atomic_path(target, suffix=suffix) as tmp:  # the names atomic_path gives its temporary files
+            left.append(Path(tmp))
+        target.unlink()
+    for p in [*left, partial / "metrics.jsonl.tmp", partial / "teacher" / "query-00001.tmp.npy",  # as a kill leaves them
+              partial / "notes.tmp", partial / "teacher" / ".mine.abc.tmp"]:  # and a user's
+        p.write_text("x")
+    assert foreign_files(partial, partial=True) == ["notes.tmp", "teacher/.mine.abc.tmp"]
+    assert left[0].name in foreign_files(partial)  # a finished model dir holds no scratch
+
+
 # ---------------------------------------------------------------- resume consistency
 
 

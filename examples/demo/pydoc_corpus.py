@@ -10,11 +10,12 @@ contains the phrase), so they stay right if a Python release rewords a topic.
 """
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
 from pydoc_data.topics import topics
+
+from retrctl.records import atomic_path
 
 MAX_WORDS = 120
 HERE = Path(__file__).resolve().parent
@@ -46,9 +47,8 @@ def main(out: str) -> None:
         if not hits:
             sys.exit(f"{HERE / 'queries.jsonl'}: query {q['_id']}: no passage of topic {q['topic']!r} contains {q['phrase']!r}")
         qrels += [(q["_id"], h) for h in hits]
-    tmp = out_dir / ".corpus.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(d) + "\n" for d in docs))
-    os.replace(tmp, out_dir / "corpus.jsonl")
+    with atomic_path(out_dir / "corpus.jsonl") as tmp:  # the Make target: whole or absent
+        Path(tmp).write_text("".join(json.dumps(d) + "\n" for d in docs))
     (out_dir / "queries.jsonl").write_text("".join(json.dumps({"_id": q["_id"], "text": q["text"]}) + "\n" for q in queries))
     (out_dir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q, d in qrels))
     sys.stderr.write(f"demo data: {len(docs)} passages, {len(queries)} queries, {len(qrels)} qrels in {out_dir}\n")

@@ -1,5 +1,5 @@
 """The scaling study's steps that are not retrctl stages, called by this folder's Makefile (each reads and writes
-files, so every Make target stays resumable); the logic is retrctl.study's.
+files, so every Make target stays resumable); the logic is study_lib's, beside this script.
 
     study.py plan --backbone minilm=minilm --backbone smollm2-drop8=smollm2:8 --groups 192 ...   # the estimate
     study.py slice DATA --docs 300 --queries 50 -o OUT                                            # a collection cut
@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
+if str(ROOT) not in sys.path:  # study_lib uses the checkout's retrctl, wherever the script is run from
     sys.path.insert(0, str(ROOT))
 
-from retrctl import study  # noqa: E402  (the checkout's retrctl, wherever the script is run from)
+import study_lib as study  # noqa: E402  (beside this script, which Python puts first on sys.path)
 
 
 def plan(a) -> None:
@@ -65,9 +65,8 @@ def proxy(a) -> None:
         bits, note = study.lm_bits_per_byte(a.model, texts, a.max_len)
     except Exception as err:  # noqa: BLE001  (the proxy is optional: its failure is a note in the row)
         bits, note = None, f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
-    tmp = Path(a.output + ".tmp")
-    tmp.write_text(json.dumps({"bits_per_byte": bits, "note": note, "texts": len(texts), "max_len": a.max_len}) + "\n")
-    tmp.replace(a.output)
+    with records.atomic_path(a.output) as tmp:
+        Path(tmp).write_text(json.dumps({"bits_per_byte": bits, "note": note, "texts": len(texts), "max_len": a.max_len}) + "\n")
     print(f"LM proxy of {a.model}: " + (f"{bits:.3f} bits/byte" if bits is not None else f"none ({note})"), file=sys.stderr)
 
 
@@ -88,9 +87,10 @@ def report(a) -> None:
         drawn = study.plot(rows, Path(a.plot), note=a.note)
         text += f"\nplot: {drawn}" if drawn else "\nplot: no backbone finished, nothing to draw"
     if a.output:
-        tmp = Path(a.output + ".tmp")
-        tmp.write_text(text + "\n")
-        tmp.replace(a.output)
+        from retrctl import records
+
+        with records.atomic_path(a.output) as tmp:
+            Path(tmp).write_text(text + "\n")
     else:
         print(text)
 

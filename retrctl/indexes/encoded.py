@@ -186,9 +186,8 @@ class EncodedIndex(base.Index):
             self.workdir.mkdir(parents=True, exist_ok=True)
             np.save(ckpt.with_suffix(".npy"), vecs)
             # the JSON is written last: its presence marks the chunk complete
-            tmp = ckpt.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps({"docids": ids, "hashes": hashes}))
-            tmp.replace(ckpt.with_suffix(".json"))
+            with records.atomic_path(ckpt.with_suffix(".json")) as tmp:
+                Path(tmp).write_text(json.dumps({"docids": ids, "hashes": hashes}))
         return vecs
 
     # ------------------------------------------------------------ updates

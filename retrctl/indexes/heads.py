@@ -45,9 +45,7 @@ log = logging.getLogger("retrctl.index")
 RANK_WEIGHTS = {"dense": 1.0, "sparse": 0.3, "colbert": 1.0}  # BGE-M3's s_rank weights (arXiv:2402.03216, §4)
 TRAIN_HINT = {"sparse": "dense,sparse", "colbert": "dense,lexical,colbert"}
 
-HEADS_TO_INDEX = base.Flag("heads", "Dense: the heads to index, each a sub-index built in the same pass, from the model's "
-                        "dense, sparse (= lexical), colbert, and the corpus's bm25; dense required (e.g. dense,bm25). "
-                        "[default: every head the model has]")
+HEADS_TO_INDEX = base.Flag("heads", f"{config.HEADS_HELP} [default: every head the model has]")
 ONE_HEAD = ("--{flag}: this {backend} index has one head (index it with --heads dense,bm25, or with a model trained "
             "with --heads dense,sparse)")
 
@@ -56,9 +54,7 @@ ONE_HEAD = ("--{flag}: this {backend} index has one head (index it with --heads 
 # `search` sets them on an index that takes them (``FUSION_KNOBS``) and refuses them, with ONE_HEAD, elsewhere
 FUSION_KNOBS = ("fusion", "norm", "weights", "rrf_k", "depth")
 SEARCH_FLAGS = (
-    base.Flag("heads", "A multi-head index: the heads to search, from dense, sparse (= lexical), colbert, bm25 "
-              "(comma-separated); without colbert their lists are fused, with it candidates are re-scored. "
-              "[default: every head the index holds]", refused=ONE_HEAD),
+    base.Flag("heads", f"{config.HEADS_HELP} [default: every head the index holds]", refused=ONE_HEAD),
     base.Flag("candidates", "With colbert: the heads whose top --depth are re-scored (dense, sparse, comma-separated), "
               "or all (every doc, brute force). [default: the other heads searched; colbert alone: all]", refused=ONE_HEAD),
 )

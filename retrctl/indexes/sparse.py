@@ -23,11 +23,8 @@ exactly from the CSR rows, so scores and tie order are the exact path's and only
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -43,6 +40,8 @@ from retrctl.indexes.encoded import (
     encoder_from_manifest,
     same_encoder,
 )
+from retrctl.models.config import SPARSE_TOP_K_HELP
+from retrctl.process import stdout_to_stderr  # Seismic's Rust core prints its build log on descriptor 1
 
 log = logging.getLogger("retrctl.index")
 QUERY_CHUNK = 64  # queries scored at once: [chunk, N] dense scores
@@ -79,21 +78,6 @@ def exact_search(docs, qrows: np.ndarray, k: int, key: np.ndarray, docids: list[
     return out_s, [[docids[i] for i in r] for r in rows]
 
 
-@contextlib.contextmanager
-def _stdout_to_stderr():
-    """Seismic's Rust core prints its build log on file descriptor 1, which carries records: redirected at the
-    descriptor (models.stdout_to_stderr swaps ``sys.stdout`` only, which Rust's println never sees)."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 def seismic_index(docs):
     """A Seismic index over CSR ``docs`` [N, vocab]; documents are named by row position."""
     try:
@@ -106,7 +90,7 @@ def seismic_index(docs):
     dataset.add_documents_by_id([str(i) for i in range(docs.shape[0])], docs.indices.astype(np.int64),
                                 docs.data.astype(np.float32), docs.indptr.astype(np.int64))
     t = time.perf_counter()
-    with _stdout_to_stderr():
+    with stdout_to_stderr():
         built = seismic.SeismicIndex.build_from_dataset(dataset)
     log.info("seismic: indexed %d docs in %.1f s", docs.shape[0], time.perf_counter() - t)
     return built
@@ -147,7 +131,7 @@ def seismic_search(built, docs, qrows: np.ndarray, k: int, key: np.ndarray, doci
 
 SEISMIC_FILE = "sparse.index.seismic"  # what SeismicIndex.save("<dir>/sparse") writes
 
-SPARSE_TOP_K = base.Flag("sparse_top_k", "Sparse: terms kept per doc [default: the model's sparse head's].", int, low=1)
+SPARSE_TOP_K = base.Flag("sparse_top_k", f"{SPARSE_TOP_K_HELP} [default: the model's sparse head's]", int, low=1)
 NO_SPARSE = "--{flag}: this {backend} index holds no sparse head"
 SEARCH_FLAGS = (
     base.Flag("sparse_search", "Sparse head: exact (scipy CSR) or seismic (approximate inverted index, candidates "
@@ -249,7 +233,7 @@ class SparseRowStore:
             return None
         import seismic
 
-        with base.reading(path), _stdout_to_stderr():
+        with base.reading(path), stdout_to_stderr():
             built = seismic.SeismicIndex.load(str(path))
         log.info("seismic: loaded %s", path)
         return built
@@ -271,7 +255,7 @@ class SparseRowStore:
             return
         if self._seismic is None or self._seismic[0] is not docs:
             self._seismic = (docs, seismic_index(docs))
-        with _stdout_to_stderr():
+        with stdout_to_stderr():
             self._seismic[1].save(str(directory / SEISMIC_FILE.removesuffix(".index.seismic")))
         self.files = {"seismic": SEISMIC_FILE}
 

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from retrctl import records
+from retrctl.process import pid_alive
 
 log = logging.getLogger("retrctl.index")
 
@@ -66,7 +67,12 @@ LEGACY_FILES = frozenset({"index.faiss", "docids.parquet", "vectors.npy", "bm25s
 
 _NUM = re.compile(r"^\d{6,}$")
 _TMP = re.compile(r"^\.(\d{6,})\.tmp-(\d+)$")
-_POINTER_TMP = re.compile(r"^\.index\.json\.tmp-\d+$")
+_POINTER_TMP = re.compile(r"^\.index\.json\.tmp-\d+$")  # the pointer's temporary file before records.atomic_path wrote it
+
+
+def _pointer_temp(name: str) -> bool:
+    """A temporary file of the pointer that a killed writer left (this retrctl's, or an earlier one's)."""
+    return records.temp_target(name) == MANIFEST or bool(_POINTER_TMP.match(name))
 
 
 @dataclass(frozen=True)
@@ -208,7 +214,7 @@ def _why_not_ours(root: Path) -> str | None:
         return f"no {MANIFEST}"
     if LOCK in entries and _lock_record(root / LOCK) is None:
         return f"{LOCK} is not retrctl's lock"
-    foreign = sorted(e for e in entries if e not in (MANIFEST, VERSIONS, LOCK) and e not in LEGACY_FILES and not _POINTER_TMP.match(e))
+    foreign = sorted(e for e in entries if e not in (MANIFEST, VERSIONS, LOCK) and e not in LEGACY_FILES and not _pointer_temp(e))
     if VERSIONS in entries:
         vroot = root / VERSIONS
         if not vroot.is_dir():
@@ -241,14 +247,6 @@ def check_target(directory) -> bool:
 
 _HELD: dict[str, tuple[int, int]] = {}  # realpath -> (thread, depth) of the writers in this process
 _HELD_GUARD = threading.Lock()
-
-
-def _alive(pid) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (OSError, ValueError, TypeError):
-        return False
-    return True
 
 
 def _write_lock_record(f, held: bool) -> None:
@@ -284,7 +282,7 @@ def _flock(root: Path):
     try:
         prev = _lock_record(path) or {}
         if prev.get("held") and prev.get("pid") != os.getpid():
-            state = "no longer running" if not _alive(prev.get("pid")) else "no longer holding it"
+            state = "no longer running" if not pid_alive(prev.get("pid")) else "no longer holding it"
             log.warning("%s: taking over the stale lock of pid %s (%s; it was killed before it finished)", path, prev.get("pid"), state)
         _write_lock_record(f, True)
         yield
@@ -381,13 +379,9 @@ def _fsync_tree(top: Path) -> None:
 def _write_pointer(root: Path, name: str, manifest: dict) -> None:
     data = {"format": MARKER, "format_version": LAYOUT_VERSION, "current": name,
             **{k: v for k, v in manifest.items() if k != "format_version"}}
-    tmp = root / f".index.json.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, root / MANIFEST)  # the one atomic step a reader can observe
-    _fsync(root)
+    with records.atomic_path(root / MANIFEST, durable=True) as tmp:  # the one atomic step a reader can observe
+        with open(tmp, "w") as f:
+            f.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 @contextlib.contextmanager
@@ -444,7 +438,7 @@ def gc(root: Path, keep: int = KEEP) -> list[str]:
 def sweep(root: Path) -> None:
     """Remove what dead writers left (called with the lock held, so no live writer owns any of it)."""
     for p in root.iterdir():
-        if _POINTER_TMP.match(p.name):
+        if _pointer_temp(p.name):
             p.unlink(missing_ok=True)
     vroot = root / VERSIONS
     if vroot.is_dir():
@@ -466,7 +460,7 @@ def _old_swap_dirs(root: Path):
         return
     for p in parent.iterdir():
         m = _SWAP.match(p.name)
-        if m and m["name"] == root.name and p.is_dir() and not _alive(m["pid"]):
+        if m and m["name"] == root.name and p.is_dir() and not pid_alive(m["pid"]):
             yield p, m["kind"]
 
 

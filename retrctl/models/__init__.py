@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 
 from retrctl.models.config import DTYPES, POOLING, EncoderConfig, LoadOptions  # noqa: F401  (torch-free)
-from retrctl.models.loading import SHIPPED, cache_dir, gguf_to_hf, locate_shipped, resolve, stdout_to_stderr  # noqa: F401
+from retrctl.models.loading import SHIPPED, cache_dir, gguf_to_hf, locate_shipped, resolve  # noqa: F401
 
 _LAZY = {  # name -> submodule (these import torch)
     "Encoder": "encoder", "Side": "encoder",
@@ -32,4 +32,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["DTYPES", "POOLING", "SHIPPED", "EncoderConfig", "LoadOptions", "cache_dir", "gguf_to_hf", "locate_shipped",
-           "resolve", "stdout_to_stderr", *_LAZY]
+           "resolve", *_LAZY]

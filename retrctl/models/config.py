@@ -74,6 +74,19 @@ INDEX_HEADS = ("dense", "sparse", "colbert", "bm25")  # the heads an index can h
 MODEL_HEADS = INDEX_HEADS[:3]  # those a model encodes; bm25 is the corpus's own (its statistics, no model)
 HEAD_ALIASES = {"lexical": "sparse"}  # BGE-M3's lexical head is stored and searched as the model's sparse head
 
+# flags that train, index and search each take, described once (their defaults differ by stage)
+HEADS_HELP = ("The heads, comma-separated: dense, sparse (SPLADE: term weights through the tied input embeddings), "
+              "lexical (BGE-M3: a learned weight per token; sparse in an index), colbert (BGE-M3's multi-vector head) "
+              "and, in an index, the corpus's bm25. train: the heads trained, each with its own contrastive loss (e.g. "
+              "dense,lexical,colbert); index: the heads stored, each a sub-index from the same pass, dense required "
+              "(e.g. dense,bm25); search: the heads searched, their lists fused, or re-scored with colbert.")
+QUERY_ENCODER_HELP = ("The query encoder: full (the transformer) or token-lookup (LightRetriever: each query token's "
+                      "vector from a table, averaged; no transformer). train: token-lookup also trains the table (each "
+                      "token encoded with the prompt alone, a KL term to the full encoder) and ships it in the model "
+                      "dir; search: auto uses the table when the model ships one, else the full model.")
+SPARSE_TOP_K_HELP = ("Terms kept per encoded doc by the sparse head: train saves it with the head (0 = all); index may "
+                     "keep fewer.")
+
 
 def parse_heads(value, has_sparse: bool = False, has_colbert: bool = False) -> list[str]:
     """``--heads`` as a list in INDEX_HEADS order; None = every head the model has. ValueError for a bad name."""

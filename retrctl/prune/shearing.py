@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from pathlib import Path
 
 import torch
 
+from retrctl import records
 from retrctl.prune import shaping, work
 from retrctl.prune.surgery import PruneError
 
@@ -113,9 +113,8 @@ def learn_lm(enc, masks, texts: list[str], head: torch.Tensor | None, *, steps: 
 
 
 def _save(path, state: dict) -> None:
-    tmp = Path(path).with_name(Path(path).name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with records.atomic_path(path) as tmp:
+        torch.save(state, tmp)
     log.info("checkpoint %s (step %d)", path, state["step"])
 
 

@@ -36,6 +36,7 @@ from retrctl.records.containers import (
     open_output,
     open_text,
     sweep_dir,
+    temp_target,
 )
 from retrctl.records.fields import (
     ALIASES,
@@ -90,6 +91,7 @@ __all__ = [
     "resolve",
     "run_rows",
     "sweep_dir",
+    "temp_target",
     "text_id",
     "trec_order",
     "versions",

@@ -19,14 +19,15 @@ import io
 import logging
 import os
 import re
+import secrets
 import shutil
 import sys
-import tempfile
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 from retrctl.errors import RecordError
+from retrctl.process import pid_alive
 
 log = logging.getLogger("retrctl.records")
 
@@ -195,19 +196,62 @@ def check_outputs(outputs, inputs, *, dir_output: bool = False) -> None:
 
 
 @contextlib.contextmanager
-def atomic_path(path, suffix: str = ""):
-    """Yield a temporary path beside ``path``; rename it into place only if the block succeeds."""
+def atomic_path(path, suffix: str = "", *, durable: bool = False):
+    """Yield a temporary path beside ``path`` (``.<name>.<random>.tmp<suffix>``); rename it into place only if the
+    block succeeds. Every file retrctl writes whole goes through here (or ``open_output``, which uses it).
+
+    suffix: what a writer that picks its format from the name needs at the end (``.gz``, ``.npy``, ``.png``).
+    durable: the file's data is on disk before the rename and the rename is on disk before this returns (fsync of
+    the file, then of the directory): what a reader in another process may act on at once (an index's pointer).
+    A killed process leaves the temporary file; ``temp_target`` names what it was for, so a sweep can tell it apart.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + suffix, dir=path.parent)
-    os.close(fd)
+    tmp = _create_beside(path, lambda tag: f".{path.name}.{tag}.tmp{suffix}", directory=False)
     try:
         yield tmp
+        if durable:
+            _fsync(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    if durable:
+        _fsync(path.parent)
+
+
+def _create_beside(path: Path, name, directory: bool) -> str:
+    """Create a new file or directory beside ``path`` named ``name(random tag)``, with the mode that a plain open or
+    mkdir gives (the umask's; tempfile's would be private, 0600/0700, and the renamed output with it)."""
+    for _ in range(100):
+        tmp = path.parent / name(secrets.token_hex(4))
+        try:
+            if directory:
+                os.mkdir(tmp, 0o777)
+            else:
+                os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        except FileExistsError:
+            continue
+        return str(tmp)
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
+def _fsync(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_TEMP = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]+\.tmp(?P<suffix>[^/]*)$")  # atomic_path's temporary files
+
+
+def temp_target(name: str) -> str | None:
+    """The name of the file that ``name``, a temporary file of ``atomic_path``, was to become; None if it is none."""
+    m = _TEMP.match(name)
+    return m["name"] if m else None
 
 
 @contextlib.contextmanager
@@ -230,7 +274,7 @@ def atomic_dir(path, *, resume: bool = True):
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         sweep_dir(path)
-        work = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
+        work = Path(_create_beside(path, lambda tag: f".{path.name}.tmp-{os.getpid()}-{tag}", directory=True))
     try:
         yield work
         _swap(work, path)
@@ -259,16 +303,6 @@ def _swap(src: Path, dst: Path) -> None:
 _LEFT = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)(?:-[^/]*)?$")  # atomic_dir's siblings
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: it exists, under another user
-        return True
-    return True
-
-
 def sweep_dir(path) -> list[Path]:
     """Clean up after an ``atomic_dir(path)`` whose process was killed; returns what was removed.
 
@@ -284,7 +318,7 @@ def sweep_dir(path) -> list[Path]:
     left = []
     for p in sorted(parent.iterdir()):
         m = _LEFT.match(p.name)
-        if m and m["name"] == path.name and p.is_dir() and not p.is_symlink() and not _alive(int(m["pid"])):
+        if m and m["name"] == path.name and p.is_dir() and not p.is_symlink() and not pid_alive(m["pid"]):
             left.append((p, m["kind"]))
     if not (path.exists() or path.is_symlink()):
         old = next((p for p, kind in left if kind == "old"), None)

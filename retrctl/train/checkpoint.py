@@ -44,7 +44,7 @@ MODEL_FILES = ("retrctl.json", "train_config.json", "metrics.jsonl", "guard.json
                "special_tokens_map.json", "added_tokens.json", "tokenizer.model", "vocab.txt", "vocab.json", "merges.txt",
                "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja", "chat_template.json")
 MODEL_DIRS = {"1_Pooling": ("config.json",), "2_Normalize": ()}
-SCRATCH_FILES = ("metrics.jsonl.tmp",)  # besides checkpoints/, in <output>.partial only
+SCRATCH_FILES = ("metrics.jsonl.tmp",)  # besides checkpoints/, in <output>.partial only (an earlier retrctl's temp name)
 
 
 def foreign_files(d: Path, partial: bool = False) -> list[str]:
@@ -59,7 +59,10 @@ def foreign_files(d: Path, partial: bool = False) -> list[str]:
                     if not (q.is_dir() and not q.is_symlink() and re.fullmatch(r"step-\d+(\.tmp)?", q.name))]
         elif real_dir and partial and p.name == "teacher":  # a teacher's vectors of the corpus (train/distill.py)
             out += [f"teacher/{q.name}" for q in sorted(p.iterdir())
-                    if not (q.is_file() and re.fullmatch(r"(query|passage)-\d+(\.tmp)?\.(npy|json)", q.name))]
+                    if not (q.is_file() and re.fullmatch(r"(query|passage)-\d+(\.tmp)?\.(npy|json)",
+                                                         records.temp_target(q.name) or q.name))]
+        elif partial and p.is_file() and records.temp_target(p.name) == "metrics.jsonl":  # a rewrite's, killed
+            continue
         elif not (p.is_file() and any(fnmatch.fnmatchcase(p.name, pat) for pat in names)):
             out.append(p.name + ("/" if p.is_dir() else ""))
     return out

@@ -12,7 +12,13 @@ from pathlib import Path
 
 from retrctl import records
 from retrctl.errors import UsageError
-from retrctl.models.config import SETTING_FLAGS, with_encoder_flags
+from retrctl.models.config import (
+    HEADS_HELP,
+    QUERY_ENCODER_HELP,
+    SETTING_FLAGS,
+    SPARSE_TOP_K_HELP,
+    with_encoder_flags,
+)
 
 QUERY_ENCODERS = ("full", "token-lookup")
 TRAIN_HEADS = ("dense", "sparse", "lexical", "colbert")  # sparse = SPLADE, lexical = BGE-M3's; one of the two
@@ -63,8 +69,10 @@ SETTLED = {"lr": "2e-5 with groups, 3e-4 from a corpus alone", "epochs": "3 with
            "attention_dropout": "the model's own with groups, 0 from a corpus alone"}
 
 
-def _f(default, help: str):
-    return dataclasses.field(default=default, metadata={"help": help})
+def _f(default, help: str, flag: str | None = None):
+    """A field with its flag's help; ``flag``: the flag's name when it is not the field's (--batch-size means texts
+    per forward pass in the other stages, so train's groups per step are --train-batch-size)."""
+    return dataclasses.field(default=default, metadata={"help": help, **({"flag": flag} if flag else {})})
 
 
 @dataclasses.dataclass
@@ -74,10 +82,11 @@ class TrainConfig:
 
     model: str | None = _f(None, "Encoder to start from: directory, GGUF file, 'minilm' or 'smollm2'.")
     # here: one field per shared encoder flag (pooling, prompts, lengths, bidirectional, dtype, device), default None
-    batch_size: int = _f(32, "Query groups per step per process; in-batch negatives span all processes.")
+    batch_size: int = _f(32, "Query groups per step per process (prune --objective lm: texts); in-batch negatives span "
+                             "all processes.", flag="--train-batch-size")
     train_group_size: int = _f(2, "Passages per query: 1 positive + N-1 hard negatives (resampled per epoch from the group's).")
     temperature: float = _f(0.05, "Softmax temperature on cosine scores (0.05 as E5/sentence-transformers; LightRetriever 0.02).")
-    lr: float | None = _f(None, "Peak learning rate (AdamW).")
+    lr: float | None = _f(None, "Peak learning rate of the model's weights (AdamW).")
     weight_decay: float = _f(0.01, "AdamW weight decay (not on biases and norms).")
     warmup_ratio: float = _f(0.1, "Linear warmup over this fraction of the steps, then linear decay to 0.")
     warmup_steps: int | None = _f(None, "Warmup steps (overrides --warmup-ratio).")
@@ -88,7 +97,7 @@ class TrainConfig:
     attention_dropout: float | None = _f(None, "Dropout on the attention probabilities while training (not saved). "
                                                "0 lets attention run fused on CPU: a MiniLM step ~1.7x faster.")
     max_grad_norm: float = _f(1.0, "Gradient clipping (global norm); 0 = off.")
-    seed: int = _f(42, "Seed for sampling, dropout and LoRA init.")
+    seed: int = _f(42, "Random seed.")  # sampling, dropout, LoRA init; the help is the shared --seed's
     mrl_dims: list[int] | None = _f(None, "Matryoshka: loss summed over these truncated dims, e.g. 64,128,384.")
     distill_weight: float | None = _f(None, "Weight of the distillation term: the teacher's scores of each group's "
                                             "passages (--teacher), else those the groups carry (positive/negative_scores).")
@@ -118,16 +127,12 @@ class TrainConfig:
                                   "while the doc has them, then again from its first; Contriever's crops drawn anew each "
                                   "time), where by default the one crop serves every pass.")
     contrastive_weight: float = _f(1.0, "Weight of the InfoNCE term (0 = distillation alone, as GPL).")
-    query_encoder: str = _f("full", "full, or token-lookup: also train LightRetriever's token-lookup query encoder (each "
-                                    "query token encoded with the prompt alone, averaged) with a KL term to the full one, "
-                                    "and ship its token table in the model dir.")
+    query_encoder: str = _f("full", QUERY_ENCODER_HELP)
     lookup_kl_weight: float = _f(1.0, "Weight of KL(full || token-lookup) over the in-batch candidates (--query-encoder token-lookup).")
-    heads: str = _f("dense", "dense, plus any of: sparse (SPLADE: term weights through the tied input embeddings, "
-                             "FLOPS-regularised), lexical (BGE-M3: a learned weight per token) and colbert (BGE-M3's "
-                             "multi-vector head), each with its own contrastive loss, e.g. dense,lexical,colbert.")
+    heads: str = _f("dense", HEADS_HELP)  # the sparse head's terms are FLOPS-regularised (--flops-weight)
     sparse_query: str | None = _f(None, "Sparse query side: tokens (LightRetriever: token counts, no encoder) or "
                                         "encoder (symmetric). Default: tokens for sparse, encoder for lexical.")
-    sparse_top_k: int = _f(256, "Terms kept per encoded doc by the sparse head (0 = all).")
+    sparse_top_k: int = _f(256, SPARSE_TOP_K_HELP)
     flops_weight: float = _f(1e-3, "FLOPS regulariser weight on the sparse doc (and encoder-query) weights.")
     flops_warmup: int = _f(4000, "Steps over which the FLOPS weight grows quadratically to --flops-weight (SPLADE).")
     colbert_dim: int = _f(128, "Width of the colbert head's token vectors (ColBERT's 128).")
@@ -157,7 +162,7 @@ class TrainConfig:
     group_by_length: bool = _f(True, "Batch groups of similar length (less padding); order shuffled per epoch.")
     zero_stage: int | None = _f(None, "DeepSpeed ZeRO stage 0-3 (config generated); implies DeepSpeed.")
     deepspeed: str | None = _f(None, "DeepSpeed JSON config ('auto' values are filled in).")
-    save_steps: int = _f(0, "Checkpoint every N steps into <output>.partial/checkpoints (0 = none).")
+    save_steps: int = _f(0, "Checkpoint every N steps into <output>.partial (0 = none).")
     save_minutes: float = _f(10.0, "Also checkpoint when this many minutes passed since the last one (0 = none).")
     save_total_limit: int = _f(2, "Checkpoints kept.")
     resume: bool = _f(False, "Continue from the newest checkpoint in <output>.partial (refused if its data or settings differ).")
@@ -232,7 +237,7 @@ class TrainConfig:
         if needs_model and not self.model:
             raise UsageError("a model is required (--model)")
         if self.batch_size < 1 or self.train_group_size < 1 or self.chunk_size < 1:
-            raise UsageError("--batch-size, --train-group-size and --chunk-size must be at least 1")
+            raise UsageError("--train-batch-size, --train-group-size and --chunk-size must be at least 1")
         if self.temperature <= 0:
             raise UsageError("--temperature must be positive")
         if self.attention_dropout is not None and not 0 <= self.attention_dropout < 1:

@@ -29,7 +29,6 @@ import dataclasses
 import functools
 import json
 import logging
-import os
 import shutil
 from collections.abc import Callable, Iterator
 
@@ -149,7 +148,7 @@ class CorpusDistiller(Trainer):
                                    group_by_length=cfg.group_by_length)
         if world > 1 and len(self.pairs) % (cfg.batch_size * world):
             raise UsageError(f"with {world} processes the corpus's {len(self.pairs)} docs must fill whole global batches "
-                             f"of {cfg.batch_size * world}; use one process or another --batch-size")
+                             f"of {cfg.batch_size * world}; use one process or another --train-batch-size")
         per_epoch = self.batches.per_epoch()
         log.info("%d docs (%s and the passage of each), %d steps of %d docs, distilled from %s", len(self.pairs),
                  "a sentence crop per pass" if cfg.fresh_crops else "a sentence crop",
@@ -207,9 +206,8 @@ class CorpusDistiller(Trainer):
             vecs = self.vectors.teacher.encode(texts[start : start + TEACHER_CHUNK], kind=kind, batch_size=self.cfg.chunk_size)
             if self.dist.rank == 0:
                 root.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(path.stem + ".tmp.npy")
-                np.save(tmp, vecs)
-                os.replace(tmp, path)
+                with records.atomic_path(path, suffix=".npy") as tmp:
+                    np.save(tmp, vecs)
                 meta.write_text(json.dumps(key) + "\n")
             out.append(vecs)
             log.info("teacher vectors: %s %d/%d", kind, min(start + TEACHER_CHUNK, len(texts)), len(texts))

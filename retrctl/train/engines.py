@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from retrctl.models.loading import cache_dir, stdout_to_stderr
+from retrctl.models.loading import cache_dir
+from retrctl.process import stdout_to_stderr
 from retrctl.records import RecordError
 from retrctl.train.checkpoint import _scan, deepspeed_globals, load_tensors
 

@@ -391,9 +391,8 @@ class Trainer:
                 with contextlib.suppress(ValueError, KeyError, TypeError):
                     if json.loads(ln)["step"] <= pos.step:
                         keep.append(ln)
-            tmp = path.with_name(path.name + ".tmp")  # replaced whole: a kill here must not lose earlier steps' lines
-            tmp.write_text("".join(ln + "\n" for ln in keep))
-            os.replace(tmp, path)
+            with records.atomic_path(path) as tmp:  # replaced whole: a kill here must not lose earlier steps' lines
+                Path(tmp).write_text("".join(ln + "\n" for ln in keep))
         return open(path, "a", encoding="utf-8")
 
     def _loop(self, pos: Position) -> None:

@@ -26,7 +26,6 @@ import copy
 import logging
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,6 +33,7 @@ from pathlib import Path
 from retrctl import distributed
 from retrctl.distributed import RaySettings
 from retrctl.errors import RecordError, UsageError
+from retrctl.process import stdout_onto_stderr
 from retrctl.train.checkpoint import check_output, checkpoints, clear_partial
 from retrctl.train.config import TrainConfig
 
@@ -151,8 +151,7 @@ def _run_worker(config: dict):
     """One training process: stdout onto stderr, the driver's working directory (so relative paths mean what they
     meant there), torch's threads to the worker's CPUs, then ``work(resume)``. Returns None, or bad input as a
     plain tuple (``_portable``)."""
-    os.dup2(2, 1)  # print() in a worker must never reach the driver's stdout
-    sys.stdout = sys.stderr
+    stdout_onto_stderr()  # print() in a worker must never reach the driver's stdout
     if os.path.isdir(config["cwd"]):
         os.chdir(config["cwd"])
     import torch

@@ -1,7 +1,7 @@
 """The scaling study (Portes et al.): the same minimal retrieval recipe applied to backbones of several sizes and
 pretraining lengths, and average nDCG@10 set against parameters, pretraining tokens and FLOPs ≈ 6·N·D.
 
-What `examples/scaling` needs besides the stages it runs: each backbone's parameter counts (total and
+What this folder's study.py (called by its Makefile) needs besides the stages it runs, on retrctl's core: each backbone's parameter counts (total and
 non-embedding, counted from the model's architecture), its pretraining tokens (from its config or card where
 given, else a value the user sets), FLOPs, the cost estimate printed before a run, the collections cut to a
 budget, one row per backbone (a failed backbone keeps its row, marked with the reason), the table, the
@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import re
 from pathlib import Path
 
@@ -241,9 +240,10 @@ class Row:
         return sum(self.ndcg.values()) / len(self.ndcg) if self.ndcg else None
 
     def write(self, path: Path) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(dataclasses.asdict(self), indent=1) + "\n")
-        os.replace(tmp, path)
+        from retrctl import records
+
+        with records.atomic_path(path) as tmp:
+            Path(tmp).write_text(json.dumps(dataclasses.asdict(self), indent=1) + "\n")
 
     @classmethod
     def read(cls, path: Path) -> Row:
