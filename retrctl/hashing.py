@@ -9,10 +9,11 @@ keys) or splits work between machines: tests/test_stable_values.py pins them; ch
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
@@ -35,6 +36,22 @@ def stable_int(*parts, size: int = 8) -> int:
 def stable_rng(*parts) -> random.Random:
     """A random.Random seeded from the parts (e.g. run seed and record id): the same draws in any order."""
     return random.Random(stable_int(*parts))
+
+
+def sample(recs: Iterable[dict], n: int, seed: int, key: str) -> Iterator[dict]:
+    """The ``n`` records with the smallest stable hash of (seed, ``key`` field), in their input order: the same
+    records whatever the input order, and a sample of a larger ``n`` holds every record of a smaller one. Holds
+    ``n`` records at a time."""
+    if n < 1:
+        raise ValueError(f"a sample needs n >= 1, got {n}")
+    heap: list[tuple[int, int, int, dict]] = []  # (-hash, -position, position, record): the n smallest hashes
+    for i, rec in enumerate(recs):
+        item = (-stable_int("sample", seed, rec[key]), -i, i, rec)
+        if len(heap) < n:
+            heapq.heappush(heap, item)
+        elif item > heap[0]:
+            heapq.heapreplace(heap, item)
+    yield from (rec for _, _, _, rec in sorted(heap, key=lambda t: t[2]))
 
 
 def json_lines_hex(values: Iterable, size: int = 16) -> str:
