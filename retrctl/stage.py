@@ -133,6 +133,19 @@ def check_range(ctx, param, value):
     return value
 
 
+def swept_fusion(ctx: click.Context, weights_from: str, weights_by: str) -> dict:
+    """--weights-from: {fusion_method, norm, rrf_k, depth, weights} of the sweep's best row (retrctl.fusion.weights_from),
+    the fusion flags given on the command line kept where they agree with the sweep's (a UsageError where not)."""
+    if ctx.params.get("weights") is not None:
+        raise UsageError("give --weights or --weights-from, not both", flag="--weights-from")
+    weights, swept = fusion.weights_from(weights_from, weights_by)
+    given = {n: ctx.params[n] for n in fusion.SWEPT.values()
+             if n in ctx.params and ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE}
+    chosen = fusion.swept_settings(weights_from, swept, given)
+    log.info("weights %s from %s (its best %s)", ",".join(f"{w:g}" for w in weights), weights_from, weights_by)
+    return {**chosen, "weights": weights}
+
+
 def check_weights(ctx, param, value):
     """click callback: '0.3,0.7' as [0.3, 0.7] (retrctl.fusion.parse_weights); junk exits 2 naming the flag."""
     if value is None:
@@ -216,6 +229,12 @@ OPTIONS: dict[str, Callable] = {
                     help="One weight per list fused, comma-separated (e.g. 0.3,0.7): fuse, in the runs' order; search, "
                          "and index (recorded as the search's default), in dense,sparse,colbert,bm25 order. "
                          "[default: 1 each, or the index's; search with colbert: BGE-M3's 1,0.3,1]"),
+    "weights_from": lambda f: _opt("--weights-from", metavar="SWEEP",
+                                    help="Take --weights (and the fusion settings) from the best row of SWEEP, the "
+                                         "output of `retrctl eval A B --sweep … --json`; ties go to the weight nearer 0.5.")(
+        _opt("--weights-by", metavar="MEASURE", default="nDCG@10", show_default=True,
+             help="The measure that picks --weights-from's row.")(f)
+    ),
     "runtime": _opt("--backend", "runtime", type=click.Choice(["torch", "onnx"]),
                     help="Dense: run the encoder on torch or onnxruntime [default: what the model path holds; torch when both]."),
     "encoder": lambda f: functools.reduce(lambda g, o: o(g), [_encoder_option(fl) for fl in flag_fields()], f),
@@ -266,7 +285,7 @@ def encoder_overrides(opts: dict) -> dict:
 
 # parameters that name files a command reads (besides its arguments, which are always inputs) or writes:
 # an output may not be, be inside, or contain any of them (records.check_outputs)
-INPUT_OPTIONS = ("corpus", "qrels", "retriever", "queries", "examples", "config_file")
+INPUT_OPTIONS = ("corpus", "qrels", "retriever", "queries", "examples", "config_file", "weights_from", "copy_from")
 OUTPUT_OPTIONS = ("output", "candidates")
 
 
