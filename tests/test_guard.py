@@ -167,3 +167,36 @@ def test_guard_needs_a_corpus_and_two_shards(tiny_bert, tmp_path, runner):
     r = runner("train", groups_file, "--model", tiny_bert, "-o", tmp_path / "m", "--guard-shards", 3)
     assert r.exit_code == 2 and "needs --corpus" in r.stderr
     assert not (tmp_path / "m").exists()
+
+
+def test_training_never_reads_a_held_out_group_nor_its_query(tiny_bert, tmp_path, runner, monkeypatch):
+    from retrctl.stage import in_shard
+    from retrctl.train import data
+
+    given, seen = [], []
+    source_init, example = data.GroupSource.__init__, data.Batches.example
+
+    def record_source(self, groups, corpus):
+        source_init(self, groups, corpus)
+        given.extend(g for _, g in self)
+
+    def record_example(self, line, g, rng):
+        seen.append(example(self, line, g, rng))
+        return seen[-1]
+
+    monkeypatch.setattr(data.GroupSource, "__init__", record_source)
+    monkeypatch.setattr(data.Batches, "example", record_example)
+    docs = corpus()
+    corpus_file = write_jsonl(tmp_path / "corpus.jsonl", [{"_id": d, **v} for d, v in docs.items()])
+    gs = groups(16)
+    kept, dev = guard.hold_out(gs, 3)
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in FAST.items()]
+    r = runner("train", write_jsonl(tmp_path / "groups.jsonl", gs), "--corpus", corpus_file, "--model", tiny_bert,
+               "-o", tmp_path / "m", "--epochs", 2, "--guard-shards", 3, *flags)
+    assert r.exit_code == 0, r.output
+    assert len(dev) >= 2 and json.loads((tmp_path / "m" / "guard.json").read_text())["queries"] == len(dev)
+    held_ids, held_texts = {g["query_id"] for g in dev}, {g["query_text"] for g in dev}
+    assert {g["query_id"] for g in given} == {g["query_id"] for g in kept}  # the trainer got the others, all of them
+    assert {e.query_id for e in seen} == {g["query_id"] for g in kept}  # and its steps read each of them
+    assert not any(e.query_id in held_ids or e.query in held_texts for e in seen)
+    assert not any(in_shard(e.keys[0][0], 0, 3) for e in seen)  # no step's positive is a held-out document
