@@ -25,9 +25,6 @@ The flat layout written by earlier retrctl (IDX/index.json + files, no pointer) 
 as a version living in IDX itself. The first update publishes versions/000001 and switches the pointer; the flat
 files are removed like any old version, once ``keep`` newer versions exist.
 
-``publish_copy`` publishes another index's current version as a new version of IDX, its files hard-linked
-(`retrctl index --copy-from SRC -o IDX`: the same index with other search defaults, nothing re-encoded).
-
 An existing IDX is written only when it is recognisably a retrctl index (``check_target``): a pointer with the
 format marker, or a flat manifest of a known backend, and no file that retrctl did not put there; anything else
 (a project dir, another tool's output, a regular file, ``/``) is refused before anything is touched (12.1, 12.12).
@@ -420,29 +417,15 @@ def new_version(directory, keep: int = KEEP):
 
 
 def publish_copy(source: Version, directory, manifest: dict, keep: int = KEEP) -> str:
-    """Publish the files of the version ``source`` with ``manifest`` as a new version of ``directory`` (another
-    index, or a new one); returns its name. The files are hard links where one file system holds both (a
-    version's files never change once written, so sharing them is safe), else copies."""
-    skip = {MANIFEST, LOCK, VERSIONS}  # a flat-layout source keeps its files beside these
+    """Publish the files of the version ``source`` with ``manifest`` as a new version of ``directory`` (`index
+    --copy-from`); returns its name. The files are hard links where one file system holds both (a version's files
+    never change once written), else copies (records.link_tree)."""
     with new_version(directory, keep) as tmp:
-        for item in sorted(source.path.iterdir()):
-            if item.name not in skip and not _POINTER_TMP.match(item.name):
-                _link_tree(item, tmp / item.name)
+        for item in sorted(source.path.iterdir()):  # a flat-layout source keeps its files beside these
+            if item.name not in (MANIFEST, LOCK, VERSIONS) and not _POINTER_TMP.match(item.name):
+                records.link_tree(item, tmp / item.name)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
-        name = tmp.name[1:].split(".")[0]  # .NNNNNN.tmp-PID, published as NNNNNN
-    return name
-
-
-def _link_tree(src: Path, dst: Path) -> None:
-    if src.is_dir():
-        dst.mkdir()
-        for item in sorted(src.iterdir()):
-            _link_tree(item, dst / item.name)
-        return
-    try:
-        os.link(src, dst)
-    except OSError:  # another file system, or one without hard links
-        shutil.copy2(src, dst)
+    return tmp.name[1:].split(".")[0]  # .NNNNNN.tmp-PID, published as NNNNNN
 
 
 def gc(root: Path, keep: int = KEEP) -> list[str]:
