@@ -31,9 +31,9 @@ A doc missing from a list (explicit, because each tool guesses differently: Amen
 The method defaults to ``linear`` with ``minmax`` (``METHOD``, ``NORM``, ``RRF_K``: the one default of every
 caller). Weights default to 1 for every run (RRF as published; linear = CombSUM); one weight w for two runs is
 (w, 1 − w), the pair ``eval --sweep`` tries. ``weights_from`` reads the best weights of a sweep (``eval --sweep
---json``), as ranx's ``optimize_fusion`` returns the best parameters for its ``fuse(params=…)``. ``depth`` keeps each list's top
-``depth`` before anything else (Pyserini's fusion ``--depth``); ``hits`` cuts the fused list. The fused list
-is in trec_eval's order, so a fused run written and read back ranks the same.
+--json``), as ranx's ``optimize_fusion`` returns the best parameters for its ``fuse(params=…)``. ``depth`` keeps
+each list's top ``depth`` before anything else (Pyserini's fusion ``--depth``); ``hits`` cuts the fused list.
+The fused list is in trec_eval's order, so a fused run written and read back ranks the same.
 
 ranx (AmenRa/ranx) has these methods but compiles them with numba; a hand-written version over a few
 thousand docs per query is fast enough and keeps numba/llvmlite out of the install. tests/test_fuse.py
