@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 
 import regex
 
+from retrctl import hashing
 from retrctl.hashing import stable_rng
 
 log = logging.getLogger("retrctl.crop")
@@ -126,12 +127,15 @@ def _rng(seed: int, docid: str) -> random.Random:
 
 
 def crop(docs: Iterable[dict], *, per_doc: int = 1, unit: str = "sentence", min_words: int = 4, max_words: int = 64,
-         seed: int = 0) -> Iterator[dict]:
-    """Yield query records (query_id, query_text, source_docid, start, end, truncated) cut from doc records."""
+         seed: int = 0, sample: int | None = None) -> Iterator[dict]:
+    """Yield query records (query_id, query_text, source_docid, start, end, truncated) cut from doc records;
+    ``sample``: only from the ``sample`` docs with the smallest stable hash of (seed, docid) (hashing.sample)."""
     if per_doc < 1 or min_words < 1 or max_words < min_words:
         raise ValueError("need per_doc >= 1 and 1 <= min_words <= max_words")
     if unit not in ("sentence", "span"):
         raise ValueError(f"unit must be 'sentence' or 'span', got {unit!r}")
+    if sample is not None:
+        docs = hashing.sample(docs, sample, seed, "docid")
     stats = {"docs": 0, "queries": 0, "skipped": 0, "fewer": 0, "truncated": 0}
     for doc in docs:
         stats["docs"] += 1

@@ -29,9 +29,11 @@ A doc missing from a list (explicit, because each tool guesses differently: Amen
   With ``minmax`` the two rules agree (the minimum maps to 0.0). A query a run lacks entirely gives 0.0.
 
 The method defaults to ``linear`` with ``minmax`` (``METHOD``, ``NORM``, ``RRF_K``: the one default of every
-caller). Weights default to 1 for every run (RRF as published; linear = CombSUM). ``depth`` keeps each list's top
-``depth`` before anything else (Pyserini's fusion ``--depth``); ``hits`` cuts the fused list. The fused list
-is in trec_eval's order, so a fused run written and read back ranks the same.
+caller). Weights default to 1 for every run (RRF as published; linear = CombSUM); one weight w for two runs is
+(w, 1 − w), the pair ``eval --sweep`` tries. ``weights_from`` reads the best weights of a sweep (``eval --sweep
+--json``), as ranx's ``optimize_fusion`` returns the best parameters for its ``fuse(params=…)``. ``depth`` keeps
+each list's top ``depth`` before anything else (Pyserini's fusion ``--depth``); ``hits`` cuts the fused list.
+The fused list is in trec_eval's order, so a fused run written and read back ranks the same.
 
 ranx (AmenRa/ranx) has these methods but compiles them with numba; a hand-written version over a few
 thousand docs per query is fast enough and keeps numba/llvmlite out of the install. tests/test_fuse.py
@@ -43,8 +45,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from retrctl.errors import UsageError
-from retrctl.records import trec_order
+from retrctl.errors import RecordError, UsageError
+from retrctl.records import read_jsonl, trec_order
 
 METHODS = ("rrf", "linear")
 NORMS = ("none", "minmax", "zscore")
@@ -74,12 +76,67 @@ def check(n_runs: int, method: str = METHOD, k: float = RRF_K, weights: Sequence
     for name, v in (("depth", depth), ("hits", hits)):
         if v is not None and v < 1:
             raise UsageError(f"{name} must be >= 1, got {v}")
-    w = [1.0] * n_runs if weights is None else [float(x) for x in weights]
+    w = [1.0] * n_runs if weights is None else complement([float(x) for x in weights], n_runs)
     if len(w) != n_runs:
         raise UsageError(f"{len(w)} weights for {n_runs} runs: give one weight per run")
     if any(not math.isfinite(x) or x < 0 for x in w) or not any(w):
         raise UsageError(f"weights must be finite, >= 0 and not all 0, got {','.join(f'{x:g}' for x in w)}")
     return w
+
+
+def complement(weights: list[float], n_runs: int) -> list[float]:
+    """Weights as given, except one weight w for two lists: (w, 1 − w), as ``eval --sweep`` writes its rows
+    (rounded to 10 places, so 0.3 gives exactly the sweep's 0.7); w must then be in [0, 1]."""
+    if len(weights) != 1 or n_runs != 2:
+        return weights
+    w = weights[0]
+    if not (math.isfinite(w) and 0 <= w <= 1):
+        raise UsageError(f"one weight w for 2 lists means w,1-w: w must be in [0, 1], got {w:g}")
+    return [w, round(1 - w, 10)]
+
+
+# a sweep row's fusion settings (eval --sweep --json: "settings") -> the fusion flags they are the values of
+SWEPT = {"fusion": "fusion_method", "norm": "norm", "rrf_k": "rrf_k", "depth": "depth"}
+
+
+def weights_from(path, measure: str = "nDCG@10") -> tuple[list[float], dict]:
+    """The weights of the best row of an ``eval --sweep --json`` table by ``measure``, ties to the weight nearer
+    0.5 (then the earlier row), and the fusion settings it was swept with ({flag name: value}, see ``SWEPT``):
+    ranx's ``optimize_fusion`` as a file. RecordError naming the file, line and field for a row that is not a
+    sweep row or lacks the measure."""
+    best, key, settings = None, None, {}
+    for line, row in read_jsonl(path):
+        weights = row.get("weights")
+        if not (isinstance(weights, list) and weights and all(_number(w) for w in weights)):
+            raise RecordError(path, line, "weights", "expected a list of numbers (a row of `retrctl eval --sweep --json`)")
+        value = row.get(measure)
+        if not _number(value):
+            have = [k for k, v in row.items() if _number(v)]
+            raise RecordError(path, line, measure, f"missing or not a number (this row has {', '.join(have) or 'no measure'}; "
+                                                   "choose with --weights-by)")
+        rank = (value, -abs(weights[0] - 0.5))
+        if key is None or rank > key:
+            best, key = [float(w) for w in weights], rank
+            swept = row.get("settings") if isinstance(row.get("settings"), dict) else {}
+            settings = {flag: swept[k] for k, flag in SWEPT.items() if k in swept}
+    if best is None:
+        raise RecordError(path, message="no sweep rows (expected the output of `retrctl eval --sweep --json`)")
+    return best, settings
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def swept_settings(path, settings: dict, given: dict) -> dict:
+    """The fusion flags for weights taken from the sweep at ``path``: the sweep's ``settings``, where the flags the
+    user ``given`` ({flag name: value}, only those set) agree with them; UsageError where one does not (the
+    weights were chosen for another fusion)."""
+    for name, value in given.items():
+        if name in settings and settings[name] != value:
+            flag = "--fusion" if name == "fusion_method" else f"--{name.replace('_', '-')}"
+            raise UsageError(f"{flag} {value}: the weights in {path} were chosen with {flag} {settings[name]}")
+    return {**settings, **given}
 
 
 def normalize(ranked: Sequence[tuple[str, float]], norm: str) -> tuple[dict[str, float], float]:

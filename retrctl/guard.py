@@ -1,4 +1,4 @@
-"""The guard: training without labels never hands back a model worse than the one it started from.
+"""The guard: a model trained without labels is delivered only when it beats its base on held-out pseudo-queries.
 
 Training on pseudo-queries (crops, generated queries) labelled by a teacher can make a retriever worse on the
 corpus (Tamber et al. 2025; users of GPL report it: UKPLab/gpl#38). Without judgements the only evidence is a
@@ -6,12 +6,15 @@ held-out slice of the same pseudo-data, so:
 
 1. ``hold_out`` sets aside the groups whose first positive is a held-out document: shard 0 of ``shards`` by a
    stable hash of its id, the documents that ``--shard-id 0 --shard-num N`` gives crop and qgen, so a pipeline can
-   make more queries for exactly that slice. Training never sees those documents as positives, nor their queries.
+   make more queries for exactly that slice. Training never sees those documents as positives, nor their queries
+   (they may still appear as another query's negative).
 2. After training, ``select`` scores candidates on the held-out queries: the base model (α = 0, its weights
    exactly), the trained model (α = 1) and WiSE-FT interpolations α·trained + (1 − α)·base between them
    (Wortsman et al. 2022, "Robust fine-tuning of zero-shot models", arXiv:2109.01903), each by nDCG@10 of a
-   query's positives among a pool: every document the held-out groups name (their positives and the teacher's
-   negatives, so the pool is hard) and as many other documents again (so easy distractors count too).
+   query's positives among a pool of documents (``pool``): the whole corpus when it has at most ``MAX_POOL``
+   documents, else each held-out query's top hits from BM25 and from the base model over the whole corpus
+   (LARMOR's pooling). The teacher's negatives are not the pool: the trained model learnt to push exactly those
+   down, so a pool of them would tilt the test its way.
 3. The base is kept unless a candidate beats it with a paired t-test p below ``level`` divided by the number of
    candidates tried (Bonferroni): the margin that the held-out set's noise justifies. Among those that pass,
    the best mean wins.
@@ -20,6 +23,14 @@ held-out slice of the same pseudo-data, so:
    query decides (crops add the power a few dozen generated queries lack), and the queries most like real ones
    can still refuse a model that only learnt the crops' task (crops copy their document's words and flatter a
    model trained on crops).
+
+What it promises, and what not: the delivered model is the base, or a candidate that was significantly better
+than the base on the held-out pseudo-queries and not worse on the veto queries. That is a paired test on
+pseudo-queries of held-out documents, not a measurement on real queries: a candidate can pass and still be worse
+on a user's queries (where they differ from the pseudo-queries, or by the test's false positives, about ``level``
+of the time when there is no real gain), and a real gain too small for the held-out set is refused. Above
+``MAX_POOL`` documents a candidate's own top hits outside BM25's and the base's are not in the pool (finding
+them costs one encode of the corpus per candidate), which can flatter a candidate that ranks such documents high.
 
 One stderr line states the decision and its evidence; ``guard.json`` in the model directory keeps the table.
 """
@@ -64,17 +75,40 @@ def interpolate(base: dict, trained: dict, alpha: float) -> dict:
     return out
 
 
-def pool(dev: list[dict], corpus: dict[str, dict], seed: int, cap: int = MAX_POOL) -> dict[str, dict]:
-    """The documents the held-out queries are searched among: every positive of the scored groups, their
-    negatives, then as many other documents drawn at random from the corpus, in that order up to ``cap`` (every
-    positive is kept even past it, so each query can be answered)."""
-    positives = {d for g in dev for d in g["positive_document_ids"] if d in corpus}
-    negatives = {d for g in dev for d in g.get("negative_document_ids", []) if d in corpus} - positives
-    named = sorted(positives) + sorted(negatives, key=lambda d: stable_int("guard-pool", seed, d))
-    named = named[: max(cap, len(positives))]
-    taken = set(named)
-    others = sorted((d for d in corpus if d not in taken), key=lambda d: stable_int("guard-pool", seed, d))
-    return {d: corpus[d] for d in named + others[: min(len(named), max(cap - len(named), 0))]}
+def pool(dev: list[dict], corpus: dict[str, dict], rankings: Iterable[dict] = (), cap: int = MAX_POOL) -> dict[str, dict]:
+    """The documents the held-out queries are searched among. A corpus of at most ``cap`` documents is the pool
+    itself: every candidate's own top hits are in it. A larger one gives a pool as LARMOR builds one (Khramtsova
+    et al., SIGIR 2024): every positive of the scored groups, then rank by rank each of ``rankings``' hits for
+    each held-out query (``{query_id: [(doc_id, score), …]}`` best first, one per system searched over the whole
+    corpus), so the pool holds every system's top k of every query for the largest k that fits ``cap`` (the
+    positives are kept even past it, so each query can be answered). The pool is not the teacher's negatives:
+    those are what training pushed down, and a pool of them favours the trained model."""
+    if len(corpus) <= cap:
+        return dict(corpus)
+    taken = dict.fromkeys(sorted({d for g in dev for d in g["positive_document_ids"] if d in corpus}))
+    lists = [[ranking.get(g["query_id"], ()) for g in dev] for ranking in rankings]
+    for rank in range(max((len(hits) for hs in lists for hits in hs), default=0)):
+        for hs in lists:
+            for hits in hs:
+                if len(taken) >= cap:
+                    return {d: corpus[d] for d in taken}
+                if rank < len(hits) and hits[rank][0] in corpus:
+                    taken.setdefault(hits[rank][0])
+    return {d: corpus[d] for d in taken}
+
+
+def rankings(corpus: dict[str, dict], queries: list[dict], base, batch_size: int, depth: int = DEPTH) -> list[dict]:
+    """BM25's and the ``base`` encoder's top ``depth`` of each query over the whole corpus (one encode of it, what
+    indexing it costs): the systems a pool of a large corpus is made from. A candidate's own top hits would
+    cost one more encode of the corpus each, so they enter the pool only when the corpus is the pool."""
+    from retrctl.indexes.bm25 import BM25Index
+    from retrctl.indexes.dense import DenseIndex
+
+    out = []
+    for idx in (BM25Index(), DenseIndex(base, "Flat", batch_size)):
+        idx.build({"docid": d, **doc} for d, doc in corpus.items())
+        out.append(idx.search(queries, depth))
+    return out
 
 
 def scored(dev: list[dict], veto: Iterable[str] = ()) -> list[dict]:
@@ -167,10 +201,15 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     if len(queries) < 2:
         raise ValueError(f"the guard needs at least 2 held-out queries, got {len(queries)}: use fewer --guard-shards "
                          "or give more groups")
-    docs = pool(dev, corpus, seed)
     enc = Encoder.load(model_dir, device="cpu")
     trained = {k: v.detach().clone() for k, v in enc.state_dict().items()}
     base_state = Encoder.load(base_model, device="cpu").state_dict()
+    systems = []
+    if len(corpus) > MAX_POOL:  # pooled from BM25's and the base's top hits over the whole corpus
+        enc.load_state_dict(interpolate(base_state, trained, 0.0))
+        with torch.inference_mode():
+            systems = rankings(corpus, queries, enc, batch_size)
+    docs = pool(dev, corpus, systems, MAX_POOL)
     log.info("%d held-out queries (%d may veto), a pool of %d docs, candidates α = 0, %s",
              len(queries), len(veto & qrels.keys()), len(docs), ", ".join(f"{a:g}" for a in alphas))
     results = {}
@@ -180,7 +219,8 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
             results[a] = score(enc, docs, queries, qrels, batch_size)
         log.info("α=%g %s %.4f", a, MEASURE, results[a].mean[MEASURE])
     decision = decide(results, level, veto)
-    decision.update(alphas=alphas, pool_docs=len(docs), base_model=str(base_model))
+    decision.update(alphas=alphas, pool_docs=len(docs), pool="bm25+base top hits" if systems else "corpus",
+                    base_model=str(base_model))
     if keep is not None:  # written beside, then renamed: a half-written copy is never mistaken for a model
         with records.atomic_dir(keep, resume=False) as tmp:
             shutil.copytree(model_dir, tmp, ignore=shutil.ignore_patterns("checkpoints", "teacher", "*.tmp"),

@@ -9,6 +9,7 @@ keys) or splits work between machines: tests/test_stable_values.py pins them; ch
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import os
 import random
@@ -55,6 +56,22 @@ def shard(recs: Iterable[dict], shard_id: int, shard_num: int, key: str) -> Iter
     for r in recs:
         if shard_of(r[key], shard_num) == shard_id:
             yield r
+
+
+def sample(recs: Iterable[dict], n: int, seed: int, key: str) -> Iterator[dict]:
+    """The ``n`` records with the smallest stable hash of (seed, ``key`` field), in their input order: the same
+    records whatever the input order, and a sample of a larger ``n`` holds every record of a smaller one. Holds
+    ``n`` records at a time."""
+    if n < 1:
+        raise ValueError(f"a sample needs n >= 1, got {n}")
+    heap: list[tuple[int, int, int, dict]] = []  # (-hash, -position, position, record): the n smallest hashes
+    for i, rec in enumerate(recs):
+        item = (-stable_int("sample", seed, rec[key]), -i, i, rec)
+        if len(heap) < n:
+            heapq.heappush(heap, item)
+        elif item > heap[0]:
+            heapq.heapreplace(heap, item)
+    yield from (rec for _, _, _, rec in sorted(heap, key=lambda t: t[2]))
 
 
 def json_lines_hex(values: Iterable, size: int = 16) -> str:

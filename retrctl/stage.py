@@ -114,6 +114,19 @@ def check_range(ctx, param, value):
     return value
 
 
+def swept_fusion(ctx: click.Context, weights_from: str, weights_by: str) -> dict:
+    """--weights-from: {fusion_method, norm, rrf_k, depth, weights} of the sweep's best row (retrctl.fusion.weights_from),
+    the fusion flags given on the command line kept where they agree with the sweep's (a UsageError where not)."""
+    if ctx.params.get("weights") is not None:
+        raise UsageError("give --weights or --weights-from, not both", flag="--weights-from")
+    weights, swept = fusion.weights_from(weights_from, weights_by)
+    given = {n: ctx.params[n] for n in fusion.SWEPT.values()
+             if n in ctx.params and ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE}
+    chosen = fusion.swept_settings(weights_from, swept, given)
+    log.info("weights %s from %s (its best %s)", ",".join(f"{w:g}" for w in weights), weights_from, weights_by)
+    return {**chosen, "weights": weights}
+
+
 def check_weights(ctx, param, value):
     """click callback: '0.3,0.7' as [0.3, 0.7] (retrctl.fusion.parse_weights); junk exits 2 naming the flag."""
     if value is None:
@@ -166,6 +179,8 @@ OPTIONS: dict[str, Callable] = {
     "qrels": _opt("--qrels", help=QRELS_HELP),
     "retriever": _opt("--retriever", help="Retriever: an index dir, 'bm25', a model (see --model), or a run file."),
     "per_doc": _opt("--per-doc", type=click.IntRange(min=1), help="Queries to make per document."),
+    "sample": _opt("--sample", type=click.IntRange(min=1), help="Only N documents of this shard: those with the smallest "
+                   "stable hash of (--seed, docid), the same N in any input order. [default: all]"),
     "top_k": _opt("--top-k", type=click.IntRange(min=1), help="Candidates retrieved (or reranked) per query."),
     "llm": lambda f: _opt("--llm", help="Language model: a directory, GGUF file, 'smollm2', or a served model name.")(
         _opt("--llm-backend", type=click.Choice(["hf", "openai"]),
@@ -209,6 +224,12 @@ OPTIONS: dict[str, Callable] = {
         _opt("--max-words", type=click.IntRange(min=1),
              help="Longest query, in words: crop cuts a longer sentence to a random window of this many, qgen drops "
                   "longer ones.")(f)),
+    "weights_from": lambda f: _opt("--weights-from", metavar="SWEEP",
+                                    help="Take --weights (and the fusion settings) from the best row of SWEEP, the "
+                                         "output of `retrctl eval A B --sweep … --json`; ties go to the weight nearer 0.5.")(
+        _opt("--weights-by", metavar="MEASURE", default="nDCG@10", show_default=True,
+             help="The measure that picks --weights-from's row.")(f)
+    ),
     "runtime": _opt("--backend", "runtime", type=click.Choice(["torch", "onnx"]),
                     help="Dense: run the encoder on torch or onnxruntime [default: what the model path holds; torch when both]."),
     "encoder": lambda f: functools.reduce(lambda g, o: o(g), [_encoder_option(fl) for fl in flag_fields()], f),
@@ -299,7 +320,7 @@ def encoder_overrides(opts: dict) -> dict:
 
 # parameters that name files a command reads (besides its arguments, which are always inputs) or writes:
 # an output may not be, be inside, or contain any of them (records.check_outputs)
-INPUT_OPTIONS = ("corpus", "qrels", "retriever", "queries", "examples", "config_file")
+INPUT_OPTIONS = ("corpus", "qrels", "retriever", "queries", "examples", "config_file", "weights_from", "copy_from")
 OUTPUT_OPTIONS = ("output", "candidates")
 
 

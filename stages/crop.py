@@ -11,6 +11,7 @@ independent cropping (Izacard et al. 2021, arXiv:2112.09118, §3.2: a random con
 | crops per document                           | `--per-doc`               | 1       |
 | span length bounds (Contriever: ratio of doc)| `--min-words/--max-words`| 4 / 64  |
 | randomness                                   | `--seed`                  | 0       |
+| a fixed sample of N documents (not in the papers) | `--sample N`         | all     |
 
 Sentences are found with language-agnostic rules on Unicode properties (UAX #29 sentence-break classes via the
 `regex` module), not per-language models: a run of STerm/ATerm characters (. ! ? 。 ！ ？ । ॥ ؟ ။ …) plus closing
@@ -29,6 +30,10 @@ are counted on stderr (silent truncation is a peer bug, ST#4060).
 Output: query records `{query_id, query_text, source_docid, start, end, truncated}`; `start`/`end` are character
 offsets into the doc's `text` (text[start:end] == query_text), so hits on crops can be collapsed back to
 documents (ColBERT#59). query_id is `<docid>#crop<i>`.
+
+Sample: `--sample N` crops only the N documents (of this shard, after `--shard-id/--shard-num`) with the smallest
+stable hash of (seed, docid) (retrctl.hashing.sample): the same N in any input order, and a larger N keeps every
+document a smaller one took; `--shard-id 0 --shard-num 10 --sample 50` is 50 documents of shard 0.
 
 Determinism: each document's random generator is seeded from (seed, docid), so the output for a document does not
 depend on which other documents are in the run: `--shard-id/--shard-num` runs concatenated and sorted equal one
@@ -50,7 +55,7 @@ __all__ = ["_rng", "command", "crop", "segments", "sentences", "units"]  # the c
 
 
 @stage(crop, reads="doc", writes="query")
-@options("seed", "per_doc")
+@options("seed", "per_doc", "sample")
 @click.option("--unit", type=click.Choice(["sentence", "span"]), help="sentence (DRAMA/DRAGON) or span (Contriever).")
 @options("query_words")
 @renamed("--max-tokens", "--max-words", type=click.IntRange(min=1))  # it counts words

@@ -9,7 +9,8 @@ anywhere: TREC, JSONL or Parquet, ``.gz``/``.zst``, read by ``records.read_run``
 |---------------------------------------|--------------------------------|-----------|
 | method                                | ``--fusion rrf|linear``         | linear    |
 | RRF constant k                        | ``--rrf-k``                     | 60        |
-| weight per run, in the runs' order    | ``--weights 0.3,0.7``           | 1 each    |
+| weight per run, in the runs' order    | ``--weights 0.3,0.7`` (two runs: ``0.3`` = 0.3,0.7) | 1 each |
+| weights from a sweep's best row       | ``--weights-from SWEEP --weights-by nDCG@10`` | off |
 | score normalisation (linear)          | ``--norm none|minmax|zscore``   | minmax    |
 | results per query kept from each run  | ``--depth``                     | all       |
 | results per query written             | ``--hits``                      | 1000      |
@@ -18,6 +19,11 @@ anywhere: TREC, JSONL or Parquet, ``.gz``/``.zst``, read by ``records.read_run``
 A JSONL or Parquet run also carries ``run_scores`` in each row: the doc's raw score in each input run, in the
 runs' order (null where that run did not retrieve it), so a threshold can be set on what a retriever said
 rather than on a fused score that says little by itself (RRF scores sit in 0.014-0.017 whatever the fit).
+
+``--weights-from SWEEP`` reads the weights from a table of ``retrctl eval A B --sweep 0:1:0.1 --json`` (one row
+per weight): the best row by ``--weights-by`` (nDCG@10), ties to the weight nearer 0.5; the fusion settings the
+sweep used become this fusion's, and a flag given that contradicts them is refused (the weights were chosen for
+that fusion). ranx splits the same step into ``optimize_fusion`` (the sweep) and ``fuse(params=…)``.
 
 A run written to a file gets ``<run>.manifest.json`` beside it: the input runs (and the run tag and index of
 each, from their own manifests when present) and the fusion settings, so the numbers can be re-derived.
@@ -32,7 +38,7 @@ from pathlib import Path
 import click
 
 from retrctl import fusion, records
-from retrctl.stage import Output, options, stage
+from retrctl.stage import Output, options, stage, swept_fusion
 
 log = logging.getLogger("retrctl.fuse")
 
@@ -63,17 +69,22 @@ def _input_summary(path: str) -> dict:
 
 
 @stage(fuse, writes="run")
-@options("input_format", "fusion", "weights")
+@options("input_format", "fusion", "weights", "weights_from")
 @click.argument("runs", nargs=-1, required=True)
 @options("hits", "run_format", "run_tag")
-def command(runs, output, input_format, fusion_method, rrf_k, weights, norm, depth, hits, output_format, run_tag):
+def command(runs, output, input_format, fusion_method, rrf_k, weights, norm, depth, hits, output_format, run_tag,
+            weights_from, weights_by):
     """Fuse two or more runs (TREC, JSONL, Parquet) into one run: RRF or a weighted sum of normalised scores."""
-    fusion.check(len(runs), fusion_method, rrf_k, weights, norm, depth, hits)
+    if weights_from is not None:  # the sweep's weights, and its fusion settings where no flag sets them
+        chosen = swept_fusion(click.get_current_context(), weights_from, weights_by)
+        fusion_method, norm, depth = chosen.get("fusion_method", fusion_method), chosen.get("norm", norm), chosen.get("depth", depth)
+        rrf_k, weights = chosen.get("rrf_k", rrf_k), chosen["weights"]
+    weights = fusion.check(len(runs), fusion_method, rrf_k, weights, norm, depth, hits)
     if fusion_method == "rrf" and click.get_current_context().get_parameter_source("norm").name == "COMMANDLINE":
         log.warning("--norm is ignored by --fusion rrf (it uses ranks only)")
     loaded = [records.read_run(p, input_format) for p in runs]
     tag = run_tag or f"fused-{fusion_method}"
-    settings = {"fusion": fusion_method, "weights": weights or [1.0] * len(runs), "depth": depth, "hits": hits,
+    settings = {"fusion": fusion_method, "weights": weights, "depth": depth, "hits": hits,
                 **({"rrf_k": rrf_k} if fusion_method == "rrf" else {"norm": norm})}
     name = output.lower().removesuffix(".gz").removesuffix(".zst")
     keyed = output_format in ("jsonl", "parquet") or (output_format is None and name.endswith((".jsonl", ".parquet")))

@@ -18,6 +18,8 @@ arXiv:2407.03618). A doc is "title text" in both (BEIR's convention, Thakur et a
 | sparse terms kept per doc                  | `--sparse-top-k`                        | the head's (a lexical head: all) |
 | BM25 beside the model's heads (one index, the hybrid) | `--heads dense,bm25` (+ the BM25 flags) | off |
 | the search's fusion defaults, recorded in the index | `--fusion`, `--norm`, `--weights` (per head), `--rrf-k`, `--depth` | none (search's own); an update keeps them |
+| those defaults from a sweep's best row      | `--weights-from SWEEP --weights-by nDCG@10` | off |
+| another index's version with other search defaults | `--copy-from IDX` (+ the fusion flags) | off |
 | dense resume checkpoint interval (docs)    | `--checkpoint-every`                    | 4096 |
 | old versions kept (see below)              | `--keep`                                | 2 |
 | shard of the corpus (stable hash of docid) | `--shard-id/--shard-num`, then `--merge` | one shard |
@@ -35,6 +37,14 @@ content hash — new docs are added, changed docs re-encoded, docs no longer in 
 keeps them); nothing is rewritten when nothing changed. Changing a setting that the stored data depends on
 (model or its settings, index type, BM25 settings) rebuilds from scratch, with a warning; `--rebuild` forces it
 (also the way out of a damaged index: a missing or truncated file is named, exit 2).
+
+Search defaults on an index already built: `retrctl index --copy-from IDX --weights 0.6 -o NEW` publishes IDX's
+current version as NEW's next version (a new index when NEW does not exist) with the fusion flags given recorded
+over IDX's: the files are shared (hard links; copies across file systems), no corpus is read and nothing is
+encoded (the backend is opened to check the defaults against its heads). IDX is left as it is, so a Make
+recipe keeps both as file targets. `--weights-from SWEEP` takes the weights (and the fusion settings) from the best
+row of `retrctl eval A B --sweep … --json` (ties to the weight nearer 0.5), as `retrctl fuse --weights-from`
+does; two heads take one weight w as w,1-w.
 
 Layout and what is atomic (retrctl.indexes.store): IDX/versions/N/ are complete, immutable
 indexes; IDX/index.json is a pointer naming the current one (plus a copy of its manifest). An update writes
@@ -78,7 +88,7 @@ from retrctl.errors import UsageError
 from retrctl.hashing import shard
 from retrctl.indexes import BACKENDS, DEFAULT_BACKEND, declared_flags
 from retrctl.indexes.store import KEEP
-from retrctl.stage import check_shard, encoder_overrides, flag_option, options, progress, stage
+from retrctl.stage import check_shard, encoder_overrides, flag_option, options, progress, stage, swept_fusion
 
 log = logging.getLogger("retrctl.index")
 
@@ -264,13 +274,32 @@ def merge(parts: list[str | os.PathLike], output: str | os.PathLike, keep: int =
     return len(merged)
 
 
+def copy(source: str | os.PathLike, output: str | os.PathLike, keep: int = KEEP,
+         search_defaults: dict | None = None) -> str:
+    """Publish the current version of the index ``source`` as a new version of ``output`` (a new index, or the next
+    version of an existing one), with ``search_defaults`` (as ``index``'s) recorded over ``source``'s: its files
+    shared, no corpus read, nothing encoded. Returns the version published."""
+    from retrctl.indexes import open_index, store
+
+    version = store.resolve(source)
+    idx = open_index(version)  # the backend checks the defaults against the heads it holds
+    idx.record_search_defaults(search_defaults or {})
+    manifest = {k: v for k, v in version.manifest.items() if k != "search_defaults"}
+    if idx.search_defaults:
+        manifest["search_defaults"] = idx.search_defaults
+    name = store.publish_copy(version, output, manifest, keep=keep)
+    log.info("published %s (version %s) as %s version %s%s", source, version.name or "flat", output, name,
+             f" with search defaults {idx.search_defaults}" if idx.search_defaults else "")
+    return name
+
+
 def backend_options() -> list[click.Option]:
     """The registered backends' `index` flags, read at each parse so a backend registered later brings its own."""
     return [flag_option(flag) for flag in declared_flags("index").values()]
 
 
 @stage(index, writes="dir", atomic=False, more_options=backend_options)  # a versioned store: built and published by store.writer
-@options("model", "encoder", "runtime", "batch_size", "shard", "input_format", "fusion", "weights", "ray")
+@options("model", "encoder", "runtime", "batch_size", "shard", "input_format", "fusion", "weights", "weights_from", "ray")
 @click.argument("inputs", nargs=-1)
 @click.option("--method", type=BackendChoice(), help=f"Index backend: {', '.join(f'{n} ({b.summary})' for n, b in BACKENDS.items())}. "
               f"[default: {DEFAULT_BACKEND}, or the existing index's]")
@@ -279,12 +308,27 @@ def backend_options() -> list[click.Option]:
 @click.option("--keep", type=click.IntRange(min=1), help="Delete an old version once this many newer ones exist "
               "(2: a searcher that opened the previous version is not pulled from under it).")
 @click.option("--merge", "merge_", is_flag=True, help="INPUTS are index dirs (e.g. shards) to merge into -o.")
-def command(inputs, output, merge_, shard_id, shard_num, input_format, **opts):
+@click.option("--copy-from", metavar="IDX", help="Publish IDX's current version as -o's new version with the fusion flags "
+              "given as its search defaults: its files shared (hard links), no corpus read, nothing encoded.")
+def command(inputs, output, merge_, shard_id, shard_num, input_format, weights_from, weights_by, copy_from, **opts):
     """Build (or update) a dense, learned-sparse or BM25 index of a corpus (JSONL/Parquet/BEIR folder, '-' = stdin)."""
+    ctx = click.get_current_context()
+    if weights_from is not None:  # the sweep's weights, and its fusion settings where no flag sets them
+        opts.update(swept_fusion(ctx, weights_from, weights_by))
     # the fusion flags: a multi-head index's search defaults (a search's own flags win)
     defaults = {name: opts.pop(key) for name, key in SEARCH_DEFAULTS.items() if opts.get(key) is not None}
     for key in SEARCH_DEFAULTS.values():
         opts.pop(key, None)
+    if copy_from is not None:
+        allowed = {"copy_from", "output", "keep", "weights_from", "weights_by", "log_level", "quiet", *SEARCH_DEFAULTS.values()}
+        stray = [p.opts[0] for p in ctx.command.get_params(ctx) if isinstance(p, click.Option) and p.name not in allowed
+                 and p.name in ctx.params
+                 and ctx.get_parameter_source(p.name) is click.core.ParameterSource.COMMANDLINE]
+        if inputs or stray:
+            raise UsageError(f"--copy-from publishes IDX's version as it is: {', '.join(stray) or 'a corpus'} "
+                             "cannot apply (only the fusion flags and --keep)")
+        copy(copy_from, output, keep=opts["keep"], search_defaults=defaults)
+        return
     if merge_:
         if len(inputs) < 2:
             raise UsageError("--merge needs two or more index directories")

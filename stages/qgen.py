@@ -19,6 +19,7 @@ chat LLM with 3 shots for one query per document.
 | Promptagator consistency: source doc in top k      | `--retriever`, `--consistency-k`  | off              |
 | length bounds, dedupe                              | `--min-words/--max-words`, `--dedupe/--no-dedupe` | 2 / 32, on |
 | copies of the document (not in the papers)         | `--drop-copies/--keep-copies`     | drop             |
+| a fixed sample of N documents (not in the papers)  | `--sample N`                      | all              |
 
 Filters run in that order (length, dedupe, copies, score, consistency) and each one removes rows; the kept/dropped
 counts go to stderr and the kept count is the number of rows written (ARES#77: a filter that filtered nothing).
@@ -26,6 +27,10 @@ The score is the mean raw log-prob of the query's tokens given the prompt, taken
 (no second forward); the score filter needs every score, so it ranks within one run: with
 `--shard-id/--shard-num` each shard keeps its own top fraction. The consistency index is `--retriever` (an index
 dir over the whole corpus), or `bm25` / a model built over the docs of this run (of this shard, when sharded).
+
+`--sample N` generates for N documents only (of this shard): those with the smallest stable hash of (seed,
+docid), the same in any input order (DUQGen and UnIte choose documents for qgen more cleverly; a hash sample is the
+plain baseline).
 
 Resumable: every generated query, with its score, is appended to `<output>.candidates.jsonl` as soon as
 its batch is done; a re-run with the same `-o` skips the docs found there and the output is rewritten atomically
@@ -59,6 +64,7 @@ import click
 
 from retrctl import distributed, records
 from retrctl.errors import UsageError
+from retrctl.hashing import sample as sample_docs
 from retrctl.hashing import stable_int
 from retrctl.llm import LLM, Checkpoint, llm_from_flags, load_llm, resumable, sha
 from retrctl.stage import Output, options, renamed, stage
@@ -118,18 +124,21 @@ def qgen(docs: Iterable[dict], llm: LLM | str = "smollm2", *, per_doc: int = 1, 
          shots: int = 3, prompt_style: str = "auto", temperature: float = 0.8, top_p: float = 0.9,
          max_new_tokens: int = 32, seed: int = 0, batch_size: int = 8, doc_max_words: int = 256, min_words: int = 2,
          max_words: int = 32, dedupe: bool = True, drop_copies: bool = True, keep_top: float = 1.0, retriever=None, consistency_k: int = 0,
-         checkpoint: Checkpoint | None = None, stats: dict | None = None) -> Iterator[dict]:
+         sample: int | None = None, checkpoint: Checkpoint | None = None, stats: dict | None = None) -> Iterator[dict]:
     """Yield query records {query_id, query_text, source_docid}: per_doc generated queries per doc, filtered.
 
     llm: an LLM (retrctl.llm) or a name for the hf backend. retriever: for the consistency filter, an index
     (``.search(queries, k)``) or a callable building one from the list of docs. checkpoint: resume from and append
-    to it. stats: filled with the settings, template and counts (for the manifest)."""
+    to it. stats: filled with the settings, template and counts (for the manifest). sample: only the ``sample``
+    docs with the smallest stable hash of (seed, docid) (retrctl.hashing.sample)."""
     if per_doc < 1 or not 0 < keep_top <= 1 or min_words < 0 or max_words < min_words or batch_size < 1:
         raise ValueError("need per_doc >= 1, 0 < keep_top <= 1, 0 <= min_words <= max_words, batch_size >= 1")
     if prompt_style not in ("auto", "chat", "plain"):
         raise ValueError(f"prompt_style must be auto, chat or plain, got {prompt_style!r}")
     if (retriever is None) != (consistency_k < 1):
         raise ValueError("the consistency filter needs both a retriever and consistency_k >= 1")
+    if sample is not None:
+        docs = sample_docs(docs, sample, seed, "docid")
     llm = load_llm(llm) if isinstance(llm, str) else llm
     chat = prompt_style == "chat" or (prompt_style == "auto" and llm.prefers_chat)
     shots_used = list(examples or [])[:shots]
@@ -256,7 +265,7 @@ def open_consistency_retriever(spec: str, sharded: bool):
 
 
 @stage(qgen, reads="doc", writes="query")
-@options("llm", "llm_server", "batch_size", "seed", "per_doc", "retriever", "ray")
+@options("llm", "llm_server", "batch_size", "seed", "per_doc", "sample", "retriever", "ray")
 @click.option("--examples", type=click.Path(dir_okay=False), help="Few-shot examples (JSONL: document, query).")
 @click.option("--shots", type=click.IntRange(min=0), help="Examples used from --examples (DRAMA and InPars use 3).")
 @click.option("--prompt-style", type=click.Choice(["auto", "chat", "plain"]), help="chat template or InPars plain prompt.")
@@ -310,5 +319,5 @@ def provenance(n: int, stats: dict, opts: dict, model: LLM, retriever: str | Non
     return {"stage": "qgen", **{k: stats[k] for k in ("llm", "settings", "template", "counts", "throughput")},
             "filters": {k: opts.get(k, qgen.__kwdefaults__[k]) for k in
                         ("min_words", "max_words", "dedupe", "drop_copies", "keep_top", "consistency_k")},
-            "score_threshold": stats.get("score_threshold"), "retriever": retriever,
+            "sample": opts.get("sample"), "score_threshold": stats.get("score_threshold"), "retriever": retriever,
             "candidates": candidates, "usage": model.usage}

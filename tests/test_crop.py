@@ -155,3 +155,26 @@ def test_bad_input_exit_2_no_output_file(runner, tmp_path):
     assert res.exit_code == 2
     assert "bad.jsonl:2: field 'text'" in res.stderr
     assert not out.exists() and not list(tmp_path.glob(".out.jsonl*"))
+
+
+def test_sample_takes_the_same_docs_in_any_order_from_this_shard(runner, tmp_path):
+    from retrctl.hashing import shard
+
+    docs = [{"docid": f"d{i}", "title": "", "text": f"Sentence number {i} is here. Another one for doc {i}."}
+            for i in range(60)]
+    corpus, reverse = _write(tmp_path, docs), _write(tmp_path, docs[::-1], "reverse.jsonl")
+
+    def sources(*args):
+        res = runner("crop", *args, "--seed", 3, "--shard-id", 0, "--shard-num", 2, "-q")
+        assert res.exit_code == 0, res.stderr
+        return [json.loads(line)["source_docid"] for line in res.stdout.splitlines()]
+
+    taken = sources(corpus, "--sample", 7)
+    assert len(taken) == 7 and sorted(sources(reverse, "--sample", 7)) == sorted(taken)
+    assert taken == [d["docid"] for d in docs if d["docid"] in taken]  # in the input's order
+    assert set(taken) <= {d["docid"] for d in shard(docs, 0, 2, "docid")}
+    assert set(taken) < set(sources(corpus, "--sample", 12))  # a larger sample keeps the smaller one
+    assert len(sources(corpus, "--sample", 1000)) == len(list(shard(docs, 0, 2, "docid")))
+    out = tmp_path / "out.jsonl"
+    res = runner("crop", corpus, "--sample", 0, "-o", out)
+    assert res.exit_code == 2 and "--sample" in res.stderr and not out.exists()

@@ -110,7 +110,8 @@ def test_equal_weights_default_and_scale_invariance():
 
 @pytest.mark.parametrize(("kwargs", "words"), [
     ({"runs": [A]}, "at least 2 runs"),
-    ({"weights": [1.0]}, "1 weights for 2 runs"),
+    ({"runs": [A, B, A], "weights": [1.0]}, "1 weights for 3 runs"),
+    ({"weights": [1.5]}, "w must be in"),
     ({"weights": [0, 0]}, "not all 0"),
     ({"weights": [1, -1]}, ">= 0"),
     ({"method": "max"}, "method"),
@@ -120,6 +121,12 @@ def test_bad_settings_raise(kwargs, words):
     runs = kwargs.pop("runs", [A, B])
     with pytest.raises(ValueError, match=words):
         fusion.fuse(runs, **kwargs)
+
+
+def test_one_weight_for_two_runs_is_w_and_one_minus_w():
+    assert fusion.check(2, weights=[0.3]) == [0.3, 0.7]  # exactly the pair eval --sweep writes
+    assert fusion.fuse([A, B], "linear", weights=[0.3]) == fusion.fuse([A, B], "linear", weights=[0.3, 0.7])
+    assert fusion.check(3, weights=[1, 2, 3]) == [1.0, 2.0, 3.0]
 
 
 def test_parse_weights_and_grid():
@@ -220,7 +227,7 @@ def test_cli_records_the_input_runs_manifests(runner, tmp_path):
 
 
 @pytest.mark.parametrize(("args", "words"), [
-    (["--weights", "0.3"], "1 weights for 2 runs"),
+    (["--weights", "1.3"], "w must be in [0, 1]"),
     (["--weights", "0.3,x"], "'x'"),
     (["--weights", "1,2,3"], "3 weights for 2 runs"),
     (["--fusion", "max"], "max"),
@@ -313,3 +320,66 @@ def test_cli_refuses_to_overwrite_an_input_run_and_reads_stdin(runner, tmp_path)
     assert res.exit_code == 0, res.output
     assert records.read_run(b)["q3"] == [("z", 0.1)]
     assert res.stdout.splitlines()[0].split()[:3] == ["q1", "Q0", "c"]
+
+
+def _sweep(runner, tmp_path, *flags):
+    a, b = write_trec(tmp_path / "a.trec", A), write_trec(tmp_path / "b.trec", B)
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text(QRELS)
+    sweep = tmp_path / "sweep.jsonl"
+    res = runner("eval", a, b, "--qrels", qrels, "--sweep", "0:1:0.1", "-m", "nDCG@10", "-m", "RR", "--json", "-o", sweep, *flags)
+    assert res.exit_code == 0, res.output
+    return a, b, sweep, [json.loads(r) for r in sweep.read_text().splitlines()]
+
+
+def test_weights_from_a_sweep_fuse_at_its_best_row(runner, tmp_path):
+    a, b, sweep, rows = _sweep(runner, tmp_path)
+    best = max(rows, key=lambda r: (r["nDCG@10"], -abs(r["weights"][0] - 0.5)))["weights"]
+    assert fusion.weights_from(sweep)[0] == best
+    assert fusion.weights_from(sweep)[1] == {"fusion_method": "linear", "norm": "minmax", "depth": None}
+    chosen, given = tmp_path / "chosen.trec", tmp_path / "given.trec"
+    res = runner("fuse", a, b, "--weights-from", sweep, "-o", chosen)
+    assert res.exit_code == 0, res.output
+    assert f"from {sweep}" in res.stderr
+    assert runner("fuse", a, b, "--weights", f"{best[0]:g}", "-o", given).exit_code == 0
+    assert chosen.read_text() == given.read_text()
+    assert json.loads((tmp_path / "chosen.trec.manifest.json").read_text())["settings"]["weights"] == best
+    by_rr = max(rows, key=lambda r: (r["RR"], -abs(r["weights"][0] - 0.5)))["weights"]
+    assert fusion.weights_from(sweep, "RR")[0] == by_rr
+
+
+def test_weights_from_ties_go_to_the_weight_nearer_one_half(tmp_path):
+    sweep = tmp_path / "s.jsonl"
+    sweep.write_text("".join(json.dumps({"weights": [w, round(1 - w, 10)], "nDCG@10": v}) + "\n"
+                             for w, v in ((0.2, 0.5), (0.4, 0.7), (0.6, 0.7), (0.7, 0.7))))
+    assert fusion.weights_from(sweep) == ([0.4, 0.6], {})  # 0.4 and 0.6 are as near: the earlier row
+
+
+def test_weights_from_an_rrf_sweep_fuses_by_rrf_and_refuses_another_fusion(runner, tmp_path):
+    a, b, sweep, _ = _sweep(runner, tmp_path, "--fusion", "rrf")
+    out = tmp_path / "f.trec"
+    res = runner("fuse", a, b, "--weights-from", sweep, "-o", out)
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "f.trec.manifest.json").read_text())["settings"]["fusion"] == "rrf"
+    out.unlink()
+    res = runner("fuse", a, b, "--weights-from", sweep, "--fusion", "linear", "-o", out)
+    assert res.exit_code == 2 and "--fusion linear: the weights in" in res.stderr and "--fusion rrf" in res.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    ("", "no sweep rows"),
+    ('{"weights": [0.5, 0.5], "R@100": 0.3}\n', "sweep.jsonl:1: field 'nDCG@10': missing or not a number (this row has R@100"),
+    ('{"weights": [0.5, 0.5], "nDCG@10": 0.3}\n{"run": "x.trec", "nDCG@10": 0.4}\n', "sweep.jsonl:2: field 'weights'"),
+    ('{"weights": [0.5, 0.5], "nDCG@10": 0.3}\nnot json\n', "sweep.jsonl:2: invalid JSON"),
+])
+def test_weights_from_bad_input_exits_2_naming_file_line_field(runner, tmp_path, content, words):
+    a, b = write_trec(tmp_path / "a.trec", A), write_trec(tmp_path / "b.trec", B)
+    sweep = tmp_path / "sweep.jsonl"
+    sweep.write_text(content)
+    out = tmp_path / "f.trec"
+    res = runner("fuse", a, b, "--weights-from", sweep, "-o", out)
+    assert res.exit_code == 2 and words in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not out.exists()
+    res = runner("fuse", a, b, "--weights-from", sweep, "--weights", "0.5", "-o", out)
+    assert res.exit_code == 2 and "not both" in res.stderr and not out.exists()

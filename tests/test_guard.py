@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from trainkit import FAST, corpus, groups, write_jsonl
@@ -24,16 +25,63 @@ def test_hold_out_is_shard_zero_of_the_documents():
     assert {g["positive_document_ids"][0] for g in dev} == {d["docid"] for d in shard(docs, 0, 10, "docid")}
 
 
-def test_pool_keeps_every_positive_and_respects_its_cap():
+def test_a_corpus_within_the_cap_is_the_pool():
+    docs = {f"d{i}": {"text": "t"} for i in range(30)}
+    dev = [{"query_id": "q0", "positive_document_ids": ["d0"], "negative_document_ids": ["d5"]}]
+    assert guard.pool(dev, docs, [{"q0": [("d9", 1.0)]}], cap=30) == docs
+
+
+def _ranking(qids, docs, seed):
+    rng = np.random.default_rng(seed)
+    return {q: [(d, 1.0 / (r + 1)) for r, d in enumerate(rng.permutation(docs))] for q in qids}
+
+
+def test_a_larger_corpus_pools_each_systems_top_hits_rank_by_rank():
     docs = {f"d{i}": {"text": "t"} for i in range(100)}
     dev = [{"query_id": f"q{i}", "positive_document_ids": [f"d{i}"],
-            "negative_document_ids": [f"d{20 + 3 * i + j}" for j in range(3)]} for i in range(10)]
-    full = guard.pool(dev, docs, seed=0, cap=1000)
-    assert len(full) == 80 and {f"d{i}" for i in range(10)} <= full.keys()  # 10 + 30 named, as many others
-    small = guard.pool(dev, docs, seed=0, cap=25)
-    assert len(small) == 25 and {f"d{i}" for i in range(10)} <= small.keys() and small.keys() <= full.keys()
-    assert len(guard.pool(dev, docs, seed=0, cap=4)) == 10  # positives survive a cap below their count
-    assert guard.pool(dev, docs, seed=0, cap=25) == small
+            "negative_document_ids": [f"d{90 + i}"]} for i in range(4)]  # the teacher's negatives
+    systems = [_ranking([g["query_id"] for g in dev], sorted(docs), seed) for seed in (1, 2)]
+    got = guard.pool(dev, docs, systems, cap=30)
+    assert len(got) == 30 and {f"d{i}" for i in range(4)} <= got.keys()
+    covered = max(k for k in range(1, 100) if all(d in got for s in systems for hits in s.values() for d, _ in hits[:k]))
+    assert covered >= (30 - 4) // (2 * 4)  # every system's top k of every query, for the largest k that fits
+    for s in systems:  # so a system's rank of each positive is its rank over the whole corpus wherever it is <= k
+        for g in dev:
+            full = [d for d, _ in s[g["query_id"]]]
+            pooled = [d for d in full if d in got]
+            if full.index(g["positive_document_ids"][0]) < covered:
+                assert pooled.index(g["positive_document_ids"][0]) == full.index(g["positive_document_ids"][0])
+    near_top = {d for s in systems for hits in s.values() for d, _ in hits[:covered + 1]}
+    assert got.keys() - {f"d{i}" for i in range(4)} <= near_top  # nothing but positives and top hits
+    assert len(guard.pool(dev, docs, systems, cap=2)) == 4  # positives survive a cap below their count
+    assert guard.pool(dev, docs, systems, cap=30) == got
+
+
+def test_the_pool_scores_a_system_as_the_whole_corpus_does_where_the_teachers_negatives_flatter_it():
+    """A trained model that learnt to push the teacher's negatives down but ranks other documents above the
+    positive: a pool of the positives and those negatives scores it perfect; the pooled top hits of each system
+    score it (and the base) as the whole corpus does."""
+    from retrctl import metrics
+
+    docs = {f"d{i}": {"text": "t"} for i in range(50)}
+    dev = [{"query_id": f"q{i}", "positive_document_ids": [f"d{i}"],
+            "negative_document_ids": [f"d{10 + i}", f"d{20 + i}"]} for i in range(5)]
+    base = {g["query_id"]: [(g["negative_document_ids"][0], 3.0), (g["positive_document_ids"][0], 2.0)] +
+            [(f"d{j}", 1.0 / j) for j in range(30, 50)] for g in dev}
+    trained = {g["query_id"]: [(f"d{40 + int(g['query_id'][1:])}", 3.0), (f"d{45 + int(g['query_id'][1:]) % 5}", 2.5),
+                               (g["positive_document_ids"][0], 2.0)] + [(f"d{j}", 1.0 / j) for j in range(30, 40)] for g in dev}
+    qrels = {g["query_id"]: {g["positive_document_ids"][0]: 1} for g in dev}
+
+    def ndcg(run, pool):
+        kept = {q: [(d, s) for d, s in hits if d in pool] for q, hits in run.items()}
+        return metrics.evaluate(kept, qrels, [guard.MEASURE]).mean[guard.MEASURE]
+
+    teachers = {d for g in dev for d in g["positive_document_ids"] + g["negative_document_ids"]}
+    assert ndcg(trained, teachers) == 1.0 > ndcg(base, teachers)  # the tilted pool prefers the trained model
+    pooled = guard.pool(dev, docs, [base, trained], cap=40)
+    for run in (base, trained):
+        assert ndcg(run, pooled) == pytest.approx(ndcg(run, docs))
+    assert ndcg(trained, pooled) < ndcg(base, pooled)
 
 
 def test_interpolation_is_exact_at_the_ends():
@@ -153,7 +201,7 @@ def test_select_writes_the_picks_weights(tiny_bert, tmp_path, monkeypatch):
         "pick": 0.5, "threshold": level, "level": level, "queries": 16, "measure": guard.MEASURE,
         "candidates": [{"alpha": a, guard.MEASURE: r.mean[guard.MEASURE], "gain": 0.0, "p": 1.0} for a, r in results.items()]})
     decision = guard.select(trained_dir, str(tiny_bert), dev, docs, alphas=[0.5, 1.0], seed=0, batch_size=8)
-    assert decision["pool_docs"] == 40 and decision["pick"] == 0.5
+    assert decision["pool_docs"] == 40 and decision["pool"] == "corpus" and decision["pick"] == 0.5
     want = guard.interpolate(_state(tiny_bert), trained, 0.5)
     delivered = _state(trained_dir)
     assert all(torch.allclose(delivered[k], want[k], atol=1e-6) for k in want)
@@ -167,3 +215,49 @@ def test_guard_needs_a_corpus_and_two_shards(tiny_bert, tmp_path, runner):
     r = runner("train", groups_file, "--model", tiny_bert, "-o", tmp_path / "m", "--guard-shards", 3)
     assert r.exit_code == 2 and "needs --corpus" in r.stderr
     assert not (tmp_path / "m").exists()
+
+
+def test_training_never_reads_a_held_out_group_nor_its_query(tiny_bert, tmp_path, runner, monkeypatch):
+    from retrctl.hashing import in_shard
+    from retrctl.train import data
+
+    given, seen = [], []
+    source_init, example = data.GroupSource.__init__, data.Batches.example
+
+    def record_source(self, groups, corpus):
+        source_init(self, groups, corpus)
+        given.extend(g for _, g in self)
+
+    def record_example(self, line, g, rng):
+        seen.append(example(self, line, g, rng))
+        return seen[-1]
+
+    monkeypatch.setattr(data.GroupSource, "__init__", record_source)
+    monkeypatch.setattr(data.Batches, "example", record_example)
+    docs = corpus()
+    corpus_file = write_jsonl(tmp_path / "corpus.jsonl", [{"_id": d, **v} for d, v in docs.items()])
+    gs = groups(16)
+    kept, dev = guard.hold_out(gs, 3)
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in FAST.items()]
+    r = runner("train", write_jsonl(tmp_path / "groups.jsonl", gs), "--corpus", corpus_file, "--model", tiny_bert,
+               "-o", tmp_path / "m", "--epochs", 2, "--guard-shards", 3, *flags)
+    assert r.exit_code == 0, r.output
+    assert len(dev) >= 2 and json.loads((tmp_path / "m" / "guard.json").read_text())["queries"] == len(dev)
+    held_ids, held_texts = {g["query_id"] for g in dev}, {g["query_text"] for g in dev}
+    assert {g["query_id"] for g in given} == {g["query_id"] for g in kept}  # the trainer got the others, all of them
+    assert {e.query_id for e in seen} == {g["query_id"] for g in kept}  # and its steps read each of them
+    assert not any(e.query_id in held_ids or e.query in held_texts for e in seen)
+    assert not any(in_shard(e.keys[0][0], 0, 3) for e in seen)  # no step's positive is a held-out document
+
+
+def test_select_pools_a_corpus_larger_than_the_cap_from_bm25_and_the_base(tiny_bert, tmp_path, monkeypatch):
+    from retrctl.models import Encoder
+
+    Encoder.load(tiny_bert, device="cpu").save(tmp_path / "trained")
+    monkeypatch.setattr(guard, "MAX_POOL", 25)
+    searched = []
+    rankings = guard.rankings
+    monkeypatch.setattr(guard, "rankings", lambda *a, **k: searched.append(a[1]) or rankings(*a, **k))
+    decision = guard.select(tmp_path / "trained", str(tiny_bert), groups(16), corpus(), alphas=[1.0], seed=0, batch_size=8)
+    assert decision["pool"] == "bm25+base top hits" and decision["pool_docs"] == 25
+    assert len(searched) == 1 and len(searched[0]) == decision["queries"]  # the held-out queries, over all 40 docs

@@ -175,7 +175,8 @@ def test_cli_records_the_weights_and_search_equals_fuse_of_the_backends(runner, 
 
 @pytest.mark.parametrize("args, words", [
     (("--heads", "dense,bm42"), "choose from dense, sparse, colbert, bm25"),
-    (("--heads", "dense,bm25", "--weights", "0.5"), "give one weight per head indexed, in dense,bm25 order"),
+    (("--heads", "dense,bm25", "--weights", "1.5"), "one weight w for 2 lists means w,1-w: w must be in [0, 1]"),
+    (("--heads", "dense,bm25", "--weights", "0.5,0.2,0.3"), "give one weight per head indexed, in dense,bm25 order"),
     (("--heads", "dense,bm25", "--weights", "0.5,-1"), "weights must be finite, >= 0"),
     (("--weights", "0.5,0.5"), "this dense index has one head"),
     (("--heads", "bm25"), "an index holds the dense head too"),
@@ -192,3 +193,54 @@ def test_search_of_a_head_the_index_lacks_exits_2(runner, tiny_bert, corpus_file
                         (("--weights", "1,2,3"), "3 weights for 2 runs")):
         r = runner("search", tmp_path / "h", queries_file, *args)
         assert r.exit_code == 2 and one_error_line(r.stderr).count(words) == 1, r.stderr
+
+
+def _tree(root):
+    """{relative path: (inode, bytes)} of the files under a version directory, its manifest aside."""
+    return {str(p.relative_to(root)): (p.stat().st_ino, p.read_bytes()) for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != "index.json"}
+
+
+def test_copy_from_records_search_defaults_as_a_new_index_sharing_the_files(runner, tiny_bert, corpus_file,
+                                                                            queries_file, tmp_path):
+    h, delivered = tmp_path / "hybrid", tmp_path / "delivered"
+    assert runner("index", corpus_file, "--model", tiny_bert, "--heads", "dense,bm25", "-o", h).exit_code == 0
+    before = (h / "index.json").read_text()
+    sweep = write_jsonl(tmp_path / "sweep.jsonl", [{"weights": [w, round(1 - w, 10)], "nDCG@10": v,
+                                                    "settings": {"fusion": "linear", "norm": "minmax", "depth": None}}
+                                                   for w, v in ((0.2, 0.4), (0.7, 0.6), (0.9, 0.5))])
+    r = runner("index", "--copy-from", h, "--weights-from", sweep, "-o", delivered)
+    assert r.exit_code == 0, r.stderr
+    assert "retrctl.models" not in r.stderr or "encod" not in r.stderr.split("retrctl.models")[-1]
+    source, copy = open_index(h).version, open_index(delivered).version
+    assert (h / "index.json").read_text() == before and "search_defaults" not in source.manifest  # the source as it was
+    assert copy.manifest["search_defaults"] == {"weights": {"dense": 0.7, "bm25": 0.3}, "fusion": "linear", "norm": "minmax"}
+    assert {k: v for k, v in copy.manifest.items() if k != "search_defaults"} == source.manifest
+    assert _tree(copy.path) == _tree(source.path)  # the same files, hard-linked
+    for run, args in (("copy", (delivered,)), ("flags", (h, "--weights", "0.7"))):
+        assert runner("search", *args, queries_file, "--hits", 5, "-o", tmp_path / f"{run}.trec").exit_code == 0
+    assert (tmp_path / "copy.trec").read_text() == (tmp_path / "flags.trec").read_text()
+    # again onto the copy: its next version, the earlier defaults updated by the flags given
+    assert runner("index", "--copy-from", h, "--norm", "zscore", "-o", delivered).exit_code == 0
+    assert open_index(delivered).version.name == "000002"
+    assert open_index(delivered).version.manifest["search_defaults"] == {"norm": "zscore"}
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--copy-from", "{h}", "--model", "x"), "--model cannot apply"),
+    (("--copy-from", "{h}", "{corpus}"), "a corpus cannot apply"),
+    (("--copy-from", "{h}", "--weights", "0.5,0.2,0.3"), "give one weight per head indexed"),
+    (("--copy-from", "{dense}", "--weights", "0.5"), "this dense index has one head"),
+    (("--copy-from", "{tmp}/nowhere", "--weights", "0.5"), "not an index directory"),
+    (("--copy-from", "{h}", "--weights-from", "{tmp}/sweep.jsonl"), "sweep.jsonl:1: field 'weights'"),
+])
+def test_copy_from_bad_input_exits_2_and_writes_nothing(runner, tiny_bert, corpus_file, tmp_path, args, words):
+    h, dense = tmp_path / "h", tmp_path / "dense"
+    assert runner("index", corpus_file, "--model", tiny_bert, "--heads", "dense,bm25", "-o", h).exit_code == 0
+    assert runner("index", corpus_file, "--model", tiny_bert, "-o", dense).exit_code == 0
+    (tmp_path / "sweep.jsonl").write_text('{"nDCG@10": 0.5}\n')
+    out = tmp_path / "out"
+    r = runner("index", *(str(a).format(h=h, dense=dense, corpus=corpus_file, tmp=tmp_path) for a in args), "-o", out)
+    assert r.exit_code == 2 and words in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len([line for line in r.stderr.splitlines() if words in line]) == 1
+    assert not out.exists()

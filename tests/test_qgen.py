@@ -79,6 +79,15 @@ def test_filters_remove_rows_and_the_counts_equal_the_rows():
     assert [r["source_docid"] for r in kept] == ["d5", "d7"]  # a copy has the best log-prob: why copies go first
 
 
+def test_sample_generates_for_the_sampled_docs_only():
+    from retrctl.hashing import sample
+
+    llm = ScriptLLM(ANSWERS)
+    rows = list(qgen(DOCS + [MILK], llm, sample=3, seed=4, dedupe=False, drop_copies=False, min_words=0))
+    chosen = [d["docid"] for d in sample(DOCS + [MILK], 3, 4, "docid")]
+    assert [r["source_docid"] for r in rows] == chosen and len(llm.seen) == 3
+
+
 def test_consistency_filter_keeps_queries_whose_source_ranks_in_top_k():
     from retrctl.indexes import BM25Index
 
@@ -141,6 +150,11 @@ def test_cli_writes_queries_counts_and_manifest(runner, tiny_llama, corpus_file,
     assert m["template"]["sha"] == m["settings"]["template_sha"] and m["template"]["style"] == "plain"
     assert m["counts"]["kept"] == 6 and m["filters"]["keep_top"] == 0.5 and m["llm"]["revision"]
     assert len((tmp_path / "q.jsonl.candidates.jsonl").read_text().splitlines()) == 1 + 12
+    res = runner(*_args(tiny_llama, corpus_file, tmp_path / "s.jsonl", "--sample", 2, "--seed", 3))
+    assert res.exit_code == 0, res.stderr
+    assert json.loads((tmp_path / "s.jsonl.manifest.json").read_text())["sample"] == 2
+    generated = (tmp_path / "s.jsonl.candidates.jsonl").read_text().splitlines()[1:]  # after the settings line
+    assert len({json.loads(line)["source_docid"] for line in generated}) == 2
 
 
 def test_cli_stdout_is_records_and_logs_go_to_stderr(runner, tiny_llama, corpus_file):

@@ -1,6 +1,7 @@
 """The zero-label recipe (examples/beir/Makefile) end to end on a tiny model and a 40-document folder: a folder
-without qrels delivers the model and the hybrid index, qrels added later cost only the table, and a corpus of
-one document stops before anything runs."""
+without qrels delivers the model and the hybrid index (its weight the sweep's best, its files the adapted index's),
+the guard scores exactly the held-out groups, qrels added later cost only the table, generated queries come from
+fixed samples of the training and held-out documents, and a corpus of one document stops before anything runs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ from pathlib import Path
 
 import pytest
 from conftest import run_group
+
+from retrctl.fusion import weights_from
+from retrctl.guard import hold_out
+from retrctl.indexes.store import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPICS = ["cats purr and hunt mice", "rivers flow to the sea", "compilers translate source code",
@@ -38,7 +43,7 @@ def make(data: Path, work: Path, model: Path, *targets: str, llm: str = "none") 
     return run_group(args, env, timeout=900)
 
 
-@pytest.mark.slow  # ~25 processes that each import torch: ~2 min on the idle 2 cores
+# ~22 processes that each import torch: ~1 min of CPU (~70 s on the idle 2 cores, ~3 min on a busy box)
 def test_recipe_delivers_without_qrels_and_evaluates_once_they_come(tiny_bert, tmp_path):
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
     out = make(data, work, tiny_bert)
@@ -47,8 +52,14 @@ def test_recipe_delivers_without_qrels_and_evaluates_once_they_come(tiny_bert, t
     assert f"no qrels in {data}" in out.stdout and not (work / "eval.txt").exists()
     guard = json.loads((work / "model" / "guard.json").read_text())
     assert guard["pick"] in (0.0, 0.5, 1.0) and guard["queries"] >= 2
-    index = json.loads((work / "delivered" / "index.json").read_text())
-    assert "bm25" in json.dumps(index) and not (work / "delivered.tmp").exists()
+    groups = [json.loads(r) for r in (work / "groups.jsonl").read_text().splitlines()]
+    assert guard["queries"] == len(hold_out(groups, 2)[1])  # GUARD_SHARDS=2: every held-out group, no other
+    delivered, adapted = resolve(work / "delivered"), resolve(work / "idx-adapted")
+    weights, _ = weights_from(work / "sweep-adapted.jsonl")
+    assert delivered.manifest["search_defaults"] == {"weights": {"dense": weights[0], "bm25": weights[1]},
+                                                     "fusion": "linear", "norm": "minmax"}
+    assert "search_defaults" not in adapted.manifest
+    assert (delivered.path / "index.faiss").stat().st_ino == (adapted.path / "index.faiss").stat().st_ino
     for run in ("base", "bm25", "base-hybrid", "adapted", "delivered"):
         rows = (work / f"{run}.trec").read_text().splitlines()
         assert {r.split()[0] for r in rows} == {f"q{t}" for t in range(8)}, run
@@ -81,6 +92,11 @@ def test_recipe_with_the_llm_as_teacher_scores_the_generated_queries(tiny_bert, 
         assert g["negative_document_ids"] == fused[qid]["negative_document_ids"]
         assert max(g["positive_scores"] + g["negative_scores"]) < 0 <= min(fused[qid]["negative_scores"])
     assert len(groups) == len(generated) + 40  # one crop per document, then the generated queries
+    for name, size, held_out in (("qgen", 4, False), ("dev-qgen", 5, True)):  # QGEN_DOCS, DEV_QGEN_DOCS
+        lines = (work / f"{name}.jsonl.candidates.jsonl").read_text().splitlines()[1:]  # after the settings
+        sources = {json.loads(r)["source_docid"] for r in lines}
+        kept, held = hold_out([{"positive_document_ids": [d]} for d in sources], 2)
+        assert len(sources) == size and len(held if held_out else kept) == size, name
     assert (work / "delivered.trec").exists()
 
 

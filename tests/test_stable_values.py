@@ -19,6 +19,8 @@ def test_ids_hashes_shards_and_seeds_are_unchanged():
     assert qgen._seed(0, "d1", 2) == 71911166659647141
     assert crop._rng(3, "d9").random() == 0.6194794536641257
     assert mine._rng(5, "q7").random() == 0.589659824100174
+    # crop/qgen --sample: the documents a recipe generates queries for
+    assert [r["docid"] for r in hashing.sample(({"docid": f"d{i}"} for i in range(20)), 3, 1, "docid")] == ["d4", "d5", "d10"]
 
 
 def _weights_dir(root: Path) -> Path:

@@ -117,6 +117,7 @@ def search_defaults(idx, defaults: dict) -> dict:
         raise UsageError(f"search defaults {', '.join(sorted(unknown))}: only {', '.join(FUSION_KNOBS)} are recorded")
     weights = out.get("weights")
     if weights is not None and not isinstance(weights, dict):
+        weights = fusion.complement([float(x) for x in weights], len(idx.built))
         if len(weights) != len(idx.built):
             raise UsageError(f"--weights {','.join(f'{x:g}' for x in weights)}: give one weight per head indexed, in "
                              f"{','.join(idx.built)} order")

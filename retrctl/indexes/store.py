@@ -410,6 +410,18 @@ def new_version(directory, keep: int = KEEP):
         gc(root, keep)
 
 
+def publish_copy(source: Version, directory, manifest: dict, keep: int = KEEP) -> str:
+    """Publish the files of the version ``source`` with ``manifest`` as a new version of ``directory`` (`index
+    --copy-from`); returns its name. The files are hard links where one file system holds both (a version's files
+    never change once written), else copies (records.link_tree)."""
+    with new_version(directory, keep) as tmp:
+        for item in sorted(source.path.iterdir()):  # a flat-layout source keeps its files beside these
+            if item.name not in (MANIFEST, LOCK, VERSIONS) and not _POINTER_TMP.match(item.name):
+                records.link_tree(item, tmp / item.name)
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    return tmp.name[1:].split(".")[0]  # .NNNNNN.tmp-PID, published as NNNNNN
+
+
 def gc(root: Path, keep: int = KEEP) -> list[str]:
     """Delete versions that ``keep`` newer published versions supersede (and the flat layout's files); returns them."""
     current = _current(root)

@@ -11,7 +11,8 @@ RecordError (bad input, exit 2) and BusyError (output locked by another run, exi
 with the core's other errors and are re-exported here.
 
 - ``containers``  .jsonl/.gz/.zst/.parquet detection, opening, line reading; atomic writes of a file
-                  (``atomic_path``, ``open_output``) or a directory (``atomic_dir``, ``sweep_dir``);
+                  (``atomic_path``, ``open_output``) or a directory (``atomic_dir``, ``sweep_dir``); ``link_tree``
+                  (hard links, else copies, of files never changed once written);
                   ``check_outputs`` (an output may not be, be inside or contain an input), ``check_own_dir``.
 - ``streams``     (line, object) pairs from JSONL or Parquet; ``write`` of records as JSONL or Parquet.
 - ``fields``      record kinds, canonical names and aliases, id checks (no whitespace), ``normalize_*``,
@@ -33,6 +34,7 @@ from retrctl.records.containers import (
     check_outputs,
     check_own_dir,
     is_parquet,
+    link_tree,
     open_output,
     open_text,
     sweep_dir,
@@ -75,6 +77,7 @@ __all__ = [
     "content_hash",
     "dumps",
     "is_parquet",
+    "link_tree",
     "normalize_doc",
     "normalize_group",
     "normalize_query",

@@ -284,6 +284,20 @@ def atomic_dir(path, *, resume: bool = True):
         raise
 
 
+def link_tree(src: Path, dst: Path) -> None:
+    """``src`` (a file or a directory tree) at ``dst`` as hard links where one file system holds both, else as
+    copies: for files that are never changed once written (an index version's), so sharing them is safe."""
+    if src.is_dir():
+        dst.mkdir()
+        for item in sorted(src.iterdir()):
+            link_tree(item, dst / item.name)
+        return
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or one without hard links
+        shutil.copy2(src, dst)
+
+
 def _swap(src: Path, dst: Path) -> None:
     """Move the finished directory ``src`` to ``dst``, replacing what is there by renames only."""
     if dst.exists():
