@@ -49,7 +49,8 @@ import click
 
 from retrctl.crops import _rng, crop, segments, sentences, units
 from retrctl.errors import UsageError
-from retrctl.stage import options, renamed, stage
+from retrctl.options import options, renamed
+from retrctl.stage import stage
 
 __all__ = ["_rng", "command", "crop", "segments", "sentences", "units"]  # the cutting lives in retrctl/crops.py
 

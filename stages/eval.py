@@ -63,7 +63,8 @@ import click
 
 from retrctl import across_collections, fusion, metrics, plots, records
 from retrctl.errors import UsageError
-from retrctl.stage import QRELS_HELP, options, stage
+from retrctl.options import QRELS_HELP, options
+from retrctl.stage import stage
 
 log = logging.getLogger("retrctl.eval")
 SELF_CONVENTION = re.compile(r"arguana|quora", re.IGNORECASE)

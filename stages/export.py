@@ -40,7 +40,8 @@ import numpy as np
 
 from retrctl import records
 from retrctl.errors import UsageError
-from retrctl.stage import encoder_overrides, options, stage
+from retrctl.options import encoder_overrides, options
+from retrctl.stage import stage
 
 log = logging.getLogger("retrctl.export")
 

@@ -38,7 +38,8 @@ from pathlib import Path
 import click
 
 from retrctl import fusion, records
-from retrctl.stage import Output, options, stage, swept_fusion
+from retrctl.options import options, swept_fusion
+from retrctl.stage import Output, stage
 
 log = logging.getLogger("retrctl.fuse")
 

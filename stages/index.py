@@ -88,7 +88,8 @@ from retrctl.errors import UsageError
 from retrctl.hashing import shard
 from retrctl.indexes import BACKENDS, DEFAULT_BACKEND, declared_flags
 from retrctl.indexes.store import KEEP
-from retrctl.stage import check_shard, encoder_overrides, flag_option, options, progress, stage, swept_fusion
+from retrctl.options import encoder_overrides, flag_option, options, swept_fusion
+from retrctl.stage import check_shard, progress, stage
 
 log = logging.getLogger("retrctl.index")
 

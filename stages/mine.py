@@ -67,8 +67,9 @@ import numpy as np
 from retrctl import distributed, records
 from retrctl.errors import UsageError
 from retrctl.hashing import in_shard, stable_rng
+from retrctl.options import check_range, encoder_overrides, options, parse_range, renamed
 from retrctl.retrievers import open_retriever
-from retrctl.stage import check_range, encoder_overrides, options, parse_range, renamed, stage
+from retrctl.stage import stage
 
 log = logging.getLogger("retrctl.mine")
 

@@ -78,7 +78,8 @@ import click
 
 from retrctl import memory, records
 from retrctl.hashing import stable_hex, weights_fingerprint
-from retrctl.stage import config_flag, encoder_overrides, options, progress, stage
+from retrctl.options import config_flag, encoder_overrides, options
+from retrctl.stage import progress, stage
 from retrctl.train.config import TrainConfig
 
 log = logging.getLogger("retrctl.prune")

@@ -67,7 +67,8 @@ from retrctl.errors import UsageError
 from retrctl.hashing import sample as sample_docs
 from retrctl.hashing import stable_int
 from retrctl.llm import LLM, Checkpoint, llm_from_flags, load_llm, resumable, sha
-from retrctl.stage import Output, options, renamed, stage
+from retrctl.options import options, renamed
+from retrctl.stage import Output, stage
 
 log = logging.getLogger("retrctl.qgen")
 

@@ -66,7 +66,8 @@ from retrctl import distributed, records
 from retrctl.errors import UsageError
 from retrctl.hashing import in_shard, shard
 from retrctl.llm import LLM, Checkpoint, llm_from_flags, load_llm, planning_llm, resumable, sha
-from retrctl.stage import Output, check_range, options, parse_range, progress, stage
+from retrctl.options import check_range, options, parse_range
+from retrctl.stage import Output, progress, stage
 
 log = logging.getLogger("retrctl.rerank")
 

@@ -52,7 +52,8 @@ import click
 from retrctl import distributed, records
 from retrctl.errors import UsageError
 from retrctl.models.config import QUERY_ENCODER_HELP
-from retrctl.stage import Output, encoder_overrides, flag_option, options, progress, stage
+from retrctl.options import encoder_overrides, flag_option, options
+from retrctl.stage import Output, progress, stage
 
 log = logging.getLogger("retrctl.search")
 

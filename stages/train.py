@@ -93,7 +93,9 @@ import click
 from retrctl import distributed, records
 from retrctl.distributed import RaySettings
 from retrctl.errors import UsageError
-from retrctl.stage import ENCODER_FLAGS, SHARED_TYPES, Size, config_flag_name, options, renamed, stage
+from retrctl.models.config import ENCODER_FLAGS
+from retrctl.options import SHARED_TYPES, Size, config_flag_name, options, renamed
+from retrctl.stage import stage
 from retrctl.train.config import (
     EMBED_DISTILL_LOSSES,
     QUERY_ENCODERS,

@@ -109,7 +109,7 @@ def test_shared_flags_are_spelled_alike_in_every_stage():
     import click
 
     from retrctl.cli import STAGES
-    from retrctl.stage import OPTIONS
+    from retrctl.options import OPTIONS
 
     shared = {}
     for deco in OPTIONS.values():

@@ -120,7 +120,7 @@ def test_train_config_and_the_index_keys_derive_from_the_declaration():
 
     from retrctl.indexes import dense
     from retrctl.models.config import ENCODER_FLAGS
-    from retrctl.stage import encoder_overrides
+    from retrctl.options import encoder_overrides
     from retrctl.train.config import TrainConfig
 
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}

@@ -4,7 +4,7 @@
 
 import pytest
 
-from retrctl.stage import parse_range
+from retrctl.options import parse_range
 
 
 @pytest.mark.parametrize("text, want", [("30-100", (30, 100)), (" 1 - 1 ", (1, 1)), ("10-20", (10, 20))])

@@ -1,5 +1,5 @@
 """Choosing and loading an LLM: the backend table and the shared command-line flags (--llm, --llm-backend,
---base-url, --concurrency, --timeout, --max-retries; declared once in ``retrctl.stage.OPTIONS``) turned into
+--base-url, --concurrency, --timeout, --max-retries; declared once in ``retrctl.options.OPTIONS``) turned into
 a loaded model. qgen and rerank call ``llm_from_flags``; rerank's --dry-run calls ``planning_llm``.
 A --base-url with no --llm-backend means the openai client: a served model is what a URL points to.
 """

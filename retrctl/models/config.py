@@ -4,7 +4,7 @@ CLI builds its flags from this module and ``retrctl --help`` must not import tor
 ``EncoderConfig`` is what a saved model records (``retrctl.json``, exactly its fields, in this order). Each field's
 metadata says what the rest of the tree derives from it:
 
-- ``flag``/``help``/``choices``/``min``: the shared CLI flag (``stage.OPTIONS["encoder"]``, ``encoder_overrides``)
+- ``flag``/``help``/``choices``/``min``: the shared CLI flag (``options.OPTIONS["encoder"]``, ``encoder_overrides``)
   and the matching ``TrainConfig`` field (``with_encoder_flags``); a field without ``flag`` is not a flag.
 - ``side``: which side's vectors the setting changes: "query", "passage", "both", or None (scoring only). An index
   warns when a setting its doc vectors depend on (``PASSAGE_KEYS``) is overridden.
