@@ -45,6 +45,7 @@ def test_the_contracts_catch_a_circle_a_core_module_importing_a_stage_and_one_im
     (tmp_path / "retrctl" / "sub" / "b.py").write_text("from retrctl import a\nimport stages.one\n")
     (tmp_path / "stages" / "one.py").write_text("")
     (tmp_path / "retrctl" / "stage.py").write_text("")
+    (tmp_path / "retrctl" / "options.py").write_text("")
     (tmp_path / "retrctl" / "cli.py").write_text("")
     (tmp_path / "retrctl" / "__main__.py").write_text("from retrctl import cli\n")  # the one import allowed
     (tmp_path / "retrctl" / "c.py").write_text("from retrctl.stage import shard\n")
