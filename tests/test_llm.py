@@ -191,6 +191,15 @@ def test_openai_without_a_local_tokenizer_counts_approximately(server):
     assert oa.describe()["token_counts"].startswith("approx")
 
 
+def test_generation_scores_leave_out_the_token_that_completes_the_stop_string():
+    from retrctl.llm.server import text_tokens
+
+    assert text_tokens([("tea", -1.0), (" cup", -2.0), ("\n", -3.0), ("x", -4.0)], len("tea cup")) == [-1.0, -2.0]
+    assert text_tokens([("tea", -1.0), ("?\n", -2.0)], len("tea?")) == [-1.0, -2.0]  # text before the stop: kept
+    assert text_tokens([("\n", -3.0)], 0) == []
+    assert text_tokens([(None, -1.0), (None, -2.0)], 1) == [-1.0, -2.0]  # no token strings: every value
+
+
 def test_openai_retries_an_answer_that_is_not_json_and_one_cut_mid_response(server, hf, tiny_llama):
     with FaultProxy(server.url, faults=["garbage", "cut"]) as proxy:
         oa = load_llm(tiny_llama, backend="openai", base_url=proxy.url, backoff=0.01, max_retries=2)
