@@ -27,9 +27,11 @@ pytestmark = [pytest.mark.real,
                                  reason=f"llama.cpp's server is not installed: {llamacpp.EXTRA}")]
 ROOT = Path(__file__).resolve().parents[1]
 # llama.cpp's Q4_1 kernels quantize the activations to 8 bits; transformers runs the dequantized weights in fp32.
-# Their mean log-probs of the same continuation differed by at most 0.085 nats on UPR prompts (bench/llm_server.py
-# and the pairs below: 0.03-0.09); the bound leaves room for other CPUs' kernels.
-TOLERANCE = 0.15
+# The two sides' mean log-probs of the same text differed by up to 1.7% of the score (0.17 nats on a score of
+# -12.1, 0.05 on -2.95) and by 0.05 nats on a generated text scoring -0.87: the error grows with the logit gaps
+# an unlikely token sits behind. Bound: 3% of the score or 0.1 nats, whichever is larger; a one-token slip
+# of the offsets costs whole nats.
+TOLERANCE = {"rel": 0.03, "abs": 0.1}
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +45,9 @@ def hf():
     return load_llm("smollm2")
 
 
-def upr_pairs(n_docs: int = 3):
+def upr_pairs(n_queries: int, n_docs: int):
     prompts, answers = [], []
-    for q in QUERIES:
+    for q in QUERIES[:n_queries]:
         for d in DOCS[:n_docs]:
             p, a = pointwise_prompt(TEMPLATES["upr"], q["query_text"], passage_content(d, 100), chat=True)
             prompts.append(p)
@@ -55,9 +57,9 @@ def upr_pairs(n_docs: int = 3):
 
 def test_query_likelihood_equals_the_in_process_scores(server, hf):
     oa = load_llm("smollm2", backend="openai", base_url=server.url, concurrency=2)
-    prompts, answers = upr_pairs(2)
+    prompts, answers = upr_pairs(2, 2)
     got, want = oa.logprobs(prompts, answers), hf.logprobs(prompts, answers)
-    assert got == pytest.approx(want, abs=TOLERANCE)
+    assert got == pytest.approx(want, **TOLERANCE)
     assert oa.usage["calls"] == len(prompts) and oa.describe()["server_models"] == [str(server.gguf)]
     with pytest.raises(ServerError, match="one token off"):  # a plain prompt: llama-cpp-python misplaces its scores
         oa.logprobs("Is tea a drink? Answer:", " Yes")
@@ -69,7 +71,7 @@ def test_generation_is_the_same_model(server, hf):
     out = oa.generate([msgs], max_new_tokens=16, stop=["\n"], details=True)[0]
     assert out["text"] and "\n" not in out["text"] and 0 < out["tokens"] <= 16
     # the server's score of its greedy text is the in-process model's score of that text
-    assert out["logprob"] == pytest.approx(hf.logprobs([msgs], [out["text"]])[0], abs=TOLERANCE)
+    assert out["logprob"] == pytest.approx(hf.logprobs([msgs], [out["text"]])[0], **TOLERANCE)
     sampled = [oa.generate([msgs], max_new_tokens=12, temperature=0.8, top_p=0.9, seed=5)[0] for _ in range(2)]
     assert sampled[0] == sampled[1]  # seeded per request
 
@@ -86,7 +88,7 @@ def _run_and_corpus(tmp_path: Path, n_queries: int = 2, n_docs: int = 3):
 
 
 def test_qgen_and_every_rerank_mode_through_the_cli(server, runner, tmp_path):
-    corpus, queries, run = _run_and_corpus(tmp_path)
+    corpus, queries, run = _run_and_corpus(tmp_path, n_docs=2)
     res = runner("qgen", corpus, "--llm", "smollm2", "--base-url", server.url, "-o", tmp_path / "q.jsonl")
     assert res.exit_code == 0, res.stderr
     rows = [json.loads(x) for x in (tmp_path / "q.jsonl").read_text().splitlines()]
@@ -101,7 +103,7 @@ def test_qgen_and_every_rerank_mode_through_the_cli(server, runner, tmp_path):
         ranked: dict = {}
         for line in out.read_text().splitlines():
             ranked.setdefault(line.split()[0], []).append(line.split()[2])
-        assert {q: sorted(d) for q, d in ranked.items()} == {q["query_id"]: sorted(d["docid"] for d in DOCS[:3])
+        assert {q: sorted(d) for q, d in ranked.items()} == {q["query_id"]: sorted(d["docid"] for d in DOCS[:2])
                                                               for q in QUERIES[:2]}
 
 
