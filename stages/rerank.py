@@ -264,7 +264,7 @@ def rerank(items: Iterable[dict], llm: LLM | str = "smollm2", *, mode: str = "li
     chat = llm.has_chat_template  # pointwise scores go through /v1/completions: templated locally or plain
     max_new = llm.count_tokens(" > ".join(f"[{i}]" for i in range(1, window + 1))) + 8
     desc = llm.describe()
-    settings = {"model": {k: desc.get(k) for k in ("backend", "model", "path", "revision", "base_url", "chat_template")},
+    settings = {"model": {k: desc.get(k) for k in ("backend", "model", "path", "revision", "server_models", "chat_template")},
                 "template": name, "template_sha": sha(json.dumps(tmpl, sort_keys=True)), "mode": mode, "window": window,
                 "stride": stride, "top_k": top_k, "passage_max_words": passage_max_words, "max_new_tokens": max_new}
     st = stats if stats is not None else {}

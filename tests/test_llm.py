@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 import torch
+from fault_proxy import FaultProxy
 from openai_server import OpenAIServer
 
 from retrctl.llm import Checkpoint, CheckpointMismatch, ServerError, load_llm, row_seeds
@@ -188,6 +189,57 @@ def test_openai_without_a_local_tokenizer_counts_approximately(server):
     assert oa.tokenizer is None and oa.count_tokens("x" * 40) == 10
     assert oa.generate([[{"role": "user", "content": "hi"}]], max_new_tokens=2)[0] is not None
     assert oa.describe()["token_counts"].startswith("approx")
+
+
+def test_generation_scores_leave_out_the_token_that_completes_the_stop_string():
+    from retrctl.llm.server import text_tokens
+
+    assert text_tokens([("tea", -1.0), (" cup", -2.0), ("\n", -3.0), ("x", -4.0)], len("tea cup")) == [-1.0, -2.0]
+    assert text_tokens([("tea", -1.0), ("?\n", -2.0)], len("tea?")) == [-1.0, -2.0]  # text before the stop: kept
+    assert text_tokens([("\n", -3.0)], 0) == []
+    assert text_tokens([(None, -1.0), (None, -2.0)], 1) == [-1.0, -2.0]  # no token strings: every value
+
+
+def test_openai_retries_an_answer_that_is_not_json_and_one_cut_mid_response(server, hf, tiny_llama):
+    with FaultProxy(server.url, faults=["garbage", "cut"]) as proxy:
+        oa = load_llm(tiny_llama, backend="openai", base_url=proxy.url, backoff=0.01, max_retries=2)
+        assert oa.generate(["hello world"], max_new_tokens=5) == hf.generate(["hello world"], max_new_tokens=5)
+        assert oa.usage["retries"] == 2 and len(proxy.requests) == 3
+
+
+def test_openai_answer_that_is_not_a_completion_names_the_url(server, tiny_llama):
+    with FaultProxy(server.url, faults=["not-a-completion"]) as proxy:
+        oa = load_llm(tiny_llama, backend="openai", base_url=proxy.url, backoff=0.01)
+        with pytest.raises(ServerError, match=r"/v1/completions: the answer is not a completion") as err:
+            oa.generate(["hello world"], max_new_tokens=5)
+        assert err.value.path == proxy.url + "/completions" and len(proxy.requests) == 1  # not retried
+
+
+def test_openai_sends_neutral_samplers_until_the_server_refuses_them(server, hf, tiny_llama, caplog):
+    oa = load_llm(tiny_llama, backend="openai", base_url=server.url)
+    oa.generate(["hello"], max_new_tokens=2)
+    assert {k: server.requests[-1]["payload"][k] for k in ("repeat_penalty", "top_k", "min_p")} == \
+        {"repeat_penalty": 1.0, "top_k": 0, "min_p": 0.0}
+    with FaultProxy(server.url, refuse=["top_k"]) as proxy:  # as OpenAI's own API answers unknown fields
+        oa = load_llm(tiny_llama, backend="openai", base_url=proxy.url, concurrency=1)
+        assert oa.generate(PROMPTS[:2], max_new_tokens=4) == hf.generate(PROMPTS[:2], max_new_tokens=4)
+        assert ["top_k" in r for r in proxy.requests] == [True, False, False]
+        assert "refuses the sampler fields" in caplog.text
+
+
+def test_cli_server_not_there_or_not_answering_exits_2_naming_the_url(runner, server, tiny_llama, corpus_file, tmp_path):
+    from retrctl.llm.llamacpp import free_port
+
+    gone = f"http://127.0.0.1:{free_port()}/v1"
+    with FaultProxy(server.url, faults=["not-a-completion"]) as proxy:
+        for url, why in ((gone, "failed after 2 attempts; last error URLError"),
+                         (proxy.url, "the answer is not a completion")):
+            out = tmp_path / "q.jsonl"
+            res = runner("qgen", corpus_file, "--llm", tiny_llama, "--base-url", url, "--max-retries", 1, "-o", out)
+            assert res.exit_code == 2, res.stderr
+            assert res.stderr.strip().splitlines()[-1].startswith(f"retrctl qgen: {url}/")
+            assert why in res.stderr and res.stdout == ""
+            assert not out.exists() and not list(tmp_path.glob("q.jsonl*"))  # nothing half-written
 
 
 @pytest.mark.real

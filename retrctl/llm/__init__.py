@@ -23,6 +23,8 @@ Modules, one job each:
 - ``resume``: the append-only ``Checkpoint`` and ``resumable``, the one batch loop qgen and rerank run, so a
   re-run never repeats an LLM call that finished and writes what an uninterrupted run writes.
 - ``flags``: the backend table, ``load_llm``, and the shared LLM flags turned into a loaded model.
+- ``llamacpp``: llama-cpp-python's OpenAI-compatible server (the ``retrctl[llamacpp]`` extra) started on a GGUF
+  file as a child process, for the recipe, the tests and the bench (not imported here).
 
 Importing this package imports no torch: a backend imports it when it loads a model.
 """

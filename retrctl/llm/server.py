@@ -1,11 +1,24 @@
-"""The ``openai`` backend: any OpenAI-compatible server (vLLM, llama.cpp, TGI) over ``/v1/chat/completions`` and
-``/v1/completions``, with stdlib HTTP.
+"""The ``openai`` backend: any OpenAI-compatible server (vLLM, llama-cpp-python's ``llama_cpp.server``, TGI,
+Ollama) over ``/v1/chat/completions`` and ``/v1/completions``, with stdlib HTTP.
 
 A thread pool gives concurrency; each request has a timeout and is retried with exponential backoff on
-connection errors, 429 and 5xx (honouring Retry-After). Local servers need no key: a dummy bearer token is sent
-when ``OPENAI_API_KEY`` is unset (rank_llm#410). ``logprobs`` needs ``/v1/completions`` with ``echo`` and
-``logprobs`` (vLLM has them; llama.cpp's server does not). A local tokenizer, when the model name resolves to
-one, gives exact token counts and chat templates; otherwise counts are approximate (4 characters a token).
+connection errors, a connection closed mid-response, an answer that is not JSON, 429 and 5xx (honouring
+Retry-After). When the server cannot go on (it is not there, keeps failing, refuses the request or answers
+something that is not a completion) a ``ServerError`` names the URL: a ``RecordError``, so the command line
+prints one line and exits 2. Local servers need no key: a dummy bearer token is sent when ``OPENAI_API_KEY``
+is unset (rank_llm#410).
+
+Decoding is what the caller asks for and nothing else: servers apply samplers of their own by default
+(llama-cpp-python: repeat penalty 1.1, top-k 40, min-p 0.05, even when greedy), so each request also sends the
+neutral values of those extension fields (``NEUTRAL``). A server that refuses one of them (HTTP 400/422 naming
+the field, as OpenAI's own API does) gets the request again without them, and no more of them after that.
+
+``logprobs`` needs ``/v1/completions`` with ``echo`` and ``logprobs`` (vLLM has them; llama-cpp-python's
+server has them as started by default, ``logits_all`` on; llama.cpp's C++ ``llama-server`` has not). The
+continuation's tokens are found by character offsets counted back from the first generated token, because
+llama-cpp-python counts offsets in text without its special tokens (``<|im_start|>``) while vLLM counts them in
+the prompt as sent. A local tokenizer, when the model name resolves to one, gives exact token counts and chat
+templates; otherwise counts are approximate (4 characters a token).
 """
 
 from __future__ import annotations
@@ -25,15 +38,23 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from retrctl import records
+from retrctl.errors import RecordError
 from retrctl.llm.base import LLM, cut_at_stop, is_messages, pairs, plain_render, row_seeds, sha
 
 log = logging.getLogger("retrctl.llm")
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+# extension fields whose neutral values switch off a server's own samplers (llama.cpp's names; vLLM reads
+# top_k and min_p and ignores the rest)
+NEUTRAL = {"repeat_penalty": 1.0, "top_k": 0, "min_p": 0.0}
 
 
-class ServerError(RuntimeError):
-    pass
+class ServerError(RecordError, RuntimeError):
+    """The server at ``url`` cannot go on: bad input to the stage, named by the URL (exit 2)."""
+
+    def __init__(self, url: str, message: str, status: int | None = None, body: str = ""):
+        super().__init__(url, message=message)
+        self.status, self.body = status, body
 
 
 class OpenAILLM(LLM):
@@ -49,6 +70,7 @@ class OpenAILLM(LLM):
         self.concurrency, self.timeout = max(1, int(concurrency)), float(timeout)
         self.max_retries, self.backoff = max(0, int(max_retries)), float(backoff)
         self.tokenizer = self._local_tokenizer(tokenizer if tokenizer is not None else model)
+        self.neutral = True  # send NEUTRAL until the server refuses it
 
     @staticmethod
     def _local_tokenizer(name):
@@ -92,6 +114,19 @@ class OpenAILLM(LLM):
     # -- HTTP with retries
 
     def _post(self, route: str, payload: dict) -> dict:
+        """The server's JSON answer; the neutral sampler fields go along until the server refuses one of them."""
+        if self.neutral:
+            try:
+                return self._send(route, {**NEUTRAL, **payload})
+            except ServerError as e:
+                if e.status not in (400, 422) or not any(k in e.body for k in NEUTRAL):
+                    raise
+                self.neutral = False
+                self.warn_once("neutral", "%s refuses the sampler fields %s; sending OpenAI's fields only (its own "
+                               "sampler defaults then apply)", self.base_url, ", ".join(NEUTRAL))
+        return self._send(route, payload)
+
+    def _send(self, route: str, payload: dict) -> dict:
         url = self.base_url + route
         data = json.dumps(payload).encode("utf-8")
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"}
@@ -106,20 +141,27 @@ class OpenAILLM(LLM):
                 body = e.read().decode("utf-8", "replace")[:300]
                 last = f"HTTP {e.code}: {body}"
                 if e.code not in RETRY_STATUS:
-                    raise ServerError(f"{url}: {last}") from None
+                    raise ServerError(url, last, status=e.code, body=body) from None
                 with contextlib.suppress(TypeError, ValueError):
                     wait = float(e.headers.get("Retry-After"))
             except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as e:
                 last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
-            except json.JSONDecodeError as e:
-                last = f"invalid JSON in response ({e.msg})"
+            except ValueError as e:  # JSONDecodeError, UnicodeDecodeError: not an answer
+                last = f"the answer is not JSON ({e})"
             if attempt == self.max_retries:
                 break
             delay = wait if wait is not None else self.backoff * (2**attempt) * (1 + 0.1 * random.random())
             self._count(retries=1)
             log.debug("%s failed (%s); retry %d in %.2fs", url, last, attempt + 1, delay)
             time.sleep(min(delay, 60.0))
-        raise ServerError(f"{url}: failed after {self.max_retries + 1} attempts; last error {last}")
+        raise ServerError(url, f"failed after {self.max_retries + 1} attempts; last error {last}")
+
+    def _choice(self, route: str, res) -> dict:
+        """The first choice of a completion answer, or a ServerError naming the URL when it is not one."""
+        choices = res.get("choices") if isinstance(res, dict) else None
+        if not choices or not isinstance(choices[0], dict):
+            raise ServerError(self.base_url + route, f"the answer is not a completion (no choices): {json.dumps(res)[:200]}")
+        return choices[0]
 
     def _map(self, fn, n: int) -> list:
         if self.concurrency == 1 or n <= 1:
@@ -148,27 +190,27 @@ class OpenAILLM(LLM):
                 if details:
                     payload["logprobs"] = 1
                 res = self._post("/completions", payload)
-                choice = res["choices"][0]
+                choice = self._choice("/completions", res)
                 text = choice.get("text", "")
-                lps = (choice.get("logprobs") or {}).get("token_logprobs")
+                lp = choice.get("logprobs") or {}
+                scored = list(zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], strict=False))
             else:
                 if not is_messages(p):
                     raise TypeError("a prompt is a string or a list of {role, content} messages")
                 payload["messages"] = p
-                if details:
-                    payload["logprobs"] = True
+                if details:  # llama-cpp-python returns none without top_logprobs
+                    payload.update(logprobs=True, top_logprobs=1)
                 res = self._post("/chat/completions", payload)
-                choice = res["choices"][0]
+                choice = self._choice("/chat/completions", res)
                 text = (choice.get("message") or {}).get("content") or ""
-                content = (choice.get("logprobs") or {}).get("content")
-                lps = [t.get("logprob") for t in content] if content else None
+                scored = [(t.get("token"), t.get("logprob")) for t in (choice.get("logprobs") or {}).get("content") or []]
             text, _ = cut_at_stop(text, stop)
             usage = res.get("usage") or {}
             self._count(calls=1, prompt_tokens=int(usage.get("prompt_tokens") or self.count_tokens(p)),
                         generated_tokens=int(usage.get("completion_tokens") or 0))
             if not details:
                 return text.strip()
-            lps = [x for x in lps or [] if x is not None]
+            lps = [v for v in (text_tokens(scored, len(text)) if stop else [v for _, v in scored]) if v is not None]
             return {"text": text.strip(), "logprob": sum(lps) / len(lps) if lps else None, "tokens": len(lps)}
 
         t0 = time.perf_counter()
@@ -178,24 +220,38 @@ class OpenAILLM(LLM):
 
     def logprobs(self, prompt, continuation):
         prompts, conts, single = pairs(prompt, continuation)
+        route = "/completions"
 
         def one(i):
             p, c = self.render(prompts[i]), conts[i]
             if not p or not c:
                 raise ValueError("logprobs needs a non-empty prompt and continuation")
-            res = self._post("/completions", {"model": self.name, "prompt": p + c, "max_tokens": 1, "echo": True,
-                                              "logprobs": 1, "temperature": 0.0})
-            lp = (res["choices"][0].get("logprobs") or {})
-            offsets, values = lp.get("text_offset"), lp.get("token_logprobs")
-            if not offsets or not values:
-                raise ServerError(f"{self.base_url}: the server returned no prompt log-probs (needs echo + logprobs "
-                                  "on /v1/completions, as vLLM has); use --llm-backend hf")
-            picked = [v for o, v in zip(offsets, values, strict=False) if v is not None and len(p) <= o < len(p) + len(c)]
-            if not picked:  # a token straddling the boundary: score the last prompt-side token
-                picked = [next(v for o, v in reversed(list(zip(offsets, values, strict=False))) if v is not None and o < len(p) + len(c))]
+            res = self._post(route, {"model": self.name, "prompt": p + c, "max_tokens": 1, "echo": True, "logprobs": 1,
+                                     "temperature": 0.0})
+            choice = self._choice(route, res)
+            lp = choice.get("logprobs") or {}
+            offsets, values, tokens = lp.get("text_offset"), lp.get("token_logprobs"), lp.get("tokens")
             usage = res.get("usage") or {}
-            self._count(calls=1, prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                        generated_tokens=int(usage.get("completion_tokens") or 0))
+            generated = int(usage.get("completion_tokens") or 0)
+            if not offsets or not values or len(offsets) != len(values) or generated >= len(values):
+                raise ServerError(self.base_url + route, "the answer has no prompt log-probs (a server needs echo and "
+                                  "logprobs on /v1/completions, as vLLM and llama_cpp.server have); use --llm-backend hf")
+            text = choice.get("text") or ""
+            if generated and tokens and len(tokens) == len(values) and text.startswith(p + c):
+                said, listed = text[len(p + c):], "".join(tokens[len(values) - generated:])
+                if not (said.startswith(listed) or listed.startswith(said)):
+                    # llama-cpp-python scores a prompt that does not begin with the model's BOS token one token off
+                    # (and drops the generated token): the values cannot be used
+                    raise ServerError(self.base_url + route, "the prompt log-probs are one token off the prompt's "
+                                      "tokens (llama-cpp-python does this when a prompt does not begin with the model's "
+                                      "BOS token): give --llm a model whose chat template begins with it, or use "
+                                      "--llm-backend hf")
+            # the echoed text ends where the first generated token starts (or where the last token ends)
+            end = offsets[len(values) - generated] if generated else offsets[-1] + len((tokens or [""])[-1])
+            picked = [v for o, v in zip(offsets, values, strict=True) if v is not None and end - len(c) <= o < end]
+            if not picked:  # a token straddling the boundary: score the last prompt-side token
+                picked = [next(v for o, v in reversed(list(zip(offsets, values, strict=True))) if v is not None and o < end)]
+            self._count(calls=1, prompt_tokens=int(usage.get("prompt_tokens") or 0), generated_tokens=generated)
             return sum(picked) / len(picked)
 
         t0 = time.perf_counter()
@@ -219,3 +275,17 @@ class OpenAILLM(LLM):
                 "token_counts": "exact" if self.tokenizer is not None else "approximate (chars/4)",
                 "versions": records.versions()}
 
+
+def text_tokens(scored: list[tuple], length: int) -> list:
+    """The log-probs of the tokens that start inside the text's first ``length`` characters (the text cut at a
+    stop string): the token that completes the stop string, which llama-cpp-python returns, is left out, as the
+    hf backend leaves it out. Without token strings every value is kept."""
+    if any(not isinstance(t, str) for t, _ in scored):
+        return [v for _, v in scored]
+    out, start = [], 0
+    for t, v in scored:
+        if start >= length:
+            break
+        out.append(v)
+        start += len(t)
+    return out
