@@ -19,9 +19,10 @@ chat LLM with 3 shots for one query per document.
 | Promptagator consistency: source doc in top k      | `--retriever`, `--consistency-k`  | off              |
 | length bounds, dedupe                              | `--min-words/--max-words`, `--dedupe/--no-dedupe` | 2 / 32, on |
 | copies of the document (not in the papers)         | `--drop-copies/--keep-copies`     | drop             |
+| chatter, not a query (not in the papers)           | `--drop-chatter/--keep-chatter`   | drop             |
 | a fixed sample of N documents (not in the papers)  | `--sample N`                      | all              |
 
-Filters run in that order (length, dedupe, copies, score, consistency) and each one removes rows; the kept/dropped
+Filters run in that order (length, dedupe, copies, chatter, score, consistency) and each one removes rows; the kept/dropped
 counts go to stderr and the kept count is the number of rows written (ARES#77: a filter that filtered nothing).
 The score is the mean raw log-prob of the query's tokens given the prompt, taken from the generation pass itself
 (no second forward); the score filter needs every score, so it ranks within one run: with
@@ -44,7 +45,12 @@ disagreed and nobody could tell which setting made the data).
 Deviations: InPars keeps a fixed number of pairs (10k of 100k); we keep a fraction, which works at any corpus
 size. Small models often echo the document instead of writing a query, and a copy has a high log-prob, so the score
 filter would favour it: queries that are a verbatim run of >= 6 words of their document are dropped as copies
-(crop makes such queries on purpose; `--keep-copies` keeps them). Documents are cut to `--doc-max-words` words in the prompt (counted on stderr). Labels the model sometimes
+(crop makes such queries on purpose; `--keep-copies` keeps them). SmolLM2 also answers its user instead of
+writing a query ("i am sure that the document is here.", "here is the answer to your question.") or copies a
+passage and runs on: `--drop-chatter` drops outputs that open with Sure/Here/Okay/Thanks/Answer, name "the document"
+(text, passage, article) or "your question", hold a URL, or hold a verbatim run of >= 10 words of their document
+(bench/RESULTS.md, "qgen's filters on six collections"). Candidates checkpointed before this filter existed lack
+the run check; only its text rules apply to them. Documents are cut to `--doc-max-words` words in the prompt (counted on stderr). Labels the model sometimes
 writes ("Query:", quotes, list markers) are stripped. Output: `{query_id, query_text, source_docid}` with
 query_id `<docid>#qgen<i>`.
 """
@@ -81,6 +87,10 @@ CHAT_USER = ("Write one short search query that a user could type to find this d
 
 _LABEL = re.compile(r"^\s*(?:(?:relevant\s+|search\s+)?(?:query|document)\s*[:：]\s*|[-*•]\s+|\d+[.)]\s+)", re.I)
 COPY_WORDS = 6  # a query that is a verbatim run of >= this many words of its doc was copied, not written
+SPAN_WORDS = 10  # a query holding a verbatim run of this many words of its doc copied a passage, whatever follows
+# what a small chat model writes when it talks to its user or describes the document instead of asking for it
+CHATTER = re.compile(r"^(?:sure|here|okay|ok|certainly|thanks|thank you|answer)\b|\b(?:the|this|that) "
+                     r"(?:document|text|passage|article)\b|\byour (?:question|query|request)\b|https?://|www\.", re.I)
 _QUOTES = "\"'“”‘’«»`"
 
 
@@ -124,7 +134,8 @@ def _norm(text: str) -> str:
 def qgen(docs: Iterable[dict], llm: LLM | str = "smollm2", *, per_doc: int = 1, examples: list[dict] | None = None,
          shots: int = 3, prompt_style: str = "auto", temperature: float = 0.8, top_p: float = 0.9,
          max_new_tokens: int = 32, seed: int = 0, batch_size: int = 8, doc_max_words: int = 256, min_words: int = 2,
-         max_words: int = 32, dedupe: bool = True, drop_copies: bool = True, keep_top: float = 1.0, retriever=None, consistency_k: int = 0,
+         max_words: int = 32, dedupe: bool = True, drop_copies: bool = True, drop_chatter: bool = True, keep_top: float = 1.0,
+         retriever=None, consistency_k: int = 0,
          sample: int | None = None, checkpoint: Checkpoint | None = None, stats: dict | None = None) -> Iterator[dict]:
     """Yield query records {query_id, query_text, source_docid}: per_doc generated queries per doc, filtered.
 
@@ -173,7 +184,9 @@ def qgen(docs: Iterable[dict], llm: LLM | str = "smollm2", *, per_doc: int = 1, 
                  "score": o["logprob"], "tokens": o["tokens"]} for (d, _, i), o in zip(jobs, outs, strict=True)]
         for r, (d, _, _) in zip(rows, jobs, strict=True):
             q = _norm(r["query_text"])
-            r["copied"] = len(q.split()) >= COPY_WORDS and f" {q} " in f" {_norm(d['title'] + ' ' + d['text'])} "
+            doc, words = f" {_norm(d['title'] + ' ' + d['text'])} ", q.split()
+            r["copied"] = len(words) >= COPY_WORDS and f" {q} " in doc
+            r["span"] = any(f" {' '.join(words[i:i + SPAN_WORDS])} " in doc for i in range(len(words) - SPAN_WORDS + 1))
         n_new += len(batch)
         return rows
 
@@ -214,6 +227,8 @@ def qgen(docs: Iterable[dict], llm: LLM | str = "smollm2", *, per_doc: int = 1, 
         drop("duplicate", lambda c: not (_norm(c["query_text"]) in seen or seen.add(_norm(c["query_text"]))))
     if drop_copies:
         drop("copied", lambda c: not c.get("copied"))
+    if drop_chatter:
+        drop("chatter", lambda c: not (CHATTER.search(c["query_text"]) or c.get("span")))
     if keep_top < 1:
         n = math.ceil(keep_top * len(alive))
         ranked = sorted(alive, key=lambda c: (-(c["score"] if c["score"] is not None else -math.inf), c["query_id"]))
@@ -278,6 +293,8 @@ def open_consistency_retriever(spec: str, sharded: bool):
 @options("query_words")
 @click.option("--dedupe/--no-dedupe", default=None, help="Drop repeated queries (case and punctuation folded).")
 @click.option("--drop-copies/--keep-copies", default=None, help="Drop queries copied verbatim from their doc (>= 6 words).")
+@click.option("--drop-chatter/--keep-chatter", default=None, help="Drop outputs that talk to the user (Sure, Here, your "
+              "question), name the document, hold a URL, or copy a run of >= 10 words of their doc.")
 @click.option("--keep-top", type=click.FloatRange(0, 1, min_open=True), help="InPars filter: keep this fraction of queries with the best mean log-prob.")
 @click.option("--consistency-k", type=click.IntRange(min=0), help="Keep a query only if --retriever ranks its source doc in the top k.")
 @click.option("--candidates-file", "candidates", help="Checkpoint of raw generations (default: <output>.candidates.jsonl; none for stdout).")
@@ -319,6 +336,6 @@ def provenance(n: int, stats: dict, opts: dict, model: LLM, retriever: str | Non
     log.info("%s", model.report("llm"))
     return {"stage": "qgen", **{k: stats[k] for k in ("llm", "settings", "template", "counts", "throughput")},
             "filters": {k: opts.get(k, qgen.__kwdefaults__[k]) for k in
-                        ("min_words", "max_words", "dedupe", "drop_copies", "keep_top", "consistency_k")},
+                        ("min_words", "max_words", "dedupe", "drop_copies", "drop_chatter", "keep_top", "consistency_k")},
             "sample": opts.get("sample"), "score_threshold": stats.get("score_threshold"), "retriever": retriever,
             "candidates": candidates, "usage": model.usage}

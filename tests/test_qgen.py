@@ -72,11 +72,29 @@ def test_filters_remove_rows_and_the_counts_equal_the_rows():
     assert rows == [{"query_id": "d1#qgen0", "query_text": "which animals purr", "source_docid": "d1"},
                     {"query_id": "d5#qgen0", "query_text": "tea leaves hot water drink", "source_docid": "d5"}]
     c = stats["counts"]
-    assert c == {"generated": 7, "too_short": 1, "too_long": 1, "duplicate": 1, "copied": 1, "low_score": 1, "kept": 2}
+    assert c == {"generated": 7, "too_short": 1, "too_long": 1, "duplicate": 1, "copied": 1, "chatter": 0, "low_score": 1,
+                 "kept": 2}
     assert c["generated"] - sum(v for k, v in c.items() if k not in ("generated", "kept")) == c["kept"] == len(rows)
     assert stats["score_threshold"] == -1.0
     kept = list(qgen(DOCS + [MILK], ScriptLLM(ANSWERS), keep_top=0.5, drop_copies=False))
     assert [r["source_docid"] for r in kept] == ["d5", "d7"]  # a copy has the best log-prob: why copies go first
+
+
+def test_chatter_filter_drops_outputs_that_talk_to_the_user_or_copy_a_passage():
+    long_doc = {"docid": "d8", "title": "Fort", "text": "After Washington had returned to Williamsburg, Dinwiddie ordered "
+                "him to lead a larger force to assist Trent in his work. While en route, Washington learned of it."}
+    answers = {"Cats": [("i am sure that the document is here.", -1.0)], "Dogs": [("Sure! Here is a query: dogs", -1.0)],
+               "Python": [("here is the answer to your question.", -1.0)], "Rust": [("see https://rust-lang.org", -1.0)],
+               "Tea": [("which leaves make tea", -1.0)], "Coffee": [("what does this text say about beans", -1.0)],
+               "Fort": [("After Washington had returned to Williamsburg, Dinwiddie ordered him to lead a larger force to "
+                         "assist Trent in his work, and while en route", -1.0)],
+               "Milk": [("I like milk", -1.0)]}
+    stats = {}
+    rows = list(qgen(DOCS + [MILK, long_doc], ScriptLLM(answers), stats=stats))
+    assert [r["query_text"] for r in rows] == ["which leaves make tea", "I like milk"]  # a user may write "I"
+    assert stats["counts"]["chatter"] == 6 and stats["counts"]["copied"] == 0
+    kept = list(qgen(DOCS + [MILK, long_doc], ScriptLLM(answers), drop_chatter=False))
+    assert len(kept) == 8
 
 
 def test_sample_generates_for_the_sampled_docs_only():
