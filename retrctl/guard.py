@@ -37,6 +37,7 @@ One stderr line states the decision and its evidence; ``guard.json`` in the mode
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Iterable
@@ -134,6 +135,22 @@ def score(encoder, docs: dict[str, dict], queries: list[dict], qrels: dict, batc
     return metrics.evaluate(idx.search(queries, DEPTH), qrels, [MEASURE])
 
 
+def score_stored(encoder, stored: tuple[list[str], object], queries: list[dict], qrels: dict, batch_size: int):
+    """metrics.Result of one query tower: the queries encoded and searched to DEPTH among a dense index's stored
+    vectors (``stored``: doc ids, vectors), every doc of the index, exactly; no passage is encoded."""
+    import numpy as np
+
+    from retrctl import metrics
+
+    docids, vectors = stored
+    q = encoder.encode([x["query_text"] for x in queries], kind="query", batch_size=batch_size)
+    scores = q @ vectors.T
+    k = min(DEPTH, len(docids))
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    run = {x["query_id"]: {docids[j]: float(scores[i, j]) for j in top[i]} for i, x in enumerate(queries)}
+    return metrics.evaluate(run, qrels, [MEASURE])
+
+
 def decide(results: dict[float, object], level: float = 0.05, veto: Iterable[str] = ()) -> dict:
     """The decision from each candidate's metrics.Result, keyed by α (0 = the base): the base unless a candidate
     beats it at p < level / (candidates tried) and does not score below it on the ``veto`` queries (ids among
@@ -183,11 +200,13 @@ def describe(decision: dict) -> str:
 
 def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, dict], *, alphas: list[float],
            seed: int, batch_size: int = 32, level: float = 0.05, veto: Iterable[str] = (),
-           keep: str | Path | None = None) -> dict:
+           keep: str | Path | None = None, passage_index: str | Path | None = None) -> dict:
     """Score the base, the trained model in ``model_dir`` and their interpolations on the held-out groups; write
     the pick's weights into ``model_dir`` (unless it is the trained model) and guard.json beside them. ``veto``:
     query ids whose held-out groups may refuse a candidate (``decide``). ``keep``: a directory that receives the
-    trained model (α = 1) whatever the pick, to audit the decision."""
+    trained model (α = 1) whatever the pick, to audit the decision. ``passage_index``: the candidates are query
+    towers of that dense index (train --passage-index), each scored by its held-out queries searched among the
+    index's stored vectors (``score_stored``: the whole corpus, no passage encoded) instead of a pool it encodes."""
     import shutil
 
     import torch
@@ -205,21 +224,29 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     trained = {k: v.detach().clone() for k, v in enc.state_dict().items()}
     base_state = Encoder.load(base_model, device="cpu").state_dict()
     systems = []
-    if len(corpus) > MAX_POOL:  # pooled from BM25's and the base's top hits over the whole corpus
-        enc.load_state_dict(interpolate(base_state, trained, 0.0))
-        with torch.inference_mode():
-            systems = rankings(corpus, queries, enc, batch_size)
-    docs = pool(dev, corpus, systems, MAX_POOL)
+    if passage_index is not None:  # query towers over the index's stored vectors: the pool is the whole index
+        from retrctl.indexes.dense import stored_vectors
+
+        _, docids, vectors = stored_vectors(passage_index)
+        docs = dict.fromkeys(docids)
+        measure = functools.partial(score_stored, stored=(docids, vectors))
+    else:
+        if len(corpus) > MAX_POOL:  # pooled from BM25's and the base's top hits over the whole corpus
+            enc.load_state_dict(interpolate(base_state, trained, 0.0))
+            with torch.inference_mode():
+                systems = rankings(corpus, queries, enc, batch_size)
+        docs = pool(dev, corpus, systems, MAX_POOL)
+        measure = functools.partial(score, docs=docs)
     log.info("%d held-out queries (%d may veto), a pool of %d docs, candidates α = 0, %s",
              len(queries), len(veto & qrels.keys()), len(docs), ", ".join(f"{a:g}" for a in alphas))
     results = {}
     for a in [0.0, *alphas]:
         enc.load_state_dict(interpolate(base_state, trained, a))
         with torch.inference_mode():
-            results[a] = score(enc, docs, queries, qrels, batch_size)
+            results[a] = measure(enc, queries=queries, qrels=qrels, batch_size=batch_size)
         log.info("α=%g %s %.4f", a, MEASURE, results[a].mean[MEASURE])
     decision = decide(results, level, veto)
-    decision.update(alphas=alphas, pool_docs=len(docs), pool="bm25+base top hits" if systems else "corpus",
+    decision.update(alphas=alphas, pool_docs=len(docs), pool="index" if passage_index is not None else "bm25+base top hits" if systems else "corpus",
                     base_model=str(base_model))
     if keep is not None:  # written beside, then renamed: a half-written copy is never mistaken for a model
         with records.atomic_dir(keep, resume=False) as tmp:

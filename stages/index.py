@@ -20,6 +20,7 @@ arXiv:2407.03618). A doc is "title text" in both (BEIR's convention, Thakur et a
 | the search's fusion defaults, recorded in the index | `--fusion`, `--norm`, `--weights` (per head), `--rrf-k`, `--depth` | none (search's own); an update keeps them |
 | those defaults from a sweep's best row      | `--weights-from SWEEP --weights-by nDCG@10` | off |
 | another index's version with other search defaults | `--copy-from IDX` (+ the fusion flags) | off |
+| a query tower for the stored vectors (train `--passage-index`), recorded in the index | `--query-model` | the index's model; an update keeps it |
 | dense resume checkpoint interval (docs)    | `--checkpoint-every`                    | 4096 |
 | old versions kept (see below)              | `--keep`                                | 2 |
 | shard of the corpus (stable hash of docid) | `--shard-id/--shard-num`, then `--merge` | one shard |
@@ -121,7 +122,7 @@ class BackendChoice(click.Choice):
 def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None = None, method: str | None = None,
           batch_size: int = 32, delete: bool = True, rebuild: bool = False, keep: int = KEEP, meta: dict | None = None,
           encoder_settings: dict | None = None, search_defaults: dict | None = None, ray: RaySettings | None = None,
-          **backend_options) -> dict:
+          query_model: str | None = None, **backend_options) -> dict:
     """Build the index at ``output`` from doc records, or bring an existing one in line with them.
 
     ``backend_options``: the flags the registered backends declare (``retrctl.indexes.declared_flags``); the
@@ -132,6 +133,8 @@ def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None 
     the result as a new version (``keep`` = versions that must supersede an old one before it is deleted).
     ``search_defaults``: fusion flags (fusion, norm, rrf_k, depth, weights) a multi-head index records for its
     searches (``Index.record_search_defaults``); those not given keep the updated index's recorded ones.
+    ``query_model``: a query tower trained against the index's vectors (train --passage-index), recorded so that
+    every search encodes queries with it (an update keeps a recorded one; a rebuild drops it).
     Returns the counts {"added", "updated", "unchanged", "removed"}, "encoded" (docs run through the encoder,
     dense) and "rebuilt"/"written" flags.
     """
@@ -149,11 +152,12 @@ def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None 
     options = {"batch_size": batch_size, **backend_options}
     with store.writer(output):
         return _index(docs, output, model=model, method=method, delete=delete, rebuild=rebuild, keep=keep, meta=meta,
-                      encoder_settings=encoder_settings, options=options, search_defaults=search_defaults or {}, ray=ray)
+                      encoder_settings=encoder_settings, options=options, search_defaults=search_defaults or {}, ray=ray,
+                      query_model=query_model)
 
 
 def _index(docs, output: Path, *, model, method, delete, rebuild, keep, meta, encoder_settings, options,
-           search_defaults, ray) -> dict:
+           search_defaults, ray, query_model=None) -> dict:
     from retrctl.indexes import open_index
 
     workdir = output.with_name(output.name + ".partial")
@@ -186,6 +190,11 @@ def _index(docs, output: Path, *, model, method, delete, rebuild, keep, meta, en
         log.warning("%s: the search defaults of the version replaced (%s) are not carried over; give them again",
                     output, old_manifest["search_defaults"])
     idx.record_search_defaults(search_defaults)  # checked before any doc is encoded
+    recorded_query = getattr(idx, "query_desc", None)
+    if query_model is not None:
+        if not hasattr(idx, "record_query_model"):
+            raise SettingsError(f"--query-model: a {method} index encodes no queries")
+        idx.record_query_model(backend.encoder_for(query_model, None, **(encoder_settings or {})))
 
     before = dict(idx.meta)
     if ray is not None and not backend.needs_encoder:
@@ -195,7 +204,7 @@ def _index(docs, output: Path, *, model, method, delete, rebuild, keep, meta, en
         stats = idx.sync(docs, delete=delete) if idx is not fresh else idx.build(docs)
     idx.meta = {**idx.meta, **meta}
     changed = (stats["added"] or stats["updated"] or stats["removed"] or idx is fresh or idx.meta != before
-               or idx.search_defaults != recorded)
+               or idx.search_defaults != recorded or getattr(idx, "query_desc", None) != recorded_query)
     log.info("%s index %s: %d docs (%d added, %d updated, %d unchanged, %d removed)", method, output, len(idx),
              stats["added"], stats["updated"], stats["unchanged"], stats["removed"])
     idx.report_update(stats, workdir)
@@ -311,6 +320,8 @@ def backend_options() -> list[click.Option]:
 @click.option("--merge", "merge_", is_flag=True, help="INPUTS are index dirs (e.g. shards) to merge into -o.")
 @click.option("--copy-from", metavar="IDX", help="Publish IDX's current version as -o's new version with the fusion flags "
               "given as its search defaults: its files shared (hard links), no corpus read, nothing encoded.")
+@click.option("--query-model", help="A query tower trained against this index's vectors (train --passage-index): "
+              "searches encode queries with it, the docs stay the index model's. Dense (+ bm25) indexes.")
 def command(inputs, output, merge_, shard_id, shard_num, input_format, weights_from, weights_by, copy_from, **opts):
     """Build (or update) a dense, learned-sparse or BM25 index of a corpus (JSONL/Parquet/BEIR folder, '-' = stdin)."""
     ctx = click.get_current_context()

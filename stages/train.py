@@ -21,6 +21,7 @@ LoRA (Hu et al. 2021, arXiv:2106.09685); ZeRO (Rajbhandari et al. 2020, arXiv:19
 | distillation from reranker scores | ``--distill-weight --teacher-temperature`` |
 | distillation from a teacher model: its scores (KL / MarginMSE), its embeddings (MSE, sentence-transformers' model distillation), its token states, last and intermediate layers (TinyBERT); a corpus alone as data | ``--teacher --distill-weight --embed-distill-weight --embed-distill-loss --token-distill-weight --layer-distill-weight --fresh-crops --attention-dropout`` |
 | never deliver a worse model: held-out slice, WiSE-FT candidates | ``--guard-shards --guard-alphas`` |
+| query side only over a frozen index's passage vectors (LightRetriever's asymmetric towers) | ``--passage-index`` |
 | LightRetriever's token-lookup query encoder | ``--query-encoder token-lookup --lookup-kl-weight`` |
 | SPLADE sparse head (FLOPS λ, quadratic warm-up) | ``--heads dense,sparse --flops-weight --flops-warmup --sparse-query --sparse-top-k`` |
 | BGE-M3: lexical + multi-vector heads, self-knowledge distillation | ``--heads dense,lexical,colbert --self-distill/--no-self-distill --ensemble-weights --head-loss-weights --colbert-dim`` |
@@ -106,6 +107,7 @@ from retrctl.train.config import (
 )
 from retrctl.train.distill import CorpusDistiller
 from retrctl.train.loop import Trainer
+from retrctl.train.query_side import QuerySideTrainer
 
 log = logging.getLogger("retrctl.train")
 
@@ -128,6 +130,8 @@ def train(groups=None, *, output, corpus=None, config: TrainConfig | None = None
         work = functools.partial(_train_in_worker, groups, str(Path(output).absolute()), corpus, cfg, on_step)
         return train_on_ray(ray, cfg, output, work, groups=groups, collective_timeout=collective_timeout)
     if groups is None and cfg.teacher:
+        if cfg.passage_index:
+            raise UsageError("--passage-index trains a query tower on groups: give GROUPS", flag="--passage-index")
         if cfg.guard_shards:
             raise UsageError("--guard-shards holds out groups; a corpus alone has none: give GROUPS or drop --guard-shards")
         return CorpusDistiller(cfg, corpus, output, on_step=on_step).fit()
@@ -136,8 +140,9 @@ def train(groups=None, *, output, corpus=None, config: TrainConfig | None = None
     if cfg.guard_shards:  # the held-out split and its pool need the corpus before the Trainer reads it
         corpus = records.read_corpus(corpus) if isinstance(corpus, (str, Path)) else corpus
         groups, after_export = _guarded(groups, corpus, cfg)
-    # Trainer checks cfg and the output, then reads the corpus
-    return Trainer(cfg, groups, corpus, output, on_step=on_step, after_export=after_export).fit()
+    # Trainer checks cfg and the output, then reads the corpus; with --passage-index the passage side is stored
+    trainer = QuerySideTrainer if cfg.passage_index else Trainer
+    return trainer(cfg, groups, corpus, output, on_step=on_step, after_export=after_export).fit()
 
 
 def _train_in_worker(groups, output, corpus, cfg: TrainConfig, on_step, resume: bool) -> Path:
@@ -167,7 +172,7 @@ def _guarded(groups, docs, cfg: TrainConfig):
     alphas = parse_alphas(cfg.guard_alphas)
     return kept, lambda model_dir: guard.select(model_dir, cfg.model, dev, docs, alphas=alphas, seed=cfg.seed,
                                                 batch_size=cfg.chunk_size, veto=veto,
-                                                keep=cfg.guard_keep or None)
+                                                keep=cfg.guard_keep or None, passage_index=cfg.passage_index or None)
 
 
 # ---------------------------------------------------------------- command line

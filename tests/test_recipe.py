@@ -100,6 +100,30 @@ def test_recipe_with_the_llm_as_teacher_scores_the_generated_queries(tiny_bert, 
     assert (work / "delivered.trec").exists()
 
 
+@pytest.mark.slow  # the recipe again, ADAPT=query: ~2 min on the idle 2 cores
+def test_recipe_adapting_the_query_side_encodes_the_corpus_once(tiny_bert, tmp_path):
+    data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
+    out = make(data, work, tiny_bert, "ADAPT=query", "EPOCHS=2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "the query side for 2 epochs" in out.stderr and "1 corpus encode" in out.stderr
+    encodes = [ln for ln in out.stdout.splitlines() if " index " in ln and "--model" in ln]
+    assert len(encodes) == 1 and "--heads dense,bm25" in encodes[0]  # idx-base, the only corpus encode
+    config = json.loads((work / "model" / "train_config.json").read_text())
+    assert config["passage_index"] == str(work / "idx-base") and config["epochs"] == 2
+    base = json.loads((work / "idx-base" / "index.json").read_text())
+    delivered = json.loads((work / "delivered" / "index.json").read_text())
+    assert delivered["query_model"]["model"] == str((work / "model").resolve())
+    assert delivered["settings"]["heads"] == ["dense", "bm25"] and delivered["search_defaults"]["weights"]
+    assert "query_model" not in base  # idx-base itself is untouched
+    from retrctl.indexes.dense import stored_vectors
+
+    _, ids, vectors = stored_vectors(work / "delivered")
+    _, base_ids, base_vectors = stored_vectors(work / "idx-base")
+    assert ids == base_ids and (vectors == base_vectors).all()  # the delivered index holds the base's vectors
+    for run in ("base", "adapted", "delivered"):
+        assert {r.split()[0] for r in (work / f"{run}.trec").read_text().splitlines()} == {f"q{t}" for t in range(8)}
+
+
 def test_recipe_checks_its_teacher_before_anything_runs(tiny_bert, tmp_path):
     data = folder(tmp_path / "notes", 4)
     for teacher, llm, message in (("bm25", "smollm2", "TEACHER=bm25: fusion or qlm"),
@@ -107,6 +131,8 @@ def test_recipe_checks_its_teacher_before_anything_runs(tiny_bert, tmp_path):
         out = make(data, tmp_path / "w", tiny_bert, f"TEACHER={teacher}", llm=llm)
         assert out.returncode != 0 and message in out.stderr
         assert not (tmp_path / "w").exists()
+    out = make(data, tmp_path / "w", tiny_bert, "ADAPT=queries")
+    assert out.returncode != 0 and "ADAPT=queries: full or query" in out.stderr and not (tmp_path / "w").exists()
 
 
 def test_recipe_refuses_a_one_document_corpus(tiny_bert, tmp_path):

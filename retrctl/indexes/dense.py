@@ -79,6 +79,8 @@ class DenseIndex(EncodedIndex):
         self.colbert_dim = cb.out_dim if cb is not None and "colbert" in self.built else None
         self.bm25 = BM25Store(**(bm25 or {})).settings() if "bm25" in self.built else None  # the BM25 variant
         self.search_defaults: dict = {}
+        self.query_desc: dict | None = None  # a query tower recorded by `index --query-model`: it encodes the queries
+        self._query_side, self._query_load = None, {}
         if self.normalized is False and index_type != "Flat":
             log.warning("the encoder does not normalize: %s searches raw inner products, where graph/IVF recall is "
                         "usually lower than on unit vectors", index_type)
@@ -144,7 +146,8 @@ class DenseIndex(EncodedIndex):
     def describe(self) -> str:
         c = self.encoder.config if self.encoder is not None else None
         how = f" (pooling {c.pooling}, query prompt {c.query_prompt!r})" if c is not None else ""
-        return f"{len(self)} docs, {self.index_type}, encoder {(self.encoder_desc or {}).get('model')}{how}"
+        query = f", queries by {self.query_desc['model']}" if self.query_desc else ""
+        return f"{len(self)} docs, {self.index_type}, encoder {(self.encoder_desc or {}).get('model')}{how}{query}"
 
     # ------------------------------------------------------------ the stores
 
@@ -180,10 +183,29 @@ class DenseIndex(EncodedIndex):
             parts.append(to_lanes(out["colbert"], self.colbert_dim))
         return np.concatenate(parts, axis=1)
 
+    def record_query_model(self, encoder) -> None:
+        """Encode queries with ``encoder`` (a query tower trained against these vectors: train --passage-index),
+        the docs still with the index's model; recorded in the manifest, so every search uses it."""
+        if set(self.built) - {"dense", "bm25"}:
+            raise UsageError(f"--query-model: this index holds the model's {','.join(self.built)} heads, whose query "
+                             "sides the query model does not have; it applies to a dense (and bm25) index")
+        desc = describe(encoder)
+        if desc["dim"] != self.dim or bool(encoder.config.normalize) != bool(self.normalized):
+            raise UsageError(f"--query-model {desc['model']}: {desc['dim']}-dim vectors (normalized: "
+                             f"{bool(encoder.config.normalize)}), the index's are {self.dim}-dim (normalized: "
+                             f"{bool(self.normalized)})")
+        self.query_desc, self._query_side = desc, encoder
+
+    def _query_encoder(self):
+        """The recorded query tower (loaded on first use), else the index's model."""
+        if self.query_desc is not None and self._query_side is None:
+            self._query_side = encoder_from_manifest({"encoder": self.query_desc}, **self._query_load)
+        return self._query_side or self.encoder
+
     def _encode_queries(self, queries: list[dict]) -> np.ndarray:
-        if self.encoder is None:
+        if self.encoder is None and self.query_desc is None:
             raise ValueError("this DenseIndex has no encoder to encode queries")
-        return self.encoder.encode([q["query_text"] for q in queries], kind="query", batch_size=self.batch_size)
+        return self._query_encoder().encode([q["query_text"] for q in queries], kind="query", batch_size=self.batch_size)
 
     # ------------------------------------------------------------ files
 
@@ -210,6 +232,8 @@ class DenseIndex(EncodedIndex):
             out["bm25"] = {**self.stores["bm25"].manifest(), "files": {k: f"{BM25_DIR}/{v}" for k, v in BM25_FILES.items()}}
         if self.search_defaults:
             out["search_defaults"] = self.search_defaults
+        if self.query_desc is not None:
+            out["query_model"] = self.query_desc
         return out
 
     def write_files(self, directory: Path) -> None:
@@ -271,6 +295,7 @@ class DenseIndex(EncodedIndex):
         idx.stores = stores
         idx.version = version
         idx.record_search_defaults(manifest.get("search_defaults") or {})
+        idx.query_desc, idx._query_load = manifest.get("query_model"), {"device": device, **overrides}
         return idx
 
     @classmethod
@@ -304,6 +329,21 @@ class DenseIndex(EncodedIndex):
         out._joined_stores(parts)
         out.record_search_defaults(first.search_defaults)
         return out
+
+
+def stored_vectors(directory: str | Path) -> tuple[dict, list[str], np.ndarray]:
+    """(manifest, doc ids, vectors) of a dense index's current version, read without loading its encoder: the
+    rows a search ranks by, exact (faiss gives back a flat index's vectors; other types keep vectors.npy).
+    ``UsageError`` for an index of another backend."""
+    version = store.resolved(directory)
+    manifest = version.manifest
+    if manifest.get("backend") != DenseIndex.name:
+        raise UsageError(f"{directory}: a {manifest.get('backend')} index; the passage vectors come from a dense index")
+    docids, _ = base.read_docids(version.path)
+    settings = manifest["settings"]
+    st = FaissStore.read(version.path, manifest["files"], len(docids), settings.get("index_type", "Flat"),
+                         train_size=settings.get("train_size", 262144), seed=settings.get("seed", 0))
+    return manifest, docids, st.vectors(len(docids))
 
 
 class HeadsIndex(DenseIndex):

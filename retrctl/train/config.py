@@ -141,6 +141,9 @@ class TrainConfig:
                                   "plain multi-objective ablation.")
     ensemble_weights: str = _f("1,0.3,1", "w_dense,w_sparse,w_colbert of the ensemble score s_inter (BGE-M3).")
     head_loss_weights: str = _f("1,0.1,1", "λ_dense,λ_sparse,λ_colbert of each head's loss in the multi-head objective (BGE-M3).")
+    passage_index: str = _f("", "A dense index built by --model: train the query side only, each group's passages "
+                            "being the index's stored vectors (never re-encoded); the model saved is a query tower for "
+                            "that index (`retrctl index IDX --query-model`), and the guard scores queries against it.")
     guard_shards: int = _f(0, "Hold out the groups whose positive is in shard 0 of N docs (as --shard-id 0 --shard-num N "
                            "selects them) and keep the base model unless the trained one, or a weight interpolation of "
                            "the two, beats it there beyond noise (retrctl/guard.py); 0 = off.")

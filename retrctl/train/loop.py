@@ -158,6 +158,7 @@ class Trainer:
         self.ckpt_root = self.partial / "checkpoints"
 
     GROUPS = True  # the data are groups (train/distill.py's subclass trains on a corpus alone)
+    ENCODES_PASSAGES = True  # a step encodes its passages (train/query_side.py's subclass reads them from an index)
 
     # -- helpers
 
@@ -214,7 +215,7 @@ class Trainer:
 
         per: dict[str, int] = {}
         measured: dict[int, int] = {}
-        for kind in ("query", "passage"):
+        for kind in ("query", "passage") if self.ENCODES_PASSAGES else ("query",):
             batch = memory.max_length_batch(enc, kind, 1, "cpu")
             width = batch["input_ids"].size(1)
             if width not in measured:
@@ -224,12 +225,12 @@ class Trainer:
             per[kind] = measured[width]
         trainable = sum(p.numel() for p in enc.parameters() if p.requires_grad)
         zero = cfg.ds_stage() if self.dist.deepspeed else None
-        b, g = cfg.batch_size, self.group_size
+        b, g = cfg.batch_size, self.group_size if self.ENCODES_PASSAGES else 0  # else the passages are stored vectors
         # the teacher's weights are loaded already (in what the process holds); its forward over one chunk is not
         teacher = (forward_bytes(self.vectors.teacher, cfg.chunk_size, every_state=bool(cfg.layer_distill_weight))
                    if self.vectors is not None else 0)
         cost = memory.StepCost(state=memory.optimizer_state(trainable, zero_stage=zero, world=self.dist.world),
-                               per_query=per["query"], per_passage=per["passage"], queries=b, passages=b * g,
+                               per_query=per["query"], per_passage=per.get("passage", 0), queries=b, passages=b * g,
                                embeddings=memory.cached_outputs(self.layout, b, b * g, self.dist.world), teacher=teacher)
         budget = memory.agree(memory.available(dev, cfg.max_memory), dev)
         plan = memory.plan_step(cost, mode=cfg.grad_cache, chunk_size=cfg.chunk_size, budget=budget, batch_size=b, group_size=g)
@@ -286,6 +287,10 @@ class Trainer:
             loss = loss.detach()
         if extra is not None:
             loss, parts = loss + extra.detach(), {**parts, "penalty": extra.detach()}
+        return self.finish_step(loss, parts, mask)
+
+    def finish_step(self, loss: torch.Tensor, parts: dict, mask: torch.Tensor) -> dict:
+        """The optimizer step after the backward, and the step's metrics (global under several processes)."""
         lr = self.engine.lr()
         self.engine.step()
         out = {"loss": loss, **parts}

@@ -404,10 +404,10 @@ def grad_cache_step(
     after = RngState()
     nq = len(query_chunks)
     q = torch.cat(embs[:nq]).detach().requires_grad_()
-    p = torch.cat(embs[nq:]).detach().requires_grad_()
+    p = torch.cat(embs[nq:]).detach().requires_grad_() if passage_chunks else None  # None: the loss holds its passages
     loss, parts = loss_fn(q, p)
     loss.backward()  # d loss / d embeddings only: q and p are leaves
-    grads = [*q.grad.split([e.size(0) for e in embs[:nq]]), *p.grad.split([e.size(0) for e in embs[nq:]])]
+    grads = [*q.grad.split([e.size(0) for e in embs[:nq]]), *(p.grad.split([e.size(0) for e in embs[nq:]]) if p is not None else ())]
     for i, (c, enc, state, g) in enumerate(zip(chunks, encoders, states, grads, strict=True)):
         state.restore()
         emb = enc(c)
