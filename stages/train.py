@@ -20,7 +20,7 @@ LoRA (Hu et al. 2021, arXiv:2106.09685); ZeRO (Rajbhandari et al. 2020, arXiv:19
 | ZeRO stage | ``--zero-stage`` or ``--deepspeed ds.json`` |
 | distillation from reranker scores | ``--distill-weight --teacher-temperature`` |
 | distillation from a teacher model: its scores (KL / MarginMSE), its embeddings (MSE, sentence-transformers' model distillation), its token states, last and intermediate layers (TinyBERT); a corpus alone as data | ``--teacher --distill-weight --embed-distill-weight --embed-distill-loss --token-distill-weight --layer-distill-weight --fresh-crops --attention-dropout`` |
-| never deliver a worse model: held-out slice, WiSE-FT candidates | ``--guard-shards --guard-alphas`` |
+| keep the base unless a paired test on held-out pseudo-queries prefers a trained or WiSE-FT candidate (not a guarantee on real queries) | ``--guard-shards --guard-alphas`` |
 | query side only over a frozen index's passage vectors (LightRetriever's asymmetric towers) | ``--passage-index`` |
 | LightRetriever's token-lookup query encoder | ``--query-encoder token-lookup --lookup-kl-weight`` |
 | SPLADE sparse head (FLOPS λ, quadratic warm-up) | ``--heads dense,sparse --flops-weight --flops-warmup --sparse-query --sparse-top-k`` |
