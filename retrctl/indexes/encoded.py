@@ -314,14 +314,18 @@ def encoder_from_manifest(manifest: dict, *, device: str | None = None, warn: Pa
     return load_encoder(desc["model"], device=device, dtype=dtype, **settings)
 
 
-def describe(encoder) -> dict:
-    """The encoder's description for a manifest, a local model path made absolute."""
+def manifest_model(model: str) -> str:
+    """A model as a manifest records it: a shipped name (or a name that is no path here) as it is, a local path
+    absolute."""
     from retrctl.models import SHIPPED
 
+    return model if model in SHIPPED or not Path(model).exists() else str(Path(model).resolve())
+
+
+def describe(encoder) -> dict:
+    """The encoder's description for a manifest, a local model path made absolute."""
     desc = dict(encoder.describe())
-    model = desc.get("model", "")
-    if model not in SHIPPED and Path(model).exists():
-        desc["model"] = str(Path(model).resolve())
+    desc["model"] = manifest_model(desc.get("model", ""))
     return desc
 
 

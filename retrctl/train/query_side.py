@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import logging
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,13 +29,6 @@ from retrctl.train.config import TrainConfig, parse_train_heads
 from retrctl.train.loop import Trainer
 
 log = logging.getLogger("retrctl.train")
-
-
-def model_name(model: str) -> str:
-    """A model as an index manifest records it: a shipped name as it is, a local path absolute."""
-    from retrctl.models import SHIPPED
-
-    return model if model in SHIPPED or not Path(model).exists() else str(Path(model).resolve())
 
 
 def check_settings(cfg: TrainConfig) -> None:
@@ -89,9 +81,11 @@ class QuerySideTrainer(Trainer):
 
     def __init__(self, cfg: TrainConfig, groups, corpus, output, **kw):
         check_settings(cfg)
-        if cfg.model and model_name(cfg.model) != self._index_model(cfg.passage_index):
+        from retrctl.indexes.encoded import manifest_model
+
+        if cfg.model and manifest_model(cfg.model) != self._index_model(cfg.passage_index):
             raise UsageError(f"{cfg.passage_index} was built by {self._index_model(cfg.passage_index)}, not "
-                             f"{model_name(cfg.model)}: the query tower starts from the model that encoded the passages",
+                             f"{manifest_model(cfg.model)}: the query tower starts from the model that encoded the passages",
                              flag="--passage-index")
         super().__init__(cfg, groups, corpus, output, **kw)
 
