@@ -7,13 +7,15 @@ stdout carries records only, yet libraries print there: DeepSpeed (its import, i
 block and undoes it after; a worker process calls ``stdout_onto_stderr`` once and never undoes it.
 
 ``pid_alive`` is the one check of a process id that a lock or a leftover file names: a killed writer's work is
-swept, a live one's is left alone.
+swept, a live one's is left alone. ``free_port``: a loopback port no one listens on now, for a process this one
+starts (torch.distributed's rendezvous, llama.cpp's server).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
 from collections.abc import Callable, Iterator
 
@@ -70,3 +72,10 @@ def pid_alive(pid) -> bool:
     except (OSError, OverflowError):  # no such process, or a pid beyond what the system has
         return False
     return True
+
+
+def free_port() -> int:
+    """A loopback TCP port free at the time of asking (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

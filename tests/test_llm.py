@@ -228,7 +228,7 @@ def test_openai_sends_neutral_samplers_until_the_server_refuses_them(server, hf,
 
 
 def test_cli_server_not_there_or_not_answering_exits_2_naming_the_url(runner, server, tiny_llama, corpus_file, tmp_path):
-    from retrctl.llm.llamacpp import free_port
+    from retrctl.process import free_port
 
     gone = f"http://127.0.0.1:{free_port()}/v1"
     with FaultProxy(server.url, faults=["not-a-completion"]) as proxy:

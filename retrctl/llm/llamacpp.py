@@ -21,7 +21,6 @@ import importlib.util
 import json
 import logging
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import urllib.request
 from pathlib import Path
 
 from retrctl.errors import UsageError
+from retrctl.process import free_port
 
 log = logging.getLogger("retrctl.llm")
 
@@ -51,12 +51,6 @@ def gguf_file(model) -> Path:
     if path.suffix != ".gguf" or not path.is_file():
         raise UsageError(f"llama.cpp's server runs a GGUF file; {model} is not one", flag="--llm")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LlamaCppServer:

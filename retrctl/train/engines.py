@@ -25,7 +25,6 @@ import json
 import logging
 import math
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from retrctl.models.loading import cache_dir
-from retrctl.process import stdout_to_stderr
+from retrctl.process import free_port, stdout_to_stderr
 from retrctl.records import RecordError
 from retrctl.train.checkpoint import _scan, deepspeed_globals, load_tensors
 
@@ -66,12 +65,6 @@ class Dist:
             dist.barrier()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _quiet_deepspeed() -> None:
     """DeepSpeed logs to stdout at INFO; stdout carries records only."""
     ds = logging.getLogger("DeepSpeed")
@@ -99,7 +92,7 @@ def setup_processes(cfg: TrainConfig) -> Dist:
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions"))
     if "RANK" not in os.environ:  # one process without a launcher
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
     deepspeed = import_deepspeed()
