@@ -255,8 +255,6 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     if decision["pick"] != 1.0:
         enc.load_state_dict(interpolate(base_state, trained, decision["pick"]))
         enc.save(model_dir)
-        if lookup.has_table(model_dir):  # the token-lookup table is computed from the weights it ships with
-            lookup.save_table(Encoder.load(model_dir, device="cpu"), model_dir)
     (Path(model_dir) / FILE).write_text(json.dumps(decision, indent=1) + "\n", encoding="utf-8")
     log.info("%s", describe(decision))
     return decision

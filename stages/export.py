@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from pathlib import Path
 
 import click
@@ -171,10 +170,9 @@ def export(source, *, output, formats: str = "st,onnx,onnx-int8", dim: int | Non
             figures = st.stock_parity(enc, tmp, texts, ref=ref if cast_info else None)
             report["formats"]["st"] = {"path": ".", "bytes": _size(tmp), **cast_info,
                                        "parity": _checked(source, bound, figures), **figures}
-        if "st" in names and lookup.has_table(root):  # LightRetriever's token table ships with the model it belongs to
-            shutil.copytree(root / lookup.TABLE_DIR, tmp / lookup.TABLE_DIR)
+        if "st" in names and enc.token_lookup:  # LightRetriever's token table: Encoder.save builds it from these weights
             report["formats"]["token-lookup"] = {"path": lookup.TABLE_DIR, "bytes": _size(tmp / lookup.TABLE_DIR),
-                                                 "parity": "copied from the source model (built from its fp32 weights)"}
+                                                 "parity": "built from the exported weights (Encoder.save)"}
         if any(n.startswith("onnx") for n in names):
             _export_onnx(enc, tmp / "onnx", names, ref, texts, source, report)
         for name, head_format in heads:  # a head as a stock sentence-transformers model of its kind

@@ -81,6 +81,27 @@ def test_table_serves_the_vectors_of_the_masked_forward(enc, tmp_path):
         lookup.TokenLookupEncoder.load(tmp_path / "m", query_prompt="search: ")
 
 
+def test_a_model_with_a_table_saves_all_of_itself(tiny_bert, tmp_path):
+    enc = Encoder.load(tiny_bert, device="cpu", query_prompt="find: ")
+    enc.token_lookup = True
+    enc.save(tmp_path / "a")  # Encoder.save writes the table: no caller has to remember it
+    assert lookup.has_table(tmp_path / "a")
+    again = Encoder.load(tmp_path / "a", device="cpu")
+    assert again.token_lookup
+    again.save(tmp_path / "b")  # unchanged weights: the same table, byte for byte
+    table = f"{lookup.TABLE_DIR}/{lookup.TABLE_FILE}"
+    assert (tmp_path / "a" / table).read_bytes() == (tmp_path / "b" / table).read_bytes()
+    with torch.no_grad():  # changed weights: the table follows them, never a stale copy
+        again.model.get_input_embeddings().weight.mul_(2.0)
+    again.save(tmp_path / "c")
+    served = lookup.TokenLookupEncoder.load(tmp_path / "c").encode(["a protein"])
+    with torch.inference_mode():
+        want = again.head.finish(lookup.lookup_forward(again, again.tokenize(["a protein"], "query"))).numpy()
+    assert np.abs(served - want).max() < 1e-5
+    assert not np.array_equal(served, lookup.TokenLookupEncoder.load(tmp_path / "a").encode(["a protein"]))
+    assert not Encoder.load(tiny_bert, device="cpu").token_lookup  # a model without a table saves none
+
+
 def test_token_ids_read_from_the_rust_tokenizer_equal_the_batch_encoding(tiny_bert):
     from transformers import AutoTokenizer
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from retrctl.models import backbone, loading, skipping
+from retrctl.models import backbone, loading, lookup, skipping
 from retrctl.models.config import DTYPES, EncoderConfig
 from retrctl.models.heads import DenseHead, Head
 from retrctl.models.layout import HeadLayout, TrainingLayout, token_block
@@ -62,6 +62,9 @@ class Encoder(torch.nn.Module):
         # a Linear from the hidden size to a teacher's width, while a run distils a teacher of another width into
         # this encoder (train/model.py); never saved
         self.distill_projection = None
+        # LightRetriever's token-lookup table (models/lookup.py) ships with the model: computed from the weights it
+        # saves, by ``save`` itself, so no writer has to remember it
+        self.token_lookup = False
         self.set_bidirectional(config.bidirectional)
 
     # -- construction
@@ -98,6 +101,7 @@ class Encoder(torch.nn.Module):
         colbert = ColbertHead.read_saved(root) if Path(root).is_dir() else None
         if colbert is not None:
             enc.add_colbert_head(**colbert).load_module(root)
+        enc.token_lookup = Path(root).is_dir() and lookup.has_table(root)
         enc.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         enc.eval()
         return enc
@@ -309,6 +313,8 @@ class Encoder(torch.nn.Module):
             self.sparse.save_settings(out)
         if self.colbert is not None:
             self.colbert.save_module(out)
+        if self.token_lookup:  # built from the weights as saved and reloaded: the table a reader of ``out`` serves
+            lookup.save_table(Encoder.load(out, device="cpu"), out)
 
     def describe(self) -> dict:
         """Settings recorded in index manifests and run headers."""

@@ -12,7 +12,8 @@ pooling); the query vector is their mean, then the dense head's finish (Matryosh
 - ``token_vectors``: the masked forward (training, and the table in chunks of the vocabulary).
 - ``build_table`` / ``save_table``: every vocabulary token once, into ``token_lookup/table.npy`` [vocab, hidden]
   (float32: the served vector equals the masked forward to 1e-5) + ``token_lookup/config.json``. The dense-only
-  layout beside it is untouched, so stock ``SentenceTransformer(dir)`` still loads the full model.
+  layout beside it is untouched, so stock ``SentenceTransformer(dir)`` still loads the full model. ``Encoder.save``
+  calls ``save_table`` for an encoder whose ``token_lookup`` is set (loaded with a table, or trained for one).
 - ``TokenLookupEncoder``: tokenize → look up → average → finish; the surface the dense index uses to encode
   queries (``encode``, ``describe``, ``dim``, ``config``, ``report_truncation``).
 

@@ -489,8 +489,6 @@ class Trainer:
         cos = float((self._embed(reloaded, self.probe) * after).sum(1).min()) if fresh.config.normalize else 1.0
         if cos < 0.9999:
             raise RuntimeError(f"the saved model does not reproduce the trained embeddings (min cos {cos:.5f})")
-        if self.cfg.query_encoder == "token-lookup":
-            lookup.save_table(reloaded, self.partial)
         drift = float((after * self.before).sum(1).mean()) if self.before is not None and fresh.config.normalize else float("nan")
         log.info("saved %s (probe cos to the untrained model %.4f; reload parity %.6f)", self.output, drift, cos)
         if self.after_export is not None:  # rank 0 only, as the save

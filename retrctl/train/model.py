@@ -59,6 +59,7 @@ def prepare(enc: Encoder, cfg: TrainConfig, *, for_training: bool = True, teache
         projected = teacher_dim
         if enc.distill_projection is None or enc.distill_projection.out_features != teacher_dim:
             enc.distill_projection = torch.nn.Linear(enc.model.config.hidden_size, teacher_dim).to(enc.device)
+    enc.token_lookup = cfg.query_encoder == "token-lookup"  # the saved model ships the table it was trained with
     enc.train(for_training)
     layout = TrainingLayout.of(enc, sparse=kind is not None, colbert="colbert" in heads,
                                lookup=cfg.query_encoder == "token-lookup", projected=projected,
