@@ -1,0 +1,141 @@
+"""The zero-label recipe over the dev collections, one table: what the learned part adds beyond both controls.
+
+    python bench/recipe_suite.py WORK [--only NAME …] [MAKEVAR=VALUE …]      # e.g. ADAPT=query AUDIT=1
+
+Runs `make -C examples/beir DATA=<collection> W=WORK/<name> MAKEVARS…` for each collection in turn (one real-model
+job at a time: it holds /tmp/retrctl-bench.lock), times it into WORK/<name>.minutes, and resumes: a collection whose
+eval.txt exists is not run again. The demo corpus is built from pydoc as `make demo` builds it. Then prints, per
+collection, base dense, BM25, the base hybrid (the base model fused with BM25 at the recipe's chosen weight: the
+control a user would run instead), the adapted dense model, the delivered retriever, delivered − base dense and −
+base hybrid with their paired p (`retrctl eval --json`), the guard's pick with its held-out gain, the trained model's
+(α = 1) true change when AUDIT=1 kept it, and the minutes; then the mean over the collections and the issue's
+acceptance counts: significantly below either control, above the better control at p < .05."""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _run import DATA, ROOT, retrctl
+
+COLLECTIONS = {  # name: BEIR folder (the demo's is built under WORK)
+    "xquad-en": DATA / "xquad" / "en",
+    "demo": None,
+    "cystic-fibrosis": DATA / "cystic-fibrosis",
+    "liveqa-med": DATA / "liveqa-med",
+    "scifact": DATA / "scifact",
+    "cosqa": DATA / "cosqa",
+    "arguana": DATA / "arguana",
+}
+RUNS = ("base", "bm25", "base-hybrid", "adapted", "delivered")
+LEVEL = 0.05
+
+
+def folder(name: str, work: Path) -> Path:
+    if COLLECTIONS[name] is not None:
+        return COLLECTIONS[name]
+    data = work / "demo-data"
+    if not (data / "corpus.jsonl").exists():
+        subprocess.run([sys.executable, "pydoc_corpus.py", str(data)], cwd=ROOT / "examples" / "demo", check=True)
+    return data
+
+
+def run_recipe(name: str, data: Path, work: Path, makevars: list[str]) -> None:
+    w = work / name
+    if (w / "eval.txt").exists():
+        return
+    print(f"== {name}: make -C examples/beir DATA={data} W={w} {' '.join(makevars)}", file=sys.stderr, flush=True)
+    start = time.time()
+    subprocess.run(["make", "-C", str(ROOT / "examples" / "beir"), f"PY={sys.executable}", f"DATA={data}", f"W={w}",
+                    *makevars], check=True, stdout=sys.stderr)
+    (work / f"{name}.minutes").write_text(f"{(time.time() - start) / 60:.1f}\n")
+
+
+def scores(w: Path, data: Path, baseline: str, others: list[str]) -> dict[str, dict]:
+    """nDCG@10 of each run and its paired p against ``baseline`` (`retrctl eval --json`, one line a run)."""
+    out = retrctl("eval", w / f"{baseline}.trec", *(w / f"{o}.trec" for o in others), "--qrels", data,
+                  "-m", "nDCG@10", "--json", "--quiet", log=False).stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.strip()]
+    return {Path(r["run"]).name.removesuffix(".trec"): r for r in rows}
+
+
+def collection_row(name: str, data: Path, work: Path) -> dict:
+    w = work / name
+    audit = (w / "trained.trec").exists()
+    vs_base = scores(w, data, "base", [r for r in RUNS[1:]] + (["trained"] if audit else []))
+    vs_hybrid = scores(w, data, "base-hybrid", ["delivered"])
+    ndcg = {r: vs_base[r]["nDCG@10"] for r in vs_base}
+    guard = json.loads((w / "model" / "guard.json").read_text())
+    pick = next(c for c in guard["candidates"] if c["alpha"] == guard["pick"])
+    better = "base" if ndcg["base"] >= ndcg["base-hybrid"] else "base-hybrid"
+    minutes = work / f"{name}.minutes"
+    return {
+        "collection": name, "docs": sum(1 for _ in open(data / "corpus.jsonl")), **ndcg,
+        "d_base": ndcg["delivered"] - ndcg["base"], "p_base": vs_base["delivered"]["p_value"]["nDCG@10"],
+        "d_hybrid": ndcg["delivered"] - ndcg["base-hybrid"], "p_hybrid": vs_hybrid["delivered"]["p_value"]["nDCG@10"],
+        "better": better, "p_better": (vs_base if better == "base" else vs_hybrid)["delivered"]["p_value"]["nDCG@10"],
+        "pick": guard["pick"], "pick_gain": pick["gain"], "pick_p": pick["p"],
+        "trained_change": ndcg["trained"] - ndcg["base"] if audit else None,
+        "trained_p": vs_base["trained"]["p_value"]["nDCG@10"] if audit else None,
+        "minutes": float(minutes.read_text()) if minutes.exists() else None,
+    }
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| collection | docs | base dense | BM25 | base hybrid | adapted dense | delivered | − base dense (p) "
+            "| − base hybrid (p) | guard: pick, held-out gain (p) | α = 1 on the test (p) | minutes |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    for r in rows:
+        trained = "–" if r["trained_change"] is None else f"{r['trained_change']:+.4f} ({r['trained_p']:.2g})"
+        minutes = "–" if r["minutes"] is None else f"{r['minutes']:.0f}"
+        lines.append(
+            f"| {r['collection']} | {r['docs']:,} | {r['base']:.4f} | {r['bm25']:.4f} | {r['base-hybrid']:.4f} "
+            f"| {r['adapted']:.4f} | {r['delivered']:.4f} | {r['d_base']:+.4f} ({r['p_base']:.2g}) "
+            f"| {r['d_hybrid']:+.4f} ({r['p_hybrid']:.2g}) | α = {r['pick']:g}, {r['pick_gain']:+.4f} "
+            f"({r['pick_p']:.2g}) | {trained} | {minutes} |")
+    n = len(rows)
+    mean = {k: sum(r[k] for r in rows) / n for k in ("base", "bm25", "base-hybrid", "adapted", "delivered",
+                                                      "d_base", "d_hybrid")}
+    d_better = sum(r["delivered"] - max(r["base"], r["base-hybrid"]) for r in rows) / n
+    lines.append(f"| mean of {n} | | {mean['base']:.4f} | {mean['bm25']:.4f} | {mean['base-hybrid']:.4f} "
+                 f"| {mean['adapted']:.4f} | {mean['delivered']:.4f} | {mean['d_base']:+.4f} | {mean['d_hybrid']:+.4f} "
+                 f"| | | |")
+    below = [r["collection"] for r in rows if (r["d_base"] < 0 and r["p_base"] < LEVEL)
+             or (r["d_hybrid"] < 0 and r["p_hybrid"] < LEVEL)]
+    above = [r["collection"] for r in rows
+             if r["delivered"] > max(r["base"], r["base-hybrid"]) and r["p_better"] < LEVEL]
+    lines += ["", f"delivered − the better control, mean over the {n}: {d_better:+.4f}",
+              f"significantly below a control (p < {LEVEL}): {', '.join(below) or 'none'}",
+              f"above the better control at p < {LEVEL}: {len(above)} ({', '.join(above) or 'none'})"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("work", type=Path)
+    ap.add_argument("makevars", nargs="*", help="MAKEVAR=VALUE passed to the recipe's make")
+    ap.add_argument("--only", action="append", choices=list(COLLECTIONS), help="run these collections only")
+    ap.add_argument("--table-only", action="store_true", help="print the table of the collections already run")
+    a = ap.parse_args()
+    work = a.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    names = a.only or list(COLLECTIONS)
+    if not a.table_only:
+        with open("/tmp/retrctl-bench.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            for name in names:
+                run_recipe(name, folder(name, work), work, a.makevars)
+    rows = [collection_row(n, folder(n, work), work) for n in names if (work / n / "eval.txt").exists()]
+    print(f"# recipe suite, {' '.join(a.makevars) or 'defaults'}, {time.strftime('%Y-%m-%d')}, "
+          f"{os.cpu_count()} CPUs")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
