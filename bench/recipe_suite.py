@@ -8,7 +8,8 @@ eval.txt exists is not run again. The demo corpus is built from pydoc as `make d
 collection, base dense, BM25, the base hybrid (the base model fused with BM25 at the recipe's chosen weight: the
 control a user would run instead), the adapted dense model, the delivered retriever, delivered − base dense and −
 base hybrid with their paired p (`retrctl eval --json`), the guard's pick with its held-out gain, the trained model's
-(α = 1) true change when AUDIT=1 kept it, and the minutes; then the mean over the collections and the issue's
+(α = 1) true change when AUDIT=1 kept it, alone and fused with BM25 as the recipe would have delivered it
+(its weight from its own held-out sweep), and the minutes; then the mean over the collections and the issue's
 acceptance counts: significantly below either control, above the better control at p < .05."""
 
 from __future__ import annotations
@@ -65,11 +66,28 @@ def scores(w: Path, data: Path, baseline: str, others: list[str]) -> dict[str, d
     return {Path(r["run"]).name.removesuffix(".trec"): r for r in rows}
 
 
+def trained_hybrid(w: Path) -> None:
+    """``w/trained-hybrid.trec``: what the recipe would have delivered had the guard picked α = 1 (AUDIT=1's
+    trained model fused with BM25 at the weight its own held-out sweep picks, as the recipe fuses the adapted one)."""
+    out = w / "trained-hybrid.trec"
+    if out.exists():
+        return
+    qrels = w / ("dev-qgen.jsonl" if (w / "dev-qgen.jsonl").exists() else "dev.jsonl")
+    fuse = ("--fusion", "linear", "--norm", "minmax")
+    retrctl("search", w / "idx-trained", w / "dev.jsonl", "--heads", "dense", "--hits", 100, "-o", w / "dev-trained.trec")
+    retrctl("eval", w / "dev-trained.trec", w / "dev-bm25.trec", "--qrels", qrels, "--sweep", "0:1:0.1", *fuse,
+            "-m", "nDCG@10", "--json", "-o", w / "sweep-trained.jsonl")
+    retrctl("fuse", w / "trained.trec", w / "bm25.trec", *fuse, "--weights-from", w / "sweep-trained.jsonl",
+            "--hits", 100, "-o", out)
+
+
 def collection_row(name: str, data: Path, work: Path) -> dict:
     w = work / name
     audit = (w / "trained.trec").exists()
+    if audit:
+        trained_hybrid(w)
     vs_base = scores(w, data, "base", [r for r in RUNS[1:]] + (["trained"] if audit else []))
-    vs_hybrid = scores(w, data, "base-hybrid", ["delivered"])
+    vs_hybrid = scores(w, data, "base-hybrid", ["delivered"] + (["trained-hybrid"] if audit else []))
     ndcg = {r: vs_base[r]["nDCG@10"] for r in vs_base}
     guard = json.loads((w / "model" / "guard.json").read_text())
     pick = next(c for c in guard["candidates"] if c["alpha"] == guard["pick"])
@@ -83,16 +101,20 @@ def collection_row(name: str, data: Path, work: Path) -> dict:
         "pick": guard["pick"], "pick_gain": pick["gain"], "pick_p": pick["p"],
         "trained_change": ndcg["trained"] - ndcg["base"] if audit else None,
         "trained_p": vs_base["trained"]["p_value"]["nDCG@10"] if audit else None,
+        "trained_hybrid": vs_hybrid["trained-hybrid"]["nDCG@10"] - ndcg["base-hybrid"] if audit else None,
+        "trained_hybrid_p": vs_hybrid["trained-hybrid"]["p_value"]["nDCG@10"] if audit else None,
         "minutes": float(minutes.read_text()) if minutes.exists() else None,
     }
 
 
 def table(rows: list[dict]) -> str:
     head = ("| collection | docs | base dense | BM25 | base hybrid | adapted dense | delivered | − base dense (p) "
-            "| − base hybrid (p) | guard: pick, held-out gain (p) | α = 1 on the test (p) | minutes |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+            "| − base hybrid (p) | guard: pick, held-out gain (p) | α = 1 − base dense (p) "
+            "| α = 1 + BM25 − base hybrid (p) | minutes |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for r in rows:
-        trained = "–" if r["trained_change"] is None else f"{r['trained_change']:+.4f} ({r['trained_p']:.2g})"
+        trained = "– | –" if r["trained_change"] is None else (
+            f"{r['trained_change']:+.4f} ({r['trained_p']:.2g}) | {r['trained_hybrid']:+.4f} ({r['trained_hybrid_p']:.2g})")
         minutes = "–" if r["minutes"] is None else f"{r['minutes']:.0f}"
         lines.append(
             f"| {r['collection']} | {r['docs']:,} | {r['base']:.4f} | {r['bm25']:.4f} | {r['base-hybrid']:.4f} "
@@ -105,7 +127,7 @@ def table(rows: list[dict]) -> str:
     d_better = sum(r["delivered"] - max(r["base"], r["base-hybrid"]) for r in rows) / n
     lines.append(f"| mean of {n} | | {mean['base']:.4f} | {mean['bm25']:.4f} | {mean['base-hybrid']:.4f} "
                  f"| {mean['adapted']:.4f} | {mean['delivered']:.4f} | {mean['d_base']:+.4f} | {mean['d_hybrid']:+.4f} "
-                 f"| | | |")
+                 f"| | | | |")
     below = [r["collection"] for r in rows if (r["d_base"] < 0 and r["p_base"] < LEVEL)
              or (r["d_hybrid"] < 0 and r["p_hybrid"] < LEVEL)]
     above = [r["collection"] for r in rows
