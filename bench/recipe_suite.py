@@ -91,6 +91,7 @@ def collection_row(name: str, data: Path, work: Path) -> dict:
     ndcg = {r: vs_base[r]["nDCG@10"] for r in vs_base}
     guard = json.loads((w / "model" / "guard.json").read_text())
     pick = next(c for c in guard["candidates"] if c["alpha"] == guard["pick"])
+    full = next(c for c in guard["candidates"] if c["alpha"] == 1.0)
     better = "base" if ndcg["base"] >= ndcg["base-hybrid"] else "base-hybrid"
     minutes = work / f"{name}.minutes"
     return {
@@ -98,7 +99,8 @@ def collection_row(name: str, data: Path, work: Path) -> dict:
         "d_base": ndcg["delivered"] - ndcg["base"], "p_base": vs_base["delivered"]["p_value"]["nDCG@10"],
         "d_hybrid": ndcg["delivered"] - ndcg["base-hybrid"], "p_hybrid": vs_hybrid["delivered"]["p_value"]["nDCG@10"],
         "better": better, "p_better": (vs_base if better == "base" else vs_hybrid)["delivered"]["p_value"]["nDCG@10"],
-        "pick": guard["pick"], "pick_gain": pick["gain"], "pick_p": pick["p"],
+        "pick": guard["pick"], "pick_gain": pick["gain"], "pick_p": pick["p"], "guard_queries": guard["queries"],
+        "full_gain": full["gain"], "full_p": full["p"], "full_veto": full.get("veto_gain"),
         "trained_change": ndcg["trained"] - ndcg["base"] if audit else None,
         "trained_p": vs_base["trained"]["p_value"]["nDCG@10"] if audit else None,
         "trained_hybrid": vs_hybrid["trained-hybrid"]["nDCG@10"] - ndcg["base-hybrid"] if audit else None,
@@ -109,9 +111,10 @@ def collection_row(name: str, data: Path, work: Path) -> dict:
 
 def table(rows: list[dict]) -> str:
     head = ("| collection | docs | base dense | BM25 | base hybrid | adapted dense | delivered | − base dense (p) "
-            "| − base hybrid (p) | guard: pick, held-out gain (p) | α = 1 − base dense (p) "
+            "| − base hybrid (p) | guard: pick, held-out gain (p) | guard: α = 1 held-out gain (p), veto "
+            "| α = 1 − base dense (p) "
             "| α = 1 + BM25 − base hybrid (p) | minutes |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|"]
     for r in rows:
         trained = "– | –" if r["trained_change"] is None else (
             f"{r['trained_change']:+.4f} ({r['trained_p']:.2g}) | {r['trained_hybrid']:+.4f} ({r['trained_hybrid_p']:.2g})")
@@ -120,14 +123,16 @@ def table(rows: list[dict]) -> str:
             f"| {r['collection']} | {r['docs']:,} | {r['base']:.4f} | {r['bm25']:.4f} | {r['base-hybrid']:.4f} "
             f"| {r['adapted']:.4f} | {r['delivered']:.4f} | {r['d_base']:+.4f} ({r['p_base']:.2g}) "
             f"| {r['d_hybrid']:+.4f} ({r['p_hybrid']:.2g}) | α = {r['pick']:g}, {r['pick_gain']:+.4f} "
-            f"({r['pick_p']:.2g}) | {trained} | {minutes} |")
+            f"({r['pick_p']:.2g}) | {r['full_gain']:+.4f} ({r['full_p']:.2g}); veto "
+            f"{'–' if r['full_veto'] is None else format(r['full_veto'], '+.4f')}; {r['guard_queries']} queries "
+            f"| {trained} | {minutes} |")
     n = len(rows)
     mean = {k: sum(r[k] for r in rows) / n for k in ("base", "bm25", "base-hybrid", "adapted", "delivered",
                                                       "d_base", "d_hybrid")}
     d_better = sum(r["delivered"] - max(r["base"], r["base-hybrid"]) for r in rows) / n
     lines.append(f"| mean of {n} | | {mean['base']:.4f} | {mean['bm25']:.4f} | {mean['base-hybrid']:.4f} "
                  f"| {mean['adapted']:.4f} | {mean['delivered']:.4f} | {mean['d_base']:+.4f} | {mean['d_hybrid']:+.4f} "
-                 f"| | | | |")
+                 f"| | | | | |")
     below = [r["collection"] for r in rows if (r["d_base"] < 0 and r["p_base"] < LEVEL)
              or (r["d_hybrid"] < 0 and r["p_hybrid"] < LEVEL)]
     above = [r["collection"] for r in rows
