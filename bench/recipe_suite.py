@@ -81,13 +81,24 @@ def trained_hybrid(w: Path) -> None:
             "--hits", 100, "-o", out)
 
 
+def held_out_generated(w: Path) -> dict | None:
+    """α = 1 against the base on the held-out generated queries alone (dense heads, the whole corpus): the guard's
+    veto set, tested on its own."""
+    if not (w / "dev-qgen.jsonl").exists():
+        return None
+    rows = scores(w, w / "dev-qgen.jsonl", "dev-base", ["dev-trained"])
+    return {"gain": rows["dev-trained"]["nDCG@10"] - rows["dev-base"]["nDCG@10"],
+            "p": rows["dev-trained"]["p_value"]["nDCG@10"], "queries": rows["dev-trained"]["counts"]["evaluated"]}
+
+
 def collection_row(name: str, data: Path, work: Path) -> dict:
     w = work / name
     audit = (w / "trained.trec").exists()
     if audit:
         trained_hybrid(w)
     vs_base = scores(w, data, "base", [r for r in RUNS[1:]] + (["trained"] if audit else []))
-    vs_hybrid = scores(w, data, "base-hybrid", ["delivered"] + (["trained-hybrid"] if audit else []))
+    vs_hybrid = scores(w, data, "base-hybrid", ["delivered"] + (["trained", "trained-hybrid"] if audit else []))
+    generated = held_out_generated(w) if audit else None
     ndcg = {r: vs_base[r]["nDCG@10"] for r in vs_base}
     guard = json.loads((w / "model" / "guard.json").read_text())
     pick = next(c for c in guard["candidates"] if c["alpha"] == guard["pick"])
@@ -103,6 +114,9 @@ def collection_row(name: str, data: Path, work: Path) -> dict:
         "full_gain": full["gain"], "full_p": full["p"], "full_veto": full.get("veto_gain"),
         "trained_change": ndcg["trained"] - ndcg["base"] if audit else None,
         "trained_p": vs_base["trained"]["p_value"]["nDCG@10"] if audit else None,
+        "trained_vs_hybrid": vs_hybrid["trained"]["nDCG@10"] - ndcg["base-hybrid"] if audit else None,
+        "trained_vs_hybrid_p": vs_hybrid["trained"]["p_value"]["nDCG@10"] if audit else None,
+        "generated": generated,
         "trained_hybrid": vs_hybrid["trained-hybrid"]["nDCG@10"] - ndcg["base-hybrid"] if audit else None,
         "trained_hybrid_p": vs_hybrid["trained-hybrid"]["p_value"]["nDCG@10"] if audit else None,
         "minutes": float(minutes.read_text()) if minutes.exists() else None,
@@ -112,12 +126,15 @@ def collection_row(name: str, data: Path, work: Path) -> dict:
 def table(rows: list[dict]) -> str:
     head = ("| collection | docs | base dense | BM25 | base hybrid | adapted dense | delivered | − base dense (p) "
             "| − base hybrid (p) | guard: pick, held-out gain (p) | guard: α = 1 held-out gain (p), veto "
-            "| α = 1 − base dense (p) "
+            "| α = 1 on the held-out generated queries alone (p, n) | α = 1 − base dense (p) | α = 1 − base hybrid (p) "
             "| α = 1 + BM25 − base hybrid (p) | minutes |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|"]
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|"]
     for r in rows:
-        trained = "– | –" if r["trained_change"] is None else (
-            f"{r['trained_change']:+.4f} ({r['trained_p']:.2g}) | {r['trained_hybrid']:+.4f} ({r['trained_hybrid_p']:.2g})")
+        g = r["generated"]
+        trained = "– | – | – | –" if r["trained_change"] is None else (
+            ("–" if g is None else f"{g['gain']:+.4f} ({g['p']:.2g}, {g['queries']})")
+            + f" | {r['trained_change']:+.4f} ({r['trained_p']:.2g}) | {r['trained_vs_hybrid']:+.4f} "
+            f"({r['trained_vs_hybrid_p']:.2g}) | {r['trained_hybrid']:+.4f} ({r['trained_hybrid_p']:.2g})")
         minutes = "–" if r["minutes"] is None else f"{r['minutes']:.0f}"
         lines.append(
             f"| {r['collection']} | {r['docs']:,} | {r['base']:.4f} | {r['bm25']:.4f} | {r['base-hybrid']:.4f} "
@@ -132,7 +149,7 @@ def table(rows: list[dict]) -> str:
     d_better = sum(r["delivered"] - max(r["base"], r["base-hybrid"]) for r in rows) / n
     lines.append(f"| mean of {n} | | {mean['base']:.4f} | {mean['bm25']:.4f} | {mean['base-hybrid']:.4f} "
                  f"| {mean['adapted']:.4f} | {mean['delivered']:.4f} | {mean['d_base']:+.4f} | {mean['d_hybrid']:+.4f} "
-                 f"| | | | | |")
+                 f"| | | | | | | |")
     below = [r["collection"] for r in rows if (r["d_base"] < 0 and r["p_base"] < LEVEL)
              or (r["d_hybrid"] < 0 and r["p_hybrid"] < LEVEL)]
     above = [r["collection"] for r in rows
