@@ -212,7 +212,7 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     import torch
 
     from retrctl import records
-    from retrctl.models import Encoder, lookup
+    from retrctl.models import Encoder
 
     veto = set(veto)
     dev = scored(dev, veto)
