@@ -170,13 +170,16 @@ def main() -> None:
     work = a.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     names = a.only or list(COLLECTIONS)
+    settings = work / "makevars.txt"  # what the table's runs were made with, for --table-only
     if not a.table_only:
+        settings.write_text(" ".join(a.makevars) + "\n")
         with open("/tmp/retrctl-bench.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             for name in names:
                 run_recipe(name, folder(name, work), work, a.makevars)
     rows = [collection_row(n, folder(n, work), work) for n in names if (work / n / "eval.txt").exists()]
-    print(f"# recipe suite, {' '.join(a.makevars) or 'defaults'}, {time.strftime('%Y-%m-%d')}, "
+    made_with = settings.read_text().strip() if settings.exists() else " ".join(a.makevars)
+    print(f"# recipe suite, {made_with or 'defaults'}, {time.strftime('%Y-%m-%d')}, "
           f"{os.cpu_count()} CPUs")
     print(table(rows))
 
