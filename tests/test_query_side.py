@@ -143,3 +143,33 @@ def test_guard_scores_query_towers_against_the_stored_vectors(tiny_bert, base_in
     record = json.loads((out / "guard.json").read_text())
     assert record["pool_docs"] == 40  # every doc of the index, none encoded
     assert [c["alpha"] for c in record["candidates"]] == [0.0, 0.5, 1.0]
+
+
+def test_merged_shards_keep_their_query_tower(tiny_bert, base_index, tmp_path, runner):
+    from retrctl.indexes import open_index
+
+    corpus_file, _ = base_index
+    groups_file = write_jsonl(tmp_path / "groups.jsonl", groups(16))
+    tower = tmp_path / "m"
+    r = runner("train", groups_file, "--corpus", corpus_file, "--model", tiny_bert, "--passage-index", base_index[1],
+               "--max-steps", 2, *FLAGS, "-o", tower)
+    assert r.exit_code == 0, r.output
+    for i in (0, 1):
+        r = runner("index", corpus_file, "--model", tiny_bert, "--shard-id", i, "--shard-num", 2, "-o", tmp_path / f"s{i}")
+        assert r.exit_code == 0, r.output
+    shard = ["--shard-num", 2, "--shard-id"]  # an update of a shard index reads its shard of the corpus
+    assert runner("index", corpus_file, *shard, 0, "--query-model", tower, "-o", tmp_path / "s0").exit_code == 0
+    r = runner("index", "--merge", tmp_path / "s0", tmp_path / "s1", "-o", tmp_path / "mixed")  # two query encoders
+    assert r.exit_code == 2 and "different query models" in r.output and not (tmp_path / "mixed").exists()
+    assert runner("index", corpus_file, *shard, 1, "--query-model", tower, "-o", tmp_path / "s1").exit_code == 0
+    r = runner("index", "--merge", tmp_path / "s0", tmp_path / "s1", "-o", tmp_path / "merged")
+    assert r.exit_code == 0, r.output
+    merged = json.loads((tmp_path / "merged" / "index.json").read_text())
+    assert merged["query_model"]["model"] == str(tower.resolve())
+    queries = [{"query_id": g["query_id"], "query_text": g["query_text"]} for g in groups(4)]
+    assert runner("index", corpus_file, "--query-model", tower, "-o", base_index[1]).exit_code == 0
+    whole = open_index(base_index[1])
+    got, want = open_index(tmp_path / "merged").search(queries, 3), whole.search(queries, 3)
+    assert {q: [d for d, _ in hits] for q, hits in got.items()} == {q: [d for d, _ in hits] for q, hits in want.items()}
+    # cosines near 0.9 from vectors encoded in other batches: float32 agrees to a few eps32 (1.2e-7), not bit for bit
+    assert all(abs(a[1] - b[1]) < 1e-6 for q in got for a, b in zip(got[q], want[q], strict=True))

@@ -323,11 +323,14 @@ class DenseIndex(EncodedIndex):
         for p in parts[1:]:
             if p.config()["index_type"] != first.index_type or same_encoder(p.encoder_desc) != same_encoder(first.encoder_desc):
                 raise ValueError("cannot merge indexes built with different encoders or index types")
+        if any(p.query_desc != first.query_desc for p in parts):
+            raise ValueError("cannot merge indexes whose queries are encoded by different query models (index --query-model)")
         out = type(first)(first.encoder, **first.config())
         out.encoder_desc = first.encoder_desc
         out.sparse_desc, out.colbert_dim = first.sparse_desc, first.colbert_dim
         out._joined_stores(parts)
         out.record_search_defaults(first.search_defaults)
+        out.query_desc, out._query_side, out._query_load = first.query_desc, first._query_side, first._query_load
         return out
 
 
