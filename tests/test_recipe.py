@@ -103,7 +103,7 @@ def test_recipe_with_the_llm_as_teacher_scores_the_generated_queries(tiny_bert, 
 @pytest.mark.slow  # the recipe again, ADAPT=query: ~2 min on the idle 2 cores
 def test_recipe_adapting_the_query_side_encodes_the_corpus_once(tiny_bert, tmp_path):
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
-    out = make(data, work, tiny_bert, "ADAPT=query", "EPOCHS=2")
+    out = make(data, work, tiny_bert, "ADAPT=query", "EPOCHS=2", "AUDIT=1")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "the query side for 2 epochs" in out.stderr and "1 corpus encode" in out.stderr
     encodes = [ln for ln in out.stdout.splitlines() if " index " in ln and "--model" in ln]
@@ -120,8 +120,10 @@ def test_recipe_adapting_the_query_side_encodes_the_corpus_once(tiny_bert, tmp_p
     _, ids, vectors = stored_vectors(work / "delivered")
     _, base_ids, base_vectors = stored_vectors(work / "idx-base")
     assert ids == base_ids and (vectors == base_vectors).all()  # the delivered index holds the base's vectors
-    for run in ("base", "adapted", "delivered"):
+    for run in ("base", "adapted", "delivered", "trained"):
         assert {r.split()[0] for r in (work / f"{run}.trec").read_text().splitlines()} == {f"q{t}" for t in range(8)}
+    for run in ("base", "adapted", "trained"):  # the dense runs search the dense head alone, beside the BM25 head
+        assert json.loads((work / f"{run}.trec.manifest.json").read_text())["settings"]["heads"] in ("dense", ["dense"]), run
 
 
 def test_recipe_checks_its_teacher_before_anything_runs(tiny_bert, tmp_path):
