@@ -123,6 +123,3 @@ class LlamaCppServer:
         self.stop()
 
 
-
-if __name__ == "__main__":  # the recipe's test: prints "llamacpp" when the server is installed
-    print("llamacpp" if available() else "")
