@@ -175,7 +175,7 @@ def main() -> None:
     ap.add_argument("makevars", nargs="*", help="MAKEVAR=VALUE passed to the recipe's make")
     ap.add_argument("--only", action="append", choices=list(COLLECTIONS), help="run these collections only")
     ap.add_argument("--table-only", action="store_true", help="print the table of the collections already run")
-    a = ap.parse_args()
+    a = ap.parse_intermixed_args()  # MAKEVAR=VALUE before or after the options
     work = a.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     names = a.only or SUITE
@@ -190,7 +190,7 @@ def main() -> None:
     made_with = settings.read_text().strip() if settings.exists() else " ".join(a.makevars)
     print(f"# recipe suite, {made_with or 'defaults'}, {time.strftime('%Y-%m-%d')}, "
           f"{os.cpu_count()} CPUs")
-    print(table(rows))
+    print(table(rows) if rows else f"no collection of {', '.join(names)} has finished in {work}")
 
 
 if __name__ == "__main__":
