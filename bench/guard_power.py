@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from _run import retrctl
-from recipe_suite import COLLECTIONS, folder
+from recipe_suite import COLLECTIONS, SUITE, folder
 
 SHARDS = 10  # the recipe's GUARD_SHARDS
 
@@ -49,7 +49,7 @@ def main() -> None:
     print(f"| collection | guard: α = 1 held-out gain (p), queries | {a.per_doc} fresh crops a held-out doc: "
           "α = 1 gain (p), queries | α = 1 on the test queries − base dense |")
     print("|---|---|---|---:|")
-    for name in a.only or list(COLLECTIONS):
+    for name in a.only or SUITE:
         w = work / name
         if not (w / "idx-trained").exists():
             print(f"{name}: no AUDIT=1 run in {w}", file=sys.stderr)

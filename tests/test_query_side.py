@@ -23,6 +23,16 @@ def base_index(tiny_bert, tmp_path, runner):
     return corpus_file, tmp_path / "idx"
 
 
+def train_tower(runner, tiny_bert, base_index, tmp_path, *flags):
+    """`retrctl train` of a query tower over ``base_index``'s vectors on 16 groups, as a user runs it: (result, out)."""
+    corpus_file, idx = base_index
+    groups_file = write_jsonl(tmp_path / "groups.jsonl", groups(16))
+    out = tmp_path / "m"
+    r = runner("train", groups_file, "--corpus", corpus_file, "--model", tiny_bert, "--passage-index", idx, *flags,
+               *FLAGS, "-o", out)
+    return r, out
+
+
 def _trainer(tiny_bert, corpus_file, idx, out, **settings):
     from retrctl import records
     from retrctl.train.config import TrainConfig
@@ -79,10 +89,7 @@ def test_query_side_training_lowers_the_loss_and_the_index_records_the_tower(tin
     from retrctl.models import Encoder
 
     corpus_file, idx = base_index
-    groups_file = write_jsonl(tmp_path / "groups.jsonl", groups(16))
-    out = tmp_path / "m"
-    r = runner("train", groups_file, "--corpus", corpus_file, "--model", tiny_bert, "--passage-index", idx,
-               "--max-steps", 40, "--contrastive-weight", 1, *FLAGS, "-o", out)
+    r, out = train_tower(runner, tiny_bert, base_index, tmp_path, "--max-steps", 40, "--contrastive-weight", 1)
     assert r.exit_code == 0, r.output
     loss = losses(out)
     assert np.mean(loss[-5:]) < np.mean(loss[:5])
@@ -134,11 +141,7 @@ def test_refusals(tiny_bert, base_index, tmp_path, runner):
 
 
 def test_guard_scores_query_towers_against_the_stored_vectors(tiny_bert, base_index, tmp_path, runner):
-    corpus_file, idx = base_index
-    groups_file = write_jsonl(tmp_path / "groups.jsonl", groups(16))
-    out = tmp_path / "m"
-    r = runner("train", groups_file, "--corpus", corpus_file, "--model", tiny_bert, "--passage-index", idx,
-               "--max-steps", 3, "--guard-shards", 3, *FLAGS, "-o", out)
+    r, out = train_tower(runner, tiny_bert, base_index, tmp_path, "--max-steps", 3, "--guard-shards", 3)
     assert r.exit_code == 0, r.output
     record = json.loads((out / "guard.json").read_text())
     assert record["pool_docs"] == 40  # every doc of the index, none encoded
@@ -149,10 +152,7 @@ def test_merged_shards_keep_their_query_tower(tiny_bert, base_index, tmp_path, r
     from retrctl.indexes import open_index
 
     corpus_file, _ = base_index
-    groups_file = write_jsonl(tmp_path / "groups.jsonl", groups(16))
-    tower = tmp_path / "m"
-    r = runner("train", groups_file, "--corpus", corpus_file, "--model", tiny_bert, "--passage-index", base_index[1],
-               "--max-steps", 2, *FLAGS, "-o", tower)
+    r, tower = train_tower(runner, tiny_bert, base_index, tmp_path, "--max-steps", 2)
     assert r.exit_code == 0, r.output
     for i in (0, 1):
         r = runner("index", corpus_file, "--model", tiny_bert, "--shard-id", i, "--shard-num", 2, "-o", tmp_path / f"s{i}")

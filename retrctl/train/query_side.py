@@ -49,10 +49,8 @@ class PassageVectors:
     def __init__(self, directory: str, device: str):
         from retrctl.indexes.dense import stored_vectors
 
-        self.manifest, docids, vectors = stored_vectors(directory)
-        self.directory, self.dim = directory, int(self.manifest["dim"])
-        self.normalized = self.manifest.get("normalized")
-        self.model = str(self.manifest["encoder"].get("model"))
+        manifest, docids, vectors = stored_vectors(directory)
+        self.directory, self.dim, self.normalized = directory, int(manifest["dim"]), manifest.get("normalized")
         self.pos = {d: i for i, d in enumerate(docids)}
         self.vectors = torch.from_numpy(np.ascontiguousarray(vectors, dtype=np.float32)).to(device)
 
@@ -83,10 +81,10 @@ class QuerySideTrainer(Trainer):
         check_settings(cfg)
         from retrctl.indexes.encoded import manifest_model
 
-        if cfg.model and manifest_model(cfg.model) != self._index_model(cfg.passage_index):
-            raise UsageError(f"{cfg.passage_index} was built by {self._index_model(cfg.passage_index)}, not "
-                             f"{manifest_model(cfg.model)}: the query tower starts from the model that encoded the passages",
-                             flag="--passage-index")
+        built_by = self._index_model(cfg.passage_index) if cfg.model else None
+        if cfg.model and manifest_model(cfg.model) != built_by:
+            raise UsageError(f"{cfg.passage_index} was built by {built_by}, not {manifest_model(cfg.model)}: the query "
+                             "tower starts from the model that encoded the passages", flag="--passage-index")
         super().__init__(cfg, groups, corpus, output, **kw)
 
     @staticmethod
