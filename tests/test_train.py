@@ -83,6 +83,16 @@ def test_train_api_output_loads_in_stock_loaders(tiny_bert, tmp_path):
     assert not np.allclose(base, ours.encode(texts), atol=1e-3)  # the weights moved (FlagEmbedding#1547)
 
 
+def test_one_process_without_zero_trains_where_deepspeed_is_not_installed(tiny_bert, tmp_path, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else find_spec(name, *a))
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # an import of it raises ImportError, as on such a machine
+    out = train(_groups(), corpus=_corpus(), output=tmp_path / "m", model=str(tiny_bert), max_steps=2, **FAST)
+    assert len(_losses(out)) == 2
+
+
 def test_false_negatives_are_masked_in_training(no_dropout_bert, tmp_path):
     groups = _groups(8)
     groups[1]["positive_document_ids"] = ["d1", "d0"]  # q1 also accepts q0's positive

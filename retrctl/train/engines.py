@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import json
 import logging
 import math
@@ -83,7 +84,8 @@ def import_deepspeed():
 
 
 def setup_processes(cfg: TrainConfig) -> Dist:
-    import_deepspeed()
+    if importlib.util.find_spec("deepspeed") is not None:  # one process without ZeRO runs without DeepSpeed installed
+        import_deepspeed()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = cfg.device or (f"cuda:{local}" if torch.cuda.is_available() else "cpu")
