@@ -16,7 +16,8 @@
 #
 #    MINILM=dir SMOLLM2=file.gguf DATA=../shared/data/scifact WORK=/tmp/heal-gpu bash bench/heal_gpu.sh
 #
-# FAMILIES="smollm2" runs one family. SMOKE="--max-steps 2" caps every training run (a smoke test on tiny models).
+# FAMILIES="smollm2" runs one family. TEACHER_FLAGS adds flags to the SmolLM2 teacher's training (--dtype bf16, say).
+# SMOKE="--max-steps 2" caps every training run (a smoke test on tiny models).
 # Each command's seconds go to WORK/times.tsv (commands side by side share the GPU: their seconds are upper
 # bounds); logs to stderr.
 set -euo pipefail
@@ -30,6 +31,7 @@ SMOL_DROP=${SMOL_DROP:-15}
 SMOL_HEALS=${SMOL_HEALS:-smol-healed}
 FAMILIES=${FAMILIES:-smollm2 minilm}
 SMOKE=${SMOKE:-}
+TEACHER_FLAGS=${TEACHER_FLAGS:-}
 PY=${PY:-python3}
 PROMPT=$'Instruct: Given a scientific claim, retrieve documents that support or refute the claim\nQuery: '
 mkdir -p "$WORK"
@@ -80,8 +82,8 @@ print(train_groups(Path(sys.argv[2]), Path(sys.argv[3]), None))
 EOF
     )
     timed "train smollm2" train "$TRAIN_GROUPS" --corpus "$DATA" --model "$SMOLLM2" --pooling mean --bidirectional \
-        --query-prompt "$PROMPT" --passage-max-len 256 --query-max-len 64 --epochs 3 --batch-size 32 \
-        --train-group-size 2 --lr 1e-4 $SMOKE -o "$WORK/smol-trained"
+        --query-prompt "$PROMPT" --passage-max-len 256 --query-max-len 64 --epochs 3 --train-batch-size 32 \
+        --train-group-size 2 --lr 1e-4 $TEACHER_FLAGS $SMOKE -o "$WORK/smol-trained"
     timed "prune smollm2" prune "$WORK/smol-trained" --drop-layers "$SMOL_DROP" --calibration "$DATA" \
         -o "$WORK/smol-drop"
     healed=()

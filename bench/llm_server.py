@@ -15,6 +15,9 @@ The server is started the stock way (``python -m llama_cpp.server --model GGUF``
 
     flock /tmp/retrctl-bench.lock .venv/bin/python bench/llm_server.py            # ~20 min on 2 busy cores
     .venv/bin/python bench/llm_server.py --docs 2 --pairs 2 --concurrency 1       # smoke test
+    python3 bench/llm_server.py --in-process cpu,cuda,cuda:bf16 --concurrency none   # a GPU: in-process rates only
+
+The first in-process runtime (``--in-process``, device[:dtype]) is the baseline of every ratio.
 
 Markdown table on stdout; progress on stderr.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -77,7 +81,11 @@ def main():
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "scifact"), help="BEIR folder.")
     ap.add_argument("--docs", type=int, default=24, help="Documents for qgen.")
     ap.add_argument("--pairs", type=int, default=16, help="(query, passage) pairs for query likelihood.")
-    ap.add_argument("--concurrency", default="1,2,4", help="Client concurrency levels against the server.")
+    ap.add_argument("--concurrency", default="1,2,4",
+                    help="Client concurrency levels against the server; 'none' runs no server.")
+    ap.add_argument("--in-process", default="cpu",
+                    help="In-process runtimes, device[:dtype] (fp32 unless named), comma-separated; the first is the "
+                         "baseline of the ratios.")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--log", default="/tmp/retrctl-bench-llamacpp.log", help="The server's log.")
     args = ap.parse_args()
@@ -85,14 +93,19 @@ def main():
     docs = [d for _, d in zip(range(args.docs), records.read(data / "corpus.jsonl", "doc"), strict=False)]
     prompts, answers = ql_pairs(data, args.pairs)
     threads = torch.get_num_threads()
-    levels = [int(c) for c in args.concurrency.split(",")]
+    levels = [] if args.concurrency == "none" else [int(c) for c in args.concurrency.split(",")]
 
-    hf = load_llm("smollm2")
-    hf.logprobs(prompts[:1], answers[:1])  # warm up
-    print(f"in-process: qgen on {len(docs)} docs, QL on {len(prompts)} pairs", file=sys.stderr)
-    rows = [("in-process (transformers fp32, batch 8)", *qgen_rate(hf, docs, args.seed), *ql_rate(hf, prompts, answers))]
+    rows = []
+    for spec in args.in_process.split(","):
+        device, _, dtype = spec.partition(":")
+        hf = load_llm("smollm2", device=device, dtype=dtype or "fp32")
+        hf.logprobs(prompts[:1], answers[:1])  # warm up
+        print(f"in-process on {spec}: qgen on {len(docs)} docs, QL on {len(prompts)} pairs", file=sys.stderr)
+        rows.append((f"in-process (transformers {hf.dtype} on {device}, batch {hf.batch_size})",
+                     *qgen_rate(hf, docs, args.seed), *ql_rate(hf, prompts, answers)))
+        del hf
     server_args = ["--n_threads", threads, "--n_threads_batch", threads]
-    with LlamaCppServer("smollm2", args=server_args, log_path=args.log) as srv:
+    with LlamaCppServer("smollm2", args=server_args, log_path=args.log) if levels else nullcontext() as srv:
         for c in levels:
             oa = load_llm("smollm2", backend="openai", base_url=srv.url, concurrency=c)
             oa.logprobs(prompts[:1], answers[:1])  # warm up
@@ -101,8 +114,9 @@ def main():
                          *ql_rate(oa, prompts, answers)))
 
     base_q, base_l, base_scores = rows[0][1], rows[0][3], rows[0][4]
+    on = "cuda" if "cuda" in args.in_process else "cpu"
     print(f"SmolLM2-135M-Instruct Q4_1 GGUF, {len(docs)} SciFact docs (qgen), {len(prompts)} pairs (query "
-          f"likelihood); {threads} threads each side; {machine()}\n")
+          f"likelihood); {threads} CPU threads; {machine(on)}\n")
     print("| runtime | qgen docs/min | ratio | queries kept (length, dedupe, copies) | QL pairs/s | ratio | "
           "max abs score diff |")
     print("|---|---|---|---|---|---|---|")
