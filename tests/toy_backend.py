@@ -66,7 +66,7 @@ class OverlapIndex(base.Index):
         out = {}
         for q in queries:
             s = self._scores(q)
-            rows = [r for r in base.top_k(s, self._order_key(), k) if s[r] > 0] if len(s) else []
+            rows = [r for r in base.top_k(s, self.order_key(), k) if s[r] > 0] if len(s) else []
             out[q["query_id"]] = [(self.docids[r], float(s[r])) for r in rows]
         return out
 

@@ -94,7 +94,7 @@ def _sparse_queries(idx, queries: list[dict]) -> np.ndarray:
 
 def _sparse_search(idx, qrows: np.ndarray, k: int):
     st = idx.stores["sparse"]
-    return st.search(qrows, k, idx._order_key(), idx.docids, **idx.search_knob_values(st))
+    return st.search(qrows, k, idx.order_key(), idx.docids, **idx.search_knob_values(st))
 
 
 def _searched(idx) -> list[str]:
@@ -156,7 +156,7 @@ def search(idx, queries: list[dict], k: int) -> dict[str, list[tuple[str, float]
         runs.append({q["query_id"]: [(d, float(s)) for d, s in zip(ids, row, strict=False)]
                      for q, ids, row in zip(queries, docids, scores, strict=True)})
     if "bm25" in heads:
-        found = idx.stores["bm25"].search([q["query_text"] for q in queries], depth, idx._order_key(), idx.docids)
+        found = idx.stores["bm25"].search([q["query_text"] for q in queries], depth, idx.order_key(), idx.docids)
         runs.append({q["query_id"]: hits for q, hits in zip(queries, found, strict=True)})
     if len(runs) == 1:
         return runs[0]
@@ -246,7 +246,7 @@ def _rescore(idx, queries: list[dict], heads: list[str], k: int) -> dict[str, li
             _, lists = _sparse_search(idx, np.stack([p["sparse"] for p in parts]), depth)
         for seen, ids in zip(found, lists, strict=True):
             seen.update(idx._pos[d] for d in ids)
-    key, every = idx._order_key(), np.arange(len(idx), dtype=np.int64)
+    key, every = idx.order_key(), np.arange(len(idx), dtype=np.int64)
     out = {}
     for q, part, seen in zip(queries, parts, found, strict=True):
         rows = np.array(sorted(seen), np.int64) if cands else every
