@@ -26,7 +26,7 @@ arXiv:2407.03618). A doc is "title text" in both (BEIR's convention, Thakur et a
 | shard of the corpus (stable hash of docid) | `--shard-id/--shard-num`, then `--merge` | one shard |
 
 Heads: a model with a sparse head (SPLADE, or BGE-M3's lexical head) or BGE-M3's colbert head is indexed with every
-head by default, in one pass over the corpus, as stores of one dense index (retrctl/indexes/dense.py): the
+head by default, in one pass over the corpus, as heads of one dense index (retrctl/indexes/heads/): the
 colbert head's token vectors are kept as fp16, one flat array + per-doc offsets (indexes/multivector.py), and go
 through the updates, resume and shard merges below with the vectors; the log gives each head's bytes per doc.
 `--heads dense,bm25` adds the corpus's BM25 as a head (the bm25 backend's store, statistics recomputed over the

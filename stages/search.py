@@ -141,7 +141,7 @@ def set_knobs(idx, knobs: dict) -> None:
     one it does not take is the usage error its declaration words (the shared fusion flags: a multi-head index's),
     or ignored where it words none."""
     from retrctl.indexes import declared_flags
-    from retrctl.indexes.heads import FUSION_KNOBS, ONE_HEAD
+    from retrctl.indexes.heads.search import FUSION_KNOBS, ONE_HEAD
 
     declared = declared_flags("search")
     for name, value in knobs.items():

@@ -64,7 +64,7 @@ class ToyIndex(index_base.Index):
         out = {}
         for q in queries:
             s = self._all(q)
-            rows = [r for r in index_base.top_k(s, self._order_key(), k) if s[r] > 0] if len(s) else []
+            rows = [r for r in index_base.top_k(s, self.order_key(), k) if s[r] > 0] if len(s) else []
             out[q["query_id"]] = [(self.docids[r], float(s[r])) for r in rows]
         return out
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from conftest import DOCS, QUERIES
-from toy_backend import OverlapIndex, words
+from toy_backend import OverlapIndex, expected
 
 from retrctl.indexes import BACKENDS, open_index, store
 
@@ -29,18 +29,6 @@ def run_scores(path) -> dict[str, dict[str, float]]:
     return out
 
 
-def expected(docs, min_len: int, boost: float) -> dict[str, dict[str, float]]:
-    """What the backend must return, computed here from the texts: boost × distinct shared words, zero left out (a
-    run file has no line for a query without hits)."""
-    out = {}
-    for q in QUERIES:
-        asked = set(words(q["query_text"], min_len))
-        hits = {d["docid"]: boost * len(asked & set(words(f"{d['title']} {d['text']}", min_len))) for d in docs}
-        if any(hits.values()):
-            out[q["query_id"]] = {d: s for d, s in hits.items() if s > 0}
-    return out
-
-
 def test_its_flags_exist_only_while_it_is_registered(overlap, runner):
     assert "--min-len" in runner("index", "--help").stdout and "--boost" in runner("search", "--help").stdout
     assert "[dense|sparse|bm25|overlap]" in runner("index", "--help").stdout
@@ -58,7 +46,7 @@ def test_built_updated_and_searched_through_the_cli(overlap, runner, corpus_file
 
     r = runner("search", out, queries_file, "--boost", 2.5, "-o", tmp_path / "run.trec")
     assert r.exit_code == 0, r.stderr
-    assert run_scores(tmp_path / "run.trec") == expected(DOCS, 5, 2.5)
+    assert run_scores(tmp_path / "run.trec") == expected(DOCS, QUERIES, 5, 2.5)
     assert json.loads((tmp_path / "run.trec.manifest.json").read_text())["settings"]["boost"] == 2.5
 
     # an update in place: the backend and its flag come from the manifest; d4 is gone, d6 changed, d7 is new
@@ -70,14 +58,14 @@ def test_built_updated_and_searched_through_the_cli(overlap, runner, corpus_file
     assert "1 added, 1 updated, 4 unchanged, 1 removed" in updated.stderr and store.resolve(out).name == "000002"
     r = runner("search", out, queries_file, "-o", tmp_path / "run2.trec")
     assert r.exit_code == 0, r.stderr
-    assert run_scores(tmp_path / "run2.trec") == expected(docs, 5, 1.0)
+    assert run_scores(tmp_path / "run2.trec") == expected(docs, QUERIES, 5)
     assert "d4" not in (tmp_path / "run2.trec").read_text()
 
     # another value of its own index flag is another index: rebuilt, with the change named
     other = runner("index", tmp_path / "c2.jsonl", "--min-len", 3, "-o", out)
     assert other.exit_code == 0 and "min_len: 5 -> 3" in other.stderr, other.stderr
     found = {q: dict(hits) for q, hits in open_index(out).search(QUERIES, 10).items() if hits}
-    assert found == expected(docs, 3, 1.0) and len(found) == 3
+    assert found == expected(docs, QUERIES, 3) and len(found) == 3
 
 
 def test_its_search_flag_is_checked_and_refused_by_other_backends(overlap, runner, corpus_file, queries_file, tmp_path):

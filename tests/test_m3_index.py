@@ -1,5 +1,5 @@
 """BGE-M3's index: the colbert head's token vectors beside the dense and lexical heads in one index
-(retrctl/indexes/heads.py, indexes/multivector.py) and the hybrid re-scoring search. Tiny random BERT; the
+(retrctl/indexes/heads/, indexes/multivector.py) and the hybrid re-scoring search. Tiny random BERT; the
 real-model numbers are bench/m3.py's."""
 
 from __future__ import annotations
@@ -140,8 +140,8 @@ def test_three_heads_update_like_a_fresh_build(m3_model, tmp_path):
     index(CHANGED, tmp_path / "fresh", model=str(m3_model))
     a, b = open_index(tmp_path / "idx"), open_index(tmp_path / "fresh")
     assert a.docids == b.docids
-    ta, oa = a._tokens.arrays()
-    tb, ob = b._tokens.arrays()
+    ta, oa = a.stores["colbert"].arrays()
+    tb, ob = b.stores["colbert"].arrays()
     assert np.array_equal(oa, ob)
     np.testing.assert_allclose(ta, tb, atol=2e-3)  # d3 and d7 were encoded in another batch
     ra, rb = _searches(a), _searches(b)
@@ -169,7 +169,7 @@ def test_a_killed_three_head_build_resumes_from_its_chunks(m3_model, tmp_path, m
     assert not (tmp_path / "idx.partial").exists()
     index(DOCS, tmp_path / "clean", model=str(m3_model), checkpoint_every=2)
     a, b = open_index(tmp_path / "idx"), open_index(tmp_path / "clean")
-    assert np.array_equal(a._tokens.arrays()[0], b._tokens.arrays()[0])
+    assert np.array_equal(a.stores["colbert"].arrays()[0], b.stores["colbert"].arrays()[0])
     assert _searches(a) == _searches(b)
 
 

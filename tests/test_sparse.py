@@ -246,7 +246,7 @@ def test_sparse_model_exports_and_its_index_exports_as_json_vectors(sparse_model
     assert r.exit_code == 2
 
 
-# ---------------------------------------------------------------- one index, both heads (indexes/heads.py)
+# ---------------------------------------------------------------- one index, both heads (indexes/heads/)
 
 
 def _ids(run):
@@ -403,10 +403,10 @@ def test_a_large_index_saves_its_seismic_index_and_search_loads_it(method, spars
     from retrctl.indexes import open_index
 
     idx = open_index(tmp_path / "idx")
-    assert idx._seismic_saved is not None
+    assert idx.stores["sparse"]._seismic_saved is not None
     first = idx.get_vectors(idx.docids[:1])  # one more row: the rows changed in memory
-    idx._append_vectors(first if method == "sparse" else np.concatenate([first, idx.sparse_rows()[:1]], axis=1))
-    assert idx._seismic_saved is None  # a changed index never searches the saved version's Seismic index
+    idx._append_vectors(first if method == "sparse" else np.concatenate([first, idx.stores["sparse"].vectors()[:1]], axis=1))
+    assert idx.stores["sparse"]._seismic_saved is None  # a changed index never searches the saved version's Seismic index
 
 
 def test_symmetric_sparse_head_exports_as_a_stock_sparse_encoder(tiny_bert, tmp_path, runner):

@@ -1,5 +1,6 @@
 """A toy index backend, whole in this one module: word overlap, with one `index` flag and one `search` flag of its
-own. tests/test_index_toy_backend.py registers it with one line and drives it through the CLI."""
+own, and the scores it must give (``expected``). tests/test_index_toy_backend.py registers it with one line and
+drives it through the CLI; tests/toy_head.py keeps the same words as a head of a dense index."""
 
 import json
 import re
@@ -13,6 +14,18 @@ from retrctl.indexes import base, store
 
 def words(text: str, min_len: int) -> list[str]:
     return sorted({w for w in re.findall(r"\w+", text.lower()) if len(w) >= min_len})
+
+
+def expected(docs, queries, min_len: int, boost: float = 1.0) -> dict[str, dict[str, float]]:
+    """What word overlap must return, computed from the texts: boost × distinct shared words, zero left out (a run
+    file has no line for a query without hits)."""
+    out = {}
+    for q in queries:
+        asked = set(words(q["query_text"], min_len))
+        hits = {d["docid"]: boost * len(asked & set(words(f"{d['title']} {d['text']}", min_len))) for d in docs}
+        if any(hits.values()):
+            out[q["query_id"]] = {d: s for d, s in hits.items() if s > 0}
+    return out
 
 
 class OverlapIndex(base.Index):
@@ -66,7 +79,7 @@ class OverlapIndex(base.Index):
         out = {}
         for q in queries:
             s = self._scores(q)
-            rows = [r for r in base.top_k(s, self._order_key(), k) if s[r] > 0] if len(s) else []
+            rows = [r for r in base.top_k(s, self.order_key(), k) if s[r] > 0] if len(s) else []
             out[q["query_id"]] = [(self.docids[r], float(s[r])) for r in rows]
         return out
 

@@ -9,6 +9,10 @@ reuse a version), how it reopens from its manifest (``load``), its run tag and l
 query against given docs (``score``), and the command-line flags it takes (``index_flags``, ``search_flags``). The
 stages ask it and never branch on its name, so a new backend is one module here and one entry in ``BACKENDS``:
 `retrctl index --method` lists it from there, and `index`/`search` offer its flags (``declared_flags``).
+
+The dense backend is itself a composition of heads (the vectors, a model's sparse and colbert heads, the corpus's
+BM25), each one module of ``retrctl.indexes.heads`` and one entry in ``HEADS``, the same way: a head's flags join
+the dense backend's.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from retrctl.indexes import store
 from retrctl.indexes.base import Flag, Index, read_manifest
 from retrctl.indexes.bm25 import BM25Index
 from retrctl.indexes.dense import DenseIndex, HeadsIndex
+from retrctl.indexes.heads import HEADS
 from retrctl.indexes.sparse import SparseIndex
 from retrctl.indexes.store import Version, resolve
 
@@ -52,5 +57,5 @@ def open_index(directory: str | Path | Version, **kw) -> Index:
     return store.open_consistent(directory, load)
 
 
-__all__ = ["BACKENDS", "DEFAULT_BACKEND", "BM25Index", "DenseIndex", "Flag", "HeadsIndex", "Index", "SparseIndex", "Version",
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "HEADS", "BM25Index", "DenseIndex", "Flag", "HeadsIndex", "Index", "SparseIndex", "Version",
            "declared_flags", "open_index", "read_manifest", "resolve"]

@@ -269,7 +269,11 @@ class Index:
     def _missing_rows(self, seen: set) -> list[int]:
         return [i for i, d in enumerate(self.docids) if d not in seen]
 
-    def _order_key(self) -> np.ndarray:
+    def positions(self, docids: Iterable[str]) -> dict[str, int]:
+        """{docid: row} of the given docs that the index holds, in the order given."""
+        return {d: self._pos[d] for d in docids if d in self._pos}
+
+    def order_key(self) -> np.ndarray:
         """Rank of each row's docid in ascending docid order: the tie-break key."""
         key = getattr(self, "_order_cache", None)
         if key is None or len(key) != len(self.docids):
@@ -285,6 +289,13 @@ class Index:
 
 def new_stats() -> dict:
     return {"added": 0, "updated": 0, "unchanged": 0, "removed": 0}
+
+
+def as_run(queries: list[dict], found) -> dict[str, list[tuple[str, float]]]:
+    """A store's answer, (scores [nq, k], docids) best first, as a run: {query_id: [(docid, score)]}."""
+    scores, docids = found
+    return {q["query_id"]: [(d, float(s)) for d, s in zip(ids, row, strict=False)]
+            for q, ids, row in zip(queries, docids, scores, strict=True)}
 
 
 def top_k(scores: np.ndarray, key: np.ndarray, k: int) -> np.ndarray:

@@ -130,7 +130,7 @@ class BM25Index(base.Index):
     def search(self, queries: list[dict], k: int) -> dict[str, list[tuple[str, float]]]:
         """Top k docs per query that match at least one query term (Lucene semantics), ties by docid."""
         self.terms.finish()
-        key = self._order_key() if self.terms.retriever is not None else None
+        key = self.order_key() if self.terms.retriever is not None else None
         found = self.terms.search([q["query_text"] for q in queries], k, key, self.docids)
         return {q["query_id"]: hits for q, hits in zip(queries, found, strict=True)}
 

@@ -1,7 +1,7 @@
 """BM25's store: each doc's tokens, row-aligned with the owning index's docs, and bm25s's score matrix over them.
 
 One store serves both places BM25 lives: the ``bm25`` backend (indexes/bm25.py, the store alone) and the ``bm25``
-head of a multi-head dense index (indexes/dense.py, beside the faiss store), so a head built from the same docs
+head of a multi-head dense index (indexes/heads/bm25.py, beside the faiss store), so a head built from the same docs
 scores exactly as the backend does.
 
 A row is a doc's token ids (bm25s's tokenizer: lower-case, ``\\w\\w+``, the stopword list, no stemming; a doc

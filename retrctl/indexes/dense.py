@@ -1,25 +1,24 @@
-"""Dense index: encoder vectors in a faiss store (indexes/faiss_store.py), beside the model's other heads' stores.
+"""Dense index: encoder vectors in a faiss store (indexes/faiss_store.py), composed with the other heads it holds.
 
 ``DenseIndex(encoder, index_type="Flat")`` searches by inner product, i.e. the model's own similarity: cosine when the
-encoder normalizes (recorded as ``normalized`` in the manifest), dot product otherwise. A model with a sparse and/or
-colbert head is indexed with every head by default (``create``'s ``heads``): the index then holds a
-``sparse.SparseRowStore`` and a ``multivector.TokenStore`` beside the vectors, fed from one pass of the model
-(``Encoder.encode_heads``), and is a ``HeadsIndex``, whose search is indexes/heads.py's (fusion or BGE-M3's
-re-scoring over the stores). ``--heads dense,bm25`` adds the corpus's BM25 (``bm25_store.BM25Store``, the same store
-as the bm25 backend, fed the texts of the chunks the model encodes), so the delivered hybrid is one index.
-Updates, checkpointed encoding, versions and merges are ``EncodedIndex``'s.
+encoder normalizes (recorded as ``normalized`` in the manifest), dot product otherwise. The index is a composition of
+heads taken from the registry (indexes/heads/: ``HEADS``): by default every head the model has, or those ``--heads``
+names. Each head makes its rows (the encoded ones from one pass of the model, ``Encoder.encode_heads``), keeps them
+in its store, writes its files and manifest section, reopens itself and is searched; this module only iterates
+them. Holding another head than the vectors' makes it a ``HeadsIndex``, whose search is indexes/heads/search.py's
+(fusion or BGE-M3's re-scoring over the heads). Updates, checkpointed encoding, versions and merges are
+``EncodedIndex``'s.
 
-Files: ``index.json`` (settings = the constructor's arguments, the encoder's description — pooling, prompts, max
-lengths, normalize —, dim, metric, doc count, and a ``sparse``/``colbert`` section per other head), ``index.faiss``
-(faiss's own format), ``docids.parquet`` (docid + content hash per row), ``vectors.npy`` when the faiss index cannot
-give the exact vectors back (IVF, PQ, SQ…), and the other heads' files (``terms.npy``/``weights.npy``,
-``colbert.tokens.npy``/``colbert.offsets.npy``, ``bm25/``). ``search_defaults``: the fusion flags `index` was given
-(``--fusion``, ``--norm``, ``--weights`` per head, …), a search's own defaults.
+Files: ``index.json`` (settings = the constructor's arguments — the held heads in ``heads`` and their own keys —,
+the encoder's description — pooling, prompts, max lengths, normalize —, dim, metric, doc count, and a section per
+other head), ``index.faiss`` (faiss's own format), ``docids.parquet`` (docid + content hash per row), ``vectors.npy``
+when the faiss index cannot give the exact vectors back (IVF, PQ, SQ…), and the other heads' files, which their
+sections name. ``search_defaults``: the fusion flags `index` was given (``--fusion``, ``--norm``, ``--weights`` per
+head, …), a search's own defaults.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -28,11 +27,7 @@ import numpy as np
 from retrctl import fusion
 from retrctl.errors import UsageError
 from retrctl.indexes import base, store
-from retrctl.indexes import heads as multi_head
-from retrctl.indexes.bm25 import INDEX_FLAGS as BM25_FLAGS
-from retrctl.indexes.bm25 import bm25_settings
-from retrctl.indexes.bm25_store import FILES as BM25_FILES
-from retrctl.indexes.bm25_store import BM25Store
+from retrctl.indexes import heads as index_heads
 from retrctl.indexes.encoded import (
     CHECKPOINT_EVERY,
     EncodedIndex,
@@ -42,42 +37,40 @@ from retrctl.indexes.encoded import (
 )
 from retrctl.indexes.faiss_store import INDEX_TYPE, FaissStore
 from retrctl.indexes.faiss_store import SEARCH_FLAGS as FAISS_FLAGS
-from retrctl.indexes.multivector import TokenStore, to_lanes
-from retrctl.indexes.sparse import SEARCH_FLAGS as SPARSE_FLAGS
-from retrctl.indexes.sparse import SPARSE_TOP_K, SparseRowStore, pack
-from retrctl.models.config import MODEL_HEADS, PASSAGE_KEYS
+from retrctl.indexes.heads import HEADS, declared
+from retrctl.indexes.heads import search as multi_head
+from retrctl.models.config import PASSAGE_KEYS
 from retrctl.models.config import SETTINGS as ENCODER_KEYS  # the encoder settings a manifest records
 
 log = logging.getLogger("retrctl.index")
-BM25_DIR = "bm25"  # the bm25 head's files, in a folder of their own within a version
 
 __all__ = ["ENCODER_KEYS", "PASSAGE_KEYS", "DenseIndex", "HeadsIndex", "encoder_from_manifest"]
 
 
 class DenseIndex(EncodedIndex):
+    """The dense head's vectors, and the stores of the other heads it holds (``held``: head name → its
+    ``heads.Head``, in the order of the encoded row); ``built`` names them."""
+
     name = "dense"
     summary = "faiss"
-    flags = ("index_type", "batch_size", "checkpoint_every", "heads", "sparse_top_k", "k1", "b", "stopwords", "bm25_method")
+    # the registered heads' flags follow the index's own (read at each access: a head registered later brings its own)
+    flags = declared(("index_type", "batch_size", "checkpoint_every", "heads"), lambda h: [f.name for f in h.index_flags])
     search_knobs = ("batch_size", "ef_search", "nprobe")
-    index_flags = (INDEX_TYPE, CHECKPOINT_EVERY, multi_head.HEADS_TO_INDEX, SPARSE_TOP_K, *BM25_FLAGS)
-    search_flags = (*FAISS_FLAGS, *multi_head.SEARCH_FLAGS, *SPARSE_FLAGS)  # a HeadsIndex takes the other heads' knobs
+    index_flags = declared((INDEX_TYPE, CHECKPOINT_EVERY, index_heads.HEADS_TO_INDEX), lambda h: h.index_flags)
+    search_flags = declared((*FAISS_FLAGS, *multi_head.SEARCH_FLAGS), lambda h: h.search_flags)
 
     def __init__(self, encoder, index_type: str = "Flat", batch_size: int = 32, *, chunk_size: int = 4096,
                  ef_search: int = 128, nprobe: int = 32, train_size: int = 262144, seed: int = 0,
-                 heads: list[str] | tuple[str, ...] = ("dense",), top_k: int | None = None, bm25: dict | None = None):
+                 heads: list[str] | tuple[str, ...] = ("dense",), **head_settings):
+        """``head_settings``: the heads' own keys of the settings (``Head.settings``)."""
         self.index_type, self.ef_search, self.nprobe, self.train_size, self.seed = index_type, ef_search, nprobe, train_size, seed
-        self.built = list(heads)  # the heads stored; ``heads`` (a search knob) are the ones searched
-        self.heads = list(heads)
+        unknown = [h for h in heads if h not in HEADS]
+        if unknown:
+            raise ValueError(f"index heads {','.join(unknown)}: no such head is registered ({', '.join(HEADS)})")
+        self.held = {h: HEADS[h](encoder, head_settings) for h in heads}  # the heads stored
+        self.heads = list(heads)  # the heads searched (a search knob)
         self.dim = encoder.dim if encoder is not None else None
         self.normalized = bool(encoder.config.normalize) if encoder is not None else None
-        self.sparse_desc, self.top_k = None, top_k if "sparse" in self.built else None
-        sp = getattr(encoder, "sparse", None)
-        if sp is not None and "sparse" in self.built:
-            sp.top_k = self.top_k = multi_head.index_top_k(sp, top_k)
-            self.sparse_desc = {"vocab": sp.vocab, "special_ids": sp.special_ids, "query": sp.query, "top_k": sp.top_k}
-        cb = getattr(encoder, "colbert", None)
-        self.colbert_dim = cb.out_dim if cb is not None and "colbert" in self.built else None
-        self.bm25 = BM25Store(**(bm25 or {})).settings() if "bm25" in self.built else None  # the BM25 variant
         self.search_defaults: dict = {}
         self.query_desc: dict | None = None  # a query tower recorded by `index --query-model`: it encodes the queries
         self._query_side, self._query_load = None, {}
@@ -87,47 +80,45 @@ class DenseIndex(EncodedIndex):
         super().__init__(encoder, batch_size, chunk_size)
         self._clear()
 
+    @property
+    def built(self) -> list[str]:
+        return list(self.held)
+
     def new_stores(self) -> dict:
-        stores = {"dense": FaissStore(self.dim, self.index_type, train_size=self.train_size, seed=self.seed)}
-        if "sparse" in self.built:
-            stores["sparse"] = SparseRowStore(self.top_k, (self.sparse_desc or {}).get("vocab"))
-        if "colbert" in self.built:
-            stores["colbert"] = TokenStore(self.colbert_dim or 0)
-        if "bm25" in self.built:
-            stores["bm25"] = BM25Store(**self.bm25)
-        return stores
+        return {name: head.new_store(self) for name, head in self.held.items()}
 
     def config(self) -> dict:
         out = {"index_type": self.index_type, "batch_size": self.batch_size, "chunk_size": self.chunk_size,
                "ef_search": self.ef_search, "nprobe": self.nprobe, "train_size": self.train_size, "seed": self.seed}
-        if self.built != ["dense"]:
-            out.update(heads=self.built, top_k=self.top_k)
-        if self.bm25 is not None:
-            out["bm25"] = self.bm25
+        if self.built != [self.searched]:
+            out["heads"] = self.built
+            for name, head in HEADS.items():
+                out.update(self.held[name].settings() if name in self.held else head.unset)
         return out
 
     # ------------------------------------------------------------ what the stages ask
 
     @classmethod
     def create(cls, encoder=None, *, index_type: str = "Flat", batch_size: int = 32, checkpoint_every: int = 4096,
-               heads: str | None = None, sparse_top_k: int | None = None, k1: float = 0.9, b: float = 0.4,
-               stopwords: str | None = "en", bm25_method: str = "lucene") -> DenseIndex:
-        """``heads``: None = every head the model has; with a sparse, colbert or bm25 head among them, a
-        ``HeadsIndex`` (``k1``, ``b``, ``stopwords``, ``bm25_method``: the bm25 head's variant)."""
+               heads: str | None = None, **head_options) -> DenseIndex:
+        """``heads``: None = every head the model has; with another head among them, a ``HeadsIndex``
+        (``head_options``: the heads' own `index` flags, ``Head.index_flags``)."""
+        unknown = sorted(set(head_options) - set(cls.flags))
+        if unknown:
+            raise TypeError(f"create() got an unexpected keyword argument {unknown[0]!r}")
         settings = {"index_type": index_type, "batch_size": batch_size, "chunk_size": checkpoint_every}
-        if heads is None and all(getattr(encoder, h, None) is None for h in MODEL_HEADS[1:]) or heads == "dense":
-            return cls(encoder, **settings)
-        chosen = _heads_to_index(encoder, heads)
-        if chosen == ["dense"]:
+        chosen = index_heads.to_index(encoder, heads, cls.searched)
+        if chosen == [cls.searched]:
             return DenseIndex(encoder, **settings)
-        bm25 = bm25_settings(k1, b, stopwords, bm25_method) if "bm25" in chosen else None
-        return HeadsIndex(encoder, heads=chosen, top_k=sparse_top_k, bm25=bm25, **settings)
+        head_settings = {k: v for h in chosen for k, v in HEADS[h].settings_from(head_options).items()}
+        return HeadsIndex(encoder, heads=chosen, **head_settings, **settings)
 
     @classmethod
     def update_options(cls, manifest: dict, options: dict) -> dict:
-        """Without ``--heads``, an index holding the bm25 head keeps its heads (the model's default set lacks it)."""
+        """Without ``--heads``, an index holding a head no model encodes keeps its heads (the model's default set
+        lacks it)."""
         heads = manifest.get("settings", {}).get("heads") or []
-        if options.get("heads") is None and "bm25" in heads:
+        if options.get("heads") is None and any(h in HEADS and not HEADS[h].encoded for h in heads):
             return {**options, "heads": ",".join(heads)}
         return options
 
@@ -135,8 +126,9 @@ class DenseIndex(EncodedIndex):
     def content_settings(cls, manifest: dict) -> dict:
         """The faiss structure and every encoder setting (the model included): what the stored rows depend on."""
         settings = manifest.get("settings", {})
-        return {"index_type": settings.get("index_type"), "heads": settings.get("heads") or ["dense"],
-                "sparse_top_k": settings.get("top_k"), "bm25": settings.get("bm25"), **base.encoder_content(manifest)}
+        heads = {k: v for head in HEADS.values() for k, v in head.content(settings).items()}
+        return {"index_type": settings.get("index_type"), "heads": settings.get("heads") or [cls.searched], **heads,
+                **base.encoder_content(manifest)}
 
     @classmethod
     def run_tag(cls, manifest: dict) -> str:
@@ -154,41 +146,25 @@ class DenseIndex(EncodedIndex):
     @property
     def index(self):
         """The faiss index behind the vectors."""
-        return self.stores["dense"].index
-
-    def sparse_rows(self) -> np.ndarray:
-        return self.stores["sparse"].vectors()
-
-    def matrix(self):
-        return self.stores["sparse"].matrix()
-
-    @property
-    def _tokens(self) -> TokenStore:
-        return self.stores["colbert"]
-
-    @property
-    def _seismic_saved(self):
-        return self.stores["sparse"]._seismic_saved
+        return self.stores[self.searched].index
 
     def _doc_rows(self, texts: list[str]) -> np.ndarray:
-        """The model's heads' columns (the bm25 head reads the texts itself: ``EncodedIndex._text_rows``)."""
-        model_heads = [h for h in self.built if h in MODEL_HEADS]
-        if model_heads == ["dense"]:
-            return self.encoder.encode(texts, kind="passage", batch_size=self.batch_size)
-        out = self.encoder.encode_heads(texts, "passage", self.batch_size, heads=tuple(model_heads))
-        parts = [out["dense"]]
-        if "sparse" in self.built:
-            parts.append(pack(*out["sparse"]))
-        if "colbert" in self.built:
-            parts.append(to_lanes(out["colbert"], self.colbert_dim))
-        return np.concatenate(parts, axis=1)
+        """The encoded heads' columns from one pass of the model (the other heads' stores read the texts
+        themselves: ``EncodedIndex._text_rows``)."""
+        encoded = [head for head in self.held.values() if head.encoded]
+        if len(encoded) == 1:
+            return encoded[0].alone(self.encoder, texts, self.batch_size)
+        out = self.encoder.encode_heads(texts, "passage", self.batch_size, heads=tuple(h.name for h in encoded))
+        return np.concatenate([head.columns(out) for head in encoded], axis=1)
 
     def record_query_model(self, encoder) -> None:
         """Encode queries with ``encoder`` (a query tower trained against these vectors: train --passage-index),
         the docs still with the index's model; recorded in the manifest, so every search uses it."""
-        if set(self.built) - {"dense", "bm25"}:
+        others = [name for name, head in self.held.items() if head.encoded and name != self.searched]
+        if others:
             raise UsageError(f"--query-model: this index holds the model's {','.join(self.built)} heads, whose query "
-                             "sides the query model does not have; it applies to a dense (and bm25) index")
+                             f"sides the query model does not have; it applies to an index whose one model head is "
+                             f"{self.searched}")
         desc = describe(encoder)
         if desc["dim"] != self.dim or bool(encoder.config.normalize) != bool(self.normalized):
             raise UsageError(f"--query-model {desc['model']}: {desc['dim']}-dim vectors (normalized: "
@@ -210,7 +186,7 @@ class DenseIndex(EncodedIndex):
     # ------------------------------------------------------------ files
 
     def manifest(self) -> dict:
-        faiss_files = self.stores["dense"].files()
+        faiss_files = self.stores[self.searched].files()
         out = {
             "backend": self.name,
             "settings": self.config(),
@@ -222,14 +198,10 @@ class DenseIndex(EncodedIndex):
             "files": {"faiss": faiss_files["faiss"], "docids": base.DOCIDS, "vectors": faiss_files["vectors"]},
             **self.meta,
         }
-        if "sparse" in self.built:
-            sp = self.stores["sparse"]
-            out["sparse"] = {**self.sparse_desc, "nonzeros": sp.nonzeros(),
-                             "files": {"terms": "terms.npy", "weights": "weights.npy", **sp.files}}
-        if "colbert" in self.built:
-            out["colbert"] = self.stores["colbert"].manifest()
-        if "bm25" in self.built:
-            out["bm25"] = {**self.stores["bm25"].manifest(), "files": {k: f"{BM25_DIR}/{v}" for k, v in BM25_FILES.items()}}
+        for name, head in self.held.items():
+            section = head.section(self.stores[name])
+            if section is not None:
+                out[name] = section
         if self.search_defaults:
             out["search_defaults"] = self.search_defaults
         if self.query_desc is not None:
@@ -237,20 +209,16 @@ class DenseIndex(EncodedIndex):
         return out
 
     def write_files(self, directory: Path) -> None:
-        """Write the complete index files into the empty ``directory`` (one version): each store's, the doc ids,
-        and the manifest last."""
+        """Write the complete index files into the empty ``directory`` (one version): each head's store's, the doc
+        ids, and the manifest last (a store's write may add files its section names)."""
         self._finish()
-        for name in ("sparse", "colbert"):
-            if name in self.stores:
-                self.stores[name].write(directory, len(self))
-        if "bm25" in self.stores:
-            self.stores["bm25"].write(directory / BM25_DIR, len(self))
+        for name, head in self.held.items():
+            head.write(self.stores[name], directory, len(self))
         manifest = self.manifest()
-        self.stores["dense"].write(directory, len(self))
         base.write_docids(directory, self.docids, self._hash)
         base.write_manifest(directory, manifest)
-        if self.built != ["dense"]:
-            sizes = multi_head.bytes_per_doc(directory, json.loads((directory / base.MANIFEST).read_text()))
+        if len(self.held) > 1:
+            sizes = index_heads.bytes_per_doc(directory, manifest)
             log.info("index size per doc: %s", ", ".join(f"{h} {b:.0f} bytes" for h, b in sizes.items()))
 
     @classmethod
@@ -275,24 +243,13 @@ class DenseIndex(EncodedIndex):
             if diff:
                 log.warning("encoder differs from the one index %s was built with in %s", directory, ", ".join(sorted(diff)))
         settings = manifest["settings"]
-        kind = HeadsIndex if set(settings.get("heads") or ()) - {"dense"} else DenseIndex
+        kind = HeadsIndex if set(settings.get("heads") or ()) - {cls.searched} else DenseIndex
         idx = kind(encoder, **settings)
         idx._read_meta(manifest)
         idx.normalized = manifest.get("normalized")
         docids, hashes = base.read_docids(directory)
-        stores = {"dense": FaissStore.read(directory, manifest["files"], len(docids), idx.index_type,
-                                           train_size=idx.train_size, seed=idx.seed)}
+        idx.stores = {name: head.read(idx, directory, manifest, len(docids)) for name, head in idx.held.items()}
         idx._set_ids(docids, hashes)
-        if "sparse" in idx.built:
-            idx.sparse_desc = {k: v for k, v in manifest["sparse"].items() if k not in ("files", "nonzeros")}
-            stores["sparse"] = SparseRowStore.read(directory, manifest["sparse"]["files"], len(idx), idx.top_k,
-                                                   idx.sparse_desc["vocab"])
-        if "colbert" in idx.built:
-            stores["colbert"] = TokenStore.read(directory, manifest["colbert"], len(idx))
-            idx.colbert_dim = stores["colbert"].dim
-        if "bm25" in idx.built:
-            stores["bm25"] = BM25Store.read(directory / BM25_DIR, idx.bm25, len(idx))
-        idx.stores = stores
         idx.version = version
         idx.record_search_defaults(manifest.get("search_defaults") or {})
         idx.query_desc, idx._query_load = manifest.get("query_model"), {"device": device, **overrides}
@@ -308,18 +265,19 @@ class DenseIndex(EncodedIndex):
             idx.dim = vectors.shape[1]
             idx.stores = idx.new_stores()
         idx._set_ids(list(docids), hashes or [""] * len(docids))
-        idx.stores["dense"].rebuild(vectors)
+        idx.stores[idx.searched].rebuild(vectors)
         return idx
 
     @classmethod
     def merge(cls, parts: list[DenseIndex]) -> DenseIndex:
         first = parts[0]
-        if any(p.built != first.built or p.colbert_dim != first.colbert_dim for p in parts):
-            raise ValueError("cannot merge indexes of different heads or colbert dims")
-        if any(p.top_k != first.top_k for p in parts):
-            raise ValueError("cannot merge indexes that keep different numbers of sparse terms")
-        if any(p.bm25 != first.bm25 for p in parts):
-            raise ValueError("cannot merge indexes whose bm25 heads have different settings")
+        if any(p.built != first.built for p in parts):
+            raise ValueError("cannot merge indexes of different heads")
+        for name, head in first.held.items():
+            other = next((p.held[name] for p in parts if p.held[name].merge_key() != head.merge_key()), None)
+            if other is not None:
+                raise ValueError(f"cannot merge indexes whose {name} heads differ ({head.merge_key()} vs "
+                                 f"{other.merge_key()})")
         for p in parts[1:]:
             if p.config()["index_type"] != first.index_type or same_encoder(p.encoder_desc) != same_encoder(first.encoder_desc):
                 raise ValueError("cannot merge indexes built with different encoders or index types")
@@ -327,7 +285,7 @@ class DenseIndex(EncodedIndex):
             raise ValueError("cannot merge indexes whose queries are encoded by different query models (index --query-model)")
         out = type(first)(first.encoder, **first.config())
         out.encoder_desc = first.encoder_desc
-        out.sparse_desc, out.colbert_dim = first.sparse_desc, first.colbert_dim
+        out.held = dict(first.held)  # the heads' descriptions, read from the first part's manifest
         out._joined_stores(parts)
         out.record_search_defaults(first.search_defaults)
         out.query_desc, out._query_side, out._query_load = first.query_desc, first._query_side, first._query_load
@@ -350,27 +308,25 @@ def stored_vectors(directory: str | Path) -> tuple[dict, list[str], np.ndarray]:
 
 
 class HeadsIndex(DenseIndex):
-    """A dense index holding the model's other heads too: the same stores and plumbing, searched over the heads
-    ``heads`` names (indexes/heads.py: their lists fused, or candidates re-scored with colbert)."""
+    """A dense index holding other heads too: the same stores and plumbing, searched over the heads ``heads``
+    names (indexes/heads/search.py: their lists fused, or candidates re-scored by s_rank)."""
 
-    search_knobs = (*DenseIndex.search_knobs, "heads", "fusion", "norm", "weights", "rrf_k", "depth", "candidates",
-                    "sparse_search", "query_cut", "heap_factor")
+    search_knobs = declared((*DenseIndex.search_knobs, "heads", *multi_head.FUSION_KNOBS, "candidates"),
+                            lambda h: h.knobs)
     fusion, norm, weights, rrf_k, depth = fusion.METHOD, fusion.NORM, None, fusion.RRF_K, 100
-    candidates = None  # with colbert: heads whose top --depth are re-scored, or "all"
-    sparse_search, query_cut, heap_factor = "auto", 20, 0.9  # a token-count query has ~20 terms, all weight 1
-    _last_parts: dict[str, dict] = {}  # query text -> its encoded heads, of the last hybrid search
+    candidates = None  # with a head that re-scores: heads whose top --depth are re-scored, or "all"
+
+    def __init__(self, encoder, *args, **kw):
+        for head in HEADS.values():  # every registered head's search knobs, at their defaults, as `search` reports
+            vars(self).update(head.knobs)
+        self._last_parts: dict[str, dict] = {}  # query text -> its encoded heads, of the last re-scoring search
+        super().__init__(encoder, *args, **kw)
 
     def describe(self) -> str:
-        parts = []
-        if self.sparse_desc:
-            parts.append(f"sparse top-{self.top_k}, queries by {self.sparse_desc['query']}")
-        if self.colbert_dim:
-            parts.append(f"colbert dim {self.colbert_dim}, {len(self._tokens.arrays()[0])} tokens")
-        if self.bm25 is not None:
-            parts.append(self.stores["bm25"].variant())
+        parts = [d for name, head in self.held.items() if (d := head.describe(self.stores[name])) is not None]
         if self.search_defaults:
             parts.append("search defaults " + ", ".join(f"{k} {v}" for k, v in self.search_defaults.items()))
-        sizes = multi_head.bytes_per_doc(self.version.path, self.version.manifest) if self.version is not None else {}
+        sizes = index_heads.bytes_per_doc(self.version.path, self.version.manifest) if self.version is not None else {}
         size = f"; bytes per doc: {', '.join(f'{h} {b:.0f}' for h, b in sizes.items())}" if sizes else ""
         return f"{super().describe()}; heads {','.join(self.built)} ({'; '.join(parts)}){size}"
 
@@ -382,30 +338,15 @@ class HeadsIndex(DenseIndex):
             setattr(self, name, value)
 
     def search(self, queries: list[dict], k: int) -> dict[str, list[tuple[str, float]]]:
-        return multi_head.search(self, queries, k)
+        run, self._last_parts = multi_head.search(self, queries, k)
+        return run
 
     def score(self, query: dict, docids) -> dict[str, float]:
-        return multi_head.score(self, query, docids)
+        return multi_head.score(self, query, docids, self._last_parts.get(query["query_text"], {}))
 
     def dense_search(self, queries: list[dict], k: int) -> dict[str, list[tuple[str, float]]]:
-        """The dense head's own search (one of the lists heads.search fuses)."""
+        """The dense head's own search (one of the lists a multi-head search fuses)."""
         return super().search(queries, k)
 
     def dense_score(self, query: dict, docids) -> dict[str, float]:
         return super().score(query, docids)
-
-
-def _heads_to_index(encoder, value) -> list[str]:
-    """``--heads`` checked against the model: each head it names exists, dense among them."""
-    chosen = multi_head.parse_heads(value, encoder)
-    if "colbert" in chosen and "bm25" in chosen:
-        raise UsageError(f"--heads {','.join(chosen)}: a search with colbert re-scores by raw scores, which BM25's "
-                         "scale does not share; index bm25 beside dense and sparse (or search a bm25 index and fuse)")
-    for head in chosen:
-        if head not in ("dense", "bm25") and getattr(encoder, head, None) is None:
-            raise UsageError(f"--heads {','.join(chosen)}: {getattr(encoder, 'source', 'the model')} has no {head} "
-                             f"head (train one with --heads {multi_head.TRAIN_HINT[head]})")
-    if "dense" not in chosen:
-        raise UsageError(f"--heads {','.join(chosen)}: an index holds the dense head too (--heads dense,{','.join(chosen)})"
-                         + ("; the sparse head alone is --method sparse" if chosen == ["sparse"] else ""))
-    return chosen

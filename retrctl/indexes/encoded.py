@@ -112,11 +112,12 @@ class EncodedIndex(base.Index):
         columns = {name: st for name, st in self.stores.items() if not getattr(st, "reads_text", False)}
         if len(columns) == 1:
             return {name: rows for name in columns}
+        rest = rows.shape[1] - sum(st.width or 0 for st in columns.values())  # the one store of width None
         out, at = {}, 0
         for name, st in columns.items():
-            width = st.width
-            out[name] = rows[:, at:] if width is None else rows[:, at : at + width]
-            at += width or 0
+            width = rest if st.width is None else st.width
+            out[name] = rows[:, at : at + width]
+            at += width
         return out
 
     def _text_rows(self, chunk: list[tuple[dict, str, int | None]]) -> dict[str, list]:
@@ -242,18 +243,21 @@ class EncodedIndex(base.Index):
     def search_knob_values(self, st) -> dict:
         return {name: getattr(self, name) for name in st.knobs}
 
+    def search_store(self, name: str, queries, k: int):
+        """Top min(k, len) docs per query (as the store ``name`` takes them) of that store, ties by docid: (scores
+        [nq, k], docids) best first, or the store's own hit lists (a store that reads text)."""
+        st = self.stores[name]
+        return st.search(queries, k, self.order_key(), self.docids, **self.search_knob_values(st))
+
     def search_vectors(self, qvecs: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
-        """Top min(k, len) docs per encoded query of the searched store: (scores [nq, k], docids), best first,
-        ties by docid."""
-        st = self.stores[self.searched]
-        return st.search(qvecs, k, self._order_key(), self.docids, **self.search_knob_values(st))
+        """Top min(k, len) docs per encoded query of the searched store: (scores [nq, k], docids)."""
+        return self.search_store(self.searched, qvecs, k)
 
     def search(self, queries: list[dict], k: int) -> dict[str, list[tuple[str, float]]]:
         qvecs = self._encode_queries(queries)
         # kept until the next search: scoring this chunk's positives (mine) costs no second forward pass
         self._last_queries = {q["query_text"]: v for q, v in zip(queries, qvecs, strict=True)}
-        scores, docids = self.search_vectors(qvecs, k)
-        return {q["query_id"]: [(d, float(s)) for d, s in zip(ids, row, strict=False)] for q, ids, row in zip(queries, docids, scores, strict=True)}
+        return base.as_run(queries, self.search_vectors(qvecs, k))
 
     def score(self, query: dict, docids: Iterable[str]) -> dict[str, float]:
         """The encoded query's score with each given doc's stored row (what search ranks by)."""

@@ -5,7 +5,7 @@ Each doc keeps the ``top_k`` largest of its term weights. Rows are stored fixed-
 int32 [N, k] and ``weights.npy`` float32 [N, k], zero-padded), with the pair packed side by side as one float32 row
 [terms | weights] in memory (term ids < 2^24 are exact in float32): one encoded row per doc, so the store rides on
 ``EncodedIndex``'s content-hash updates, checkpointed encoding, versions and merges, alone (``--method sparse``) or
-beside the dense head's vectors (indexes/dense.py). Search builds the CSR matrix once per opened index and scores every doc:
+beside the dense head's vectors (indexes/heads/sparse.py). Search builds the CSR matrix once per opened index and scores every doc:
 ``Q @ Dᵀ``, ties by docid, the same order as every other backend.
 
 Queries: the head's ``query`` mode — LightRetriever's token counts (no model runs for a query) or the head itself
@@ -133,6 +133,7 @@ SEISMIC_FILE = "sparse.index.seismic"  # what SeismicIndex.save("<dir>/sparse") 
 
 SPARSE_TOP_K = base.Flag("sparse_top_k", f"{SPARSE_TOP_K_HELP} [default: the model's sparse head's]", int, low=1)
 NO_SPARSE = "--{flag}: this {backend} index holds no sparse head"
+KNOBS = {"sparse_search": "auto", "query_cut": 20, "heap_factor": 0.9}  # a token-count query has ~20 terms, all weight 1
 SEARCH_FLAGS = (
     base.Flag("sparse_search", "Sparse head: exact (scipy CSR) or seismic (approximate inverted index, candidates "
               "rescored exactly). [default: auto = seismic from 100,000 docs]", SEARCHES, refused=NO_SPARSE),
@@ -146,7 +147,7 @@ class SparseRowStore:
     """The sparse head's store: each doc's top-k (term, weight) pairs as one packed float32 row, row-aligned with the
     owning index's docs; the CSR matrix built from them once per change; exact or Seismic search."""
 
-    knobs = ("sparse_search", "query_cut", "heap_factor")  # the search settings ``search`` reads off the index
+    knobs = tuple(KNOBS)  # the search settings ``search`` reads off the index
 
     def __init__(self, top_k: int | None, vocab: int | None):
         self.top_k, self.vocab = top_k, vocab
@@ -284,7 +285,7 @@ class SparseIndex(EncodedIndex):
     index_flags = (CHECKPOINT_EVERY, SPARSE_TOP_K)
     search_flags = SEARCH_FLAGS
     searched = "sparse"
-    sparse_search, query_cut, heap_factor = "auto", 20, 0.9  # a token-count query has ~20 terms, all weight 1
+    sparse_search, query_cut, heap_factor = KNOBS.values()
 
     def __init__(self, encoder, batch_size: int = 32, *, chunk_size: int = 4096, top_k: int | None = None):
         if encoder is not None and getattr(encoder, "sparse", None) is None:
@@ -332,10 +333,6 @@ class SparseIndex(EncodedIndex):
     def matrix(self):
         """The docs as a scipy CSR matrix [N, vocab] (built once per change)."""
         return self.stores["sparse"].matrix()
-
-    @property
-    def _seismic_saved(self):
-        return self.stores["sparse"]._seismic_saved
 
     # ------------------------------------------------------------ files
 

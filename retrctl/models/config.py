@@ -70,8 +70,6 @@ class LoadOptions:
     device: str | None = _setting(None, side=None, flag="--device", help="Device (default: cuda when present, else cpu).")
 
 
-INDEX_HEADS = ("dense", "sparse", "colbert", "bm25")  # the heads an index can hold (`retrctl index/search --heads`)
-MODEL_HEADS = INDEX_HEADS[:3]  # those a model encodes; bm25 is the corpus's own (its statistics, no model)
 HEAD_ALIASES = {"lexical": "sparse"}  # BGE-M3's lexical head is stored and searched as the model's sparse head
 
 # flags that train, index and search each take, described once (their defaults differ by stage)
@@ -86,18 +84,6 @@ QUERY_ENCODER_HELP = ("The query encoder: full (the transformer) or token-lookup
                       "dir; search: auto uses the table when the model ships one, else the full model.")
 SPARSE_TOP_K_HELP = ("Terms kept per encoded doc by the sparse head: train saves it with the head (0 = all); index may "
                      "keep fewer.")
-
-
-def parse_heads(value, has_sparse: bool = False, has_colbert: bool = False) -> list[str]:
-    """``--heads`` as a list in INDEX_HEADS order; None = every head the model has. ValueError for a bad name."""
-    if value is None:
-        return ["dense", *(["sparse"] if has_sparse else []), *(["colbert"] if has_colbert else [])]
-    got = [HEAD_ALIASES.get(h.strip(), h.strip()) for h in (value.split(",") if isinstance(value, str) else value) if h.strip()]
-    bad = [h for h in got if h not in INDEX_HEADS]
-    if bad or not got:
-        raise ValueError(f"--heads {','.join(got)}: choose from {', '.join(INDEX_HEADS)} (comma-separated)")
-    return [h for h in INDEX_HEADS if h in got]
-
 
 SETTINGS = tuple(f.name for f in dataclasses.fields(EncoderConfig))  # every key of retrctl.json / a manifest's encoder
 PASSAGE_KEYS = tuple(f.name for f in dataclasses.fields(EncoderConfig) if f.metadata["side"] in ("both", "passage"))
