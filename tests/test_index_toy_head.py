@@ -56,6 +56,17 @@ def test_unregistered_it_is_refused(runner, tiny_bert, corpus_file, tmp_path):
     assert r.exit_code == 2 and "choose from dense, sparse, colbert, bm25" in r.stderr, r.stderr
 
 
+def test_an_index_holding_a_head_no_longer_registered_is_refused_naming_the_field(runner, tiny_bert, corpus_file,
+                                                                                    queries_file, tmp_path, monkeypatch):
+    idx = tmp_path / "idx"
+    with monkeypatch.context() as m:
+        m.setitem(HEADS, OverlapHead.name, OverlapHead)
+        assert runner("index", corpus_file, "--model", tiny_bert, "--heads", "dense,overlap", "-o", idx).exit_code == 0
+    r = runner("search", idx, queries_file, "-o", tmp_path / "run.trec")
+    assert r.exit_code == 2 and "index.json: field 'settings.heads': overlap: not a head" in r.stderr, r.stderr
+    assert not (tmp_path / "run.trec").exists()
+
+
 def test_built_updated_merged_and_searched_through_the_cli(overlap, runner, tiny_bert, corpus_file, queries_file,
                                                            tmp_path):
     idx = tmp_path / "idx"

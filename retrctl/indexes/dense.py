@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from retrctl import fusion
-from retrctl.errors import UsageError
+from retrctl.errors import RecordError, UsageError
 from retrctl.indexes import base, store
 from retrctl.indexes import heads as index_heads
 from retrctl.indexes.encoded import (
@@ -243,6 +243,10 @@ class DenseIndex(EncodedIndex):
             if diff:
                 log.warning("encoder differs from the one index %s was built with in %s", directory, ", ".join(sorted(diff)))
         settings = manifest["settings"]
+        unknown = [h for h in settings.get("heads") or () if h not in HEADS]
+        if unknown:
+            raise RecordError(Path(directory) / store.MANIFEST, field="settings.heads",
+                              message=f"{', '.join(unknown)}: not a head this retrctl has ({', '.join(HEADS)})")
         kind = HeadsIndex if set(settings.get("heads") or ()) - {cls.searched} else DenseIndex
         idx = kind(encoder, **settings)
         idx._read_meta(manifest)
