@@ -179,7 +179,7 @@ def command(index_dir, queries, output, input_format, batch_size, corpus, hits, 
     if not idx.needs_encoder and (overrides or device):
         log.warning("encoder flags are ignored by a %s index", idx.name)
     log.info("%s index %s: %s", idx.name, index_dir, idx.describe())
-    set_knobs(idx, {"batch_size": batch_size, "fusion": fusion_method, **opts})
+    set_knobs(idx, {"batch_size": batch_size, "fusion": fusion_method, "remove_query": remove_query or None, **opts})
     fmt = output_format
     if with_text:
         if fmt == "trec":

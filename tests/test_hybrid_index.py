@@ -244,3 +244,33 @@ def test_copy_from_bad_input_exits_2_and_writes_nothing(runner, tiny_bert, corpu
     assert r.exit_code == 2 and words in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and len([line for line in r.stderr.splitlines() if words in line]) == 1
     assert not out.exists()
+
+
+def test_remove_query_drops_the_querys_own_doc_before_fusion_as_fuse_of_such_runs_does(runner, tiny_bert, tmp_path):
+    """ArguAna's convention: a query is itself a doc. Its own doc tops both lists; fused in the index, it must leave
+    each list before min-max scaling, or it sets each list's scale and the ranking differs from `fuse`'s."""
+    def run(*args):
+        r = runner(*args)
+        assert r.exit_code == 0, r.stderr
+        return r
+
+    def trec(path):
+        out = {}
+        for line in path.read_text().splitlines():
+            q, _, d, _, s, _ = line.split()
+            out.setdefault(q, []).append((d, float(s)))
+        return out
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", CORPUS)
+    queries = write_jsonl(tmp_path / "q.jsonl", [{"query_id": d["docid"], "query_text": d["text"]} for d in CORPUS[:6]])
+    run("index", corpus, "--model", tiny_bert, "--heads", "dense,bm25", "--weights", "0.6,0.4", "-o", tmp_path / "h")
+    run("index", corpus, "--model", tiny_bert, "-o", tmp_path / "dense")
+    run("index", corpus, "--method", "bm25", "-o", tmp_path / "bm25")
+    for name in ("dense", "bm25"):
+        run("search", tmp_path / name, queries, "--hits", 100, "--remove-query", "-o", tmp_path / f"{name}.trec")
+    run("fuse", tmp_path / "dense.trec", tmp_path / "bm25.trec", "--weights", "0.6,0.4", "--hits", 10,
+        "-o", tmp_path / "fused.trec")
+    run("search", tmp_path / "h", queries, "--hits", 10, "--remove-query", "-o", tmp_path / "hybrid.trec")
+    hybrid = trec(tmp_path / "hybrid.trec")
+    assert all(q not in [d for d, _ in hits] for q, hits in hybrid.items())
+    near(hybrid, trec(tmp_path / "fused.trec"))

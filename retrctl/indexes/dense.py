@@ -315,9 +315,10 @@ class HeadsIndex(DenseIndex):
     """A dense index holding other heads too: the same stores and plumbing, searched over the heads ``heads``
     names (indexes/heads/search.py: their lists fused, or candidates re-scored by s_rank)."""
 
-    search_knobs = declared((*DenseIndex.search_knobs, "heads", *multi_head.FUSION_KNOBS, "candidates"),
+    search_knobs = declared((*DenseIndex.search_knobs, "heads", *multi_head.FUSION_KNOBS, "candidates", "remove_query"),
                             lambda h: h.knobs)
     fusion, norm, weights, rrf_k, depth = fusion.METHOD, fusion.NORM, None, fusion.RRF_K, 100
+    remove_query = False  # search --remove-query: each head's list drops the query's own doc before fusion
     candidates = None  # with a head that re-scores: heads whose top --depth are re-scored, or "all"
 
     def __init__(self, encoder, *args, **kw):

@@ -104,6 +104,8 @@ def search(idx, queries: list[dict], k: int) -> tuple[dict[str, list[tuple[str, 
     runs = [idx.held[h].run(idx, queries, depth) for h in heads]
     if len(runs) == 1:
         return runs[0], {}
+    if idx.remove_query:  # the query's own doc leaves each list before fusion scales it, as in `fuse` of such runs
+        runs = [{q: [(d, s) for d, s in hits if d != q] for q, hits in run.items()} for run in runs]
     try:
         return fusion.fuse(runs, method=idx.fusion, k=idx.rrf_k, weights=_weights(idx, heads), norm=idx.norm, hits=k), {}
     except ValueError as e:
