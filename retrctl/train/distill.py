@@ -172,11 +172,11 @@ class CorpusDistiller(Trainer):
             blocks_q, blocks_p = self.tokens(queries, "query"), self.tokens(passages, "passage")
             vectors = blocks_q["vectors"], blocks_p["vectors"]
         loss_fn = functools.partial(
-            losses.embed_distill_loss, layout=self.layout, teacher_q=vectors[0], teacher_p=vectors[1],
+            losses.embed_distill_loss, teacher_q=vectors[0], teacher_p=vectors[1],
             weight=self.cfg.embed_distill_weight, kind=self.cfg.embed_distill_loss, normalize=self.vectors.unit)
         if self.tokens is not None:
-            loss_fn = functools.partial(losses.hidden_distill_loss, loss=loss_fn, layout=self.layout, teacher_q=blocks_q,
-                                        teacher_p=blocks_p, weights=self.hidden)
+            loss_fn = functools.partial(losses.hidden_distill_loss, loss=loss_fn, teacher_q=blocks_q, teacher_p=blocks_p,
+                                        weights=self.hidden)
         return queries, passages, loss_fn, torch.zeros(0, dtype=torch.bool)
 
     def _loop(self, pos) -> None:

@@ -241,8 +241,8 @@ class Trainer:
     # -- one step
 
     def objective(self, batch: list[Example]) -> tuple[list[str], list[str], Callable, torch.Tensor]:
-        """This process's query texts, passage texts, ``loss_fn(q, p)`` over their training outputs, and the
-        false-negative mask (reported)."""
+        """This process's query texts, passage texts, ``loss_fn(outputs)`` over their training outputs (the
+        ``StepOutputs`` of ``self.layout``), and the false-negative mask (reported)."""
         cfg, rank, g = self.cfg, self.dist.rank, self.cfg.train_group_size
         b = len(batch) // self.dist.world
         local = batch[rank * b : (rank + 1) * b]
@@ -272,8 +272,8 @@ class Trainer:
         embed_q = functools.partial(self.engine.forward, kind="query", layout=self.layout)
         embed_p = functools.partial(self.engine.forward, kind="passage", layout=self.layout)
 
-        def unsorted_loss(q, p):
-            return loss_fn(q[qinv.to(q.device)], p[pinv.to(p.device)])
+        def unsorted_loss(q, p):  # the step's outputs back in input order, split into their parts once
+            return loss_fn(self.layout.split(q[qinv.to(q.device)], p[pinv.to(p.device)]))
 
         extra = None
         if self.penalty is not None:  # parameters only: its gradient adds to the step's (first: the last backward ends it)

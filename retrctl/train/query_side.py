@@ -118,7 +118,7 @@ class QuerySideTrainer(Trainer):
         embed_q = functools.partial(self.engine.forward, kind="query", layout=self.layout)
 
         def query_loss(q, _p=None):
-            return loss_fn(q[qinv.to(q.device)], passages)
+            return loss_fn(self.layout.split(q[qinv.to(q.device)], passages))
 
         if self.plan.grad_cache:
             loss, parts = losses.grad_cache_step(embed_q, qc, [], query_loss, self.engine.backward)
