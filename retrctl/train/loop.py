@@ -42,16 +42,18 @@ from retrctl.errors import UsageError
 from retrctl.models import Encoder, lookup
 from retrctl.train import losses, objective
 from retrctl.train.checkpoint import (
+    Position,
     check_output,
     checkpoints,
     clear_partial,
     legacy_keys,
     load_tensors,
     read_state,
+    resume_point,
     rng_state,
     set_rng_state,
 )
-from retrctl.train.config import TrainConfig, resume_conflicts
+from retrctl.train.config import TrainConfig
 from retrctl.train.data import Batches, Example, GroupSource
 from retrctl.train.engines import DeepSpeedEngine, PlainEngine, import_deepspeed, lora_b_norm, setup_processes
 from retrctl.train.model import build_encoder, prepare
@@ -69,14 +71,6 @@ log = logging.getLogger("retrctl.train")
 
 
 # ---------------------------------------------------------------- the loop
-
-
-@dataclasses.dataclass
-class Position:
-    step: int = 0  # optimizer steps done
-    epoch: int = 0
-    batch_in_epoch: int = 0  # global batches of this epoch already trained
-    groups_consumed: int = 0  # groups read from the input so far (the stream offset)
 
 
 class Trainer:
@@ -120,9 +114,12 @@ class Trainer:
             corpus = records.read_corpus(corpus)
         self.cfg, self.output, self.on_step, self.teacher = cfg, Path(output), on_step, teacher
         self.penalty, self.finish, self.after_export = penalty, finish, after_export
+        self.partial = self.output.with_name(self.output.name + ".partial")
+        self.ckpt_root = self.partial / "checkpoints"
         self.dist = setup_processes(cfg)
         per_epoch = self._read_data(groups, corpus)
-        self.resume_from = self.resume_point() if cfg.resume else None  # checked before any model is loaded
+        self.resume_from = (resume_point(self.ckpt_root, cfg, world=self.dist.world, data_hash=self.data_hash,
+                                         groups=self.GROUPS) if cfg.resume else None)  # checked before any model is loaded
         rank, world = self.dist.rank, self.dist.world
         self.total = cfg.max_steps or per_epoch * cfg.epochs
         self.warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * self.total)
@@ -154,8 +151,6 @@ class Trainer:
         torch.manual_seed(cfg.seed + 1 + rank)  # dropout differs per process
         self.steps_done = 0
         self.padded = self.drawn = 0  # negatives resampled / drawn from the corpus, over the batches trained
-        self.partial = self.output.with_name(self.output.name + ".partial")
-        self.ckpt_root = self.partial / "checkpoints"
 
     GROUPS = True  # the data are groups (train/distill.py's subclass trains on a corpus alone)
     ENCODES_PASSAGES = True  # a step encodes its passages (train/query_side.py's subclass reads them from an index)
@@ -326,24 +321,6 @@ class Trainer:
                 shutil.rmtree(old, ignore_errors=True)
             log.info("checkpoint %s", d)
         self.dist.barrier()
-
-    def resume_point(self) -> Path | None:
-        """The newest checkpoint, refused (exit 2) if it was written for other data, settings or process count."""
-        found = checkpoints(self.output.with_name(self.output.name + ".partial") / "checkpoints")
-        if not found:
-            return None
-        d = found[-1]
-        state = read_state(d / "trainer_state.json")
-        if state.get("world_size") != self.dist.world:
-            raise records.RecordError(d, message=f"written by {state.get('world_size')} processes; resume with the same number (now {self.dist.world})")
-        differ = resume_conflicts(read_state(d / "train_config.json"), self.cfg, groups=self.GROUPS)
-        if state.get("data_hash") != self.data_hash:
-            differ.insert(0, "the data (groups, or the text of the docs they name)")
-        if differ:
-            raise records.RecordError(d, message=f"--resume: this run differs from the checkpoint in {'; '.join(differ)}. Rerun with "
-                                                 "the checkpoint's data and settings (its train_config.json), or drop --resume and "
-                                                 "give --overwrite to start over")
-        return d
 
     def load_checkpoint(self) -> Position:
         d = self.resume_from
