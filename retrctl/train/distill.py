@@ -118,8 +118,9 @@ class CorpusDistiller(Trainer):
 
     GROUPS = False
 
-    def __init__(self, cfg, corpus, output, **kwargs):
-        teacher = kwargs.get("teacher")
+    @classmethod
+    def check(cls, cfg, output, *, encoder=None, teacher=None) -> None:
+        """What a corpus alone needs (a teacher model, embedding distillation), then ``Trainer``'s checks."""
         if not cfg.teacher and teacher is None:
             raise UsageError("a corpus alone is training data only with a teacher to distil (--teacher); else give groups")
         if teacher is not None and not isinstance(teacher, Encoder):
@@ -127,8 +128,13 @@ class CorpusDistiller(Trainer):
         if cfg.embed_distill_weight is not None and cfg.embed_distill_weight <= 0:
             raise UsageError("--embed-distill-weight: a corpus alone trains on embedding distillation only; it must be "
                              "above 0", flag="--embed-distill-weight")
-        super().__init__(cfg, None, corpus, output, **kwargs)
+        super().check(cfg, output, encoder=encoder, teacher=teacher)
+
+    def _build_encoder(self, encoder) -> None:
+        """``Trainer``'s encoder, and what reads the teacher's token states for it (``TeacherTokens``)."""
+        super()._build_encoder(encoder)
         # token-level and layer-wise distillation: the teacher's states of each token beside its vector of each text
+        cfg = self.cfg
         self.hidden = {name: w for name, w in (("tokens", cfg.token_distill_weight), ("layers", cfg.layer_distill_weight)) if w}
         self.tokens = (TeacherTokens(self.vectors.teacher, self.enc, cfg.teacher or "(given)", cfg.chunk_size,
                                      tokens="tokens" in self.hidden, layers="layers" in self.hidden)

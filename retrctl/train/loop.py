@@ -1,11 +1,13 @@
 """The contrastive training loop shared by stages that fine-tune an encoder (train; prune's healing).
 
-``Trainer`` validates the groups, builds the encoder (LoRA, gradient checkpointing) or takes one already built,
-picks an engine (``engines.py``: plain torch for one process, DeepSpeed ZeRO 0-3 otherwise), runs the steps
-(InfoNCE from ``losses.py``, optionally through GradCache), writes metrics.jsonl and checkpoints, and saves a model
-that stock loaders read. Both engines give the same losses for the same global batch (tested: 2 processes × B
-under ZeRO-2 = 1 process × 2B). Checkpoints (``<output>.partial/checkpoints/step-N``) hold the engine state (model,
-optimizer, scheduler), each process's RNG state and the input position; ``resume`` continues from the newest.
+Two steps, as a Tevatron driver runs them. ``Trainer.build`` does everything before step 1: checks the settings and
+the output, reads and validates the groups, loads the teacher, builds the encoder (LoRA, gradient checkpointing)
+or takes one already built, plans memory and picks an engine (``engines.py``: plain torch for one process,
+DeepSpeed ZeRO 0-3 otherwise). ``fit`` runs the steps (the objective from ``objective.py``, optionally through
+GradCache), writes metrics.jsonl and checkpoints, and saves a model that stock loaders read. Both engines give the
+same losses for the same global batch (tested: 2 processes × B under ZeRO-2 = 1 process × 2B). Checkpoints
+(``<output>.partial/checkpoints/step-N``) hold the engine state (model, optimizer, scheduler), each process's RNG
+state and the input position; ``resume`` continues from the newest.
 
 The module trained is the ``Encoder`` itself: each step runs ``Encoder.forward(..., layout=...)`` (backbone →
 heads, the pass ``encode`` runs), so training and inference cannot drift; the run's ``TrainingLayout``
@@ -74,10 +76,12 @@ log = logging.getLogger("retrctl.train")
 
 
 class Trainer:
-    """Train an encoder on groups and save it to ``output``.
+    """Train an encoder on groups and save it to ``output``, in two steps as a Tevatron driver does: ``build`` (a
+    classmethod: everything before step 1) returns a trainer ready to ``fit`` (the steps, checkpoints and the saved
+    model). Constructing one reads, loads and checks nothing.
 
-    The settings and the output are checked first (``TrainConfig.check``, ``check_output``: exit 2 before anything
-    is read or loaded); ``corpus`` is then read when it is a path (a dict of docs is used as it is).
+    ``build`` checks the settings and the output first (``TrainConfig.check``, ``check_output``: exit 2 before
+    anything is read or loaded); ``corpus`` is then read when it is a path (a dict of docs is used as it is).
 
     ``encoder``: an Encoder to train instead of loading ``cfg.model`` (e.g. a pruned one); ``cfg``'s encoder
     settings still apply to it, and a CPU copy is kept to export the trained weights into (``cfg.model`` may be
@@ -94,38 +98,72 @@ class Trainer:
     attribute gets that learning rate (same schedule). ``after_export(dir)`` edits the saved model before publishing.
     """
 
-    def __init__(self, cfg: TrainConfig, groups, corpus: dict | str | Path | None, output, *,
-                 on_step: Callable[[int, dict], None] | None = None, encoder: Encoder | None = None,
-                 teacher: Teacher | Encoder | None = None, penalty: Callable[[], torch.Tensor] | None = None,
-                 finish: Callable[[Encoder], None] | None = None, after_export: Callable[[Path], None] | None = None):
-        cfg.settle(teacher=bool(cfg.teacher) or teacher is not None, groups=self.GROUPS)
+    GROUPS = True  # the data are groups (train/distill.py's subclass trains on a corpus alone)
+    ENCODES_PASSAGES = True  # a step encodes its passages (train/query_side.py's subclass reads them from an index)
+
+    def __init__(self, cfg: TrainConfig, output, *, on_step: Callable[[int, dict], None] | None = None,
+                 penalty: Callable[[], torch.Tensor] | None = None, finish: Callable[[Encoder], None] | None = None,
+                 after_export: Callable[[Path], None] | None = None):
+        self.cfg, self.output, self.on_step = cfg, Path(output), on_step
+        self.penalty, self.finish, self.after_export = penalty, finish, after_export
+        self.steps_done = 0
+        self.padded = self.drawn = 0  # negatives resampled / drawn from the corpus, over the batches trained
+        self.partial = self.output.with_name(self.output.name + ".partial")
+        self.ckpt_root = self.partial / "checkpoints"
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, groups, corpus: dict | str | Path | None, output, *,
+              encoder: Encoder | None = None, teacher: Teacher | Encoder | None = None, **hooks) -> Trainer:
+        """A trainer ready to ``fit``, cheapest step first: the settings and the output checked, the corpus and the
+        data read, the resume point checked, then the teacher loaded, the encoder built, the memory planned and the
+        engine built. ``hooks``: ``on_step``, ``penalty``, ``finish``, ``after_export`` (the class docstring)."""
+        cls.check(cfg, output, encoder=encoder, teacher=teacher)
+        if isinstance(corpus, (str, Path)):  # read once the settings and the output are known to be usable
+            corpus = records.read_corpus(corpus)
+        run = cls(cfg, output, **hooks)
+        run.dist = setup_processes(cfg)
+        per_epoch = run._read_data(groups, corpus)
+        run.resume_from = (resume_point(run.ckpt_root, cfg, world=run.dist.world, data_hash=run.data_hash, groups=cls.GROUPS)
+                           if cfg.resume else None)  # checked before any model is loaded
+        run.total = cfg.max_steps or per_epoch * cfg.epochs
+        run.warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * run.total)
+        run.teacher = teacher
+        if cfg.teacher and teacher is None:  # after every cheaper check: loading a model takes a while
+            run.teacher = load_teacher(cfg.teacher, run.dist.device)
+        run.vectors = TeacherVectors(run.teacher, cfg.chunk_size) if isinstance(run.teacher, Encoder) else None
+        run._build_encoder(encoder)
+        run.probe = run._probe_texts()
+        run.before = run._embed(run.enc, run.probe) if run.dist.rank == 0 else None
+        run.plan = run._plan_memory()  # before any optimizer state: on CPU an OOM is a kill, not an error
+        cfg.plan = run.plan.record()
+        if run.dist.deepspeed:
+            run.engine = DeepSpeedEngine(run.enc, cfg, run.total, run.warmup, run.dist.world)
+        else:
+            run.engine = PlainEngine(run.enc, cfg, run.total, run.warmup)
+        torch.manual_seed(cfg.seed + 1 + run.dist.rank)  # dropout differs per process
+        return run
+
+    # -- building
+
+    @classmethod
+    def check(cls, cfg: TrainConfig, output, *, encoder: Encoder | None = None, teacher=None) -> None:
+        """The settings (``cfg``'s defaults settled) and the output, refused (exit 2) before anything is read."""
+        cfg.settle(teacher=bool(cfg.teacher) or teacher is not None, groups=cls.GROUPS)
         cfg.check(needs_model=encoder is None)
         if cfg.embed_distill_weight and not (cfg.teacher or isinstance(teacher, Encoder)):
             raise UsageError("--embed-distill-weight needs a teacher model (--teacher)")
         corpus_only = (("--token-distill-weight", cfg.token_distill_weight), ("--layer-distill-weight", cfg.layer_distill_weight),
                        ("--fresh-crops", cfg.fresh_crops))
         for flag, value in corpus_only:
-            if value and self.GROUPS:
+            if value and cls.GROUPS:
                 raise UsageError(f"{flag} trains from a corpus alone: give --corpus and no GROUPS", flag=flag)
         if cfg.teacher:
             check_teacher(cfg.teacher, output)
         check_output(output, cfg)
-        if isinstance(corpus, (str, Path)):  # read once the settings and the output are known to be usable
-            corpus = records.read_corpus(corpus)
-        self.cfg, self.output, self.on_step, self.teacher = cfg, Path(output), on_step, teacher
-        self.penalty, self.finish, self.after_export = penalty, finish, after_export
-        self.partial = self.output.with_name(self.output.name + ".partial")
-        self.ckpt_root = self.partial / "checkpoints"
-        self.dist = setup_processes(cfg)
-        per_epoch = self._read_data(groups, corpus)
-        self.resume_from = (resume_point(self.ckpt_root, cfg, world=self.dist.world, data_hash=self.data_hash,
-                                         groups=self.GROUPS) if cfg.resume else None)  # checked before any model is loaded
-        rank, world = self.dist.rank, self.dist.world
-        self.total = cfg.max_steps or per_epoch * cfg.epochs
-        self.warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * self.total)
-        if cfg.teacher and teacher is None:  # after every cheaper check: loading a model takes a while
-            self.teacher = load_teacher(cfg.teacher, self.dist.device)
-        self.vectors = TeacherVectors(self.teacher, cfg.chunk_size) if isinstance(self.teacher, Encoder) else None
+
+    def _build_encoder(self, encoder: Encoder | None) -> None:
+        """The encoder to train, ``cfg.model`` loaded or ``encoder`` prepared, and its layout."""
+        cfg = self.cfg
         teacher_dim = self.vectors.dim if self.vectors is not None and cfg.embed_distill_weight else None
         self.template = None  # what the trained weights are exported into, when the encoder was given
         if encoder is None:
@@ -140,22 +178,6 @@ class Trainer:
         if "lookup" in self.layout:  # both query encoders in one forward (models/lookup.py)
             lookup.check_prefix(self.enc)
         legacy_keys(self.enc)  # resume checkpoints written before the Encoder was trained directly
-        self.probe = self._probe_texts()
-        self.before = self._embed(self.enc, self.probe) if rank == 0 else None
-        self.plan = self._plan_memory()  # before any optimizer state: on CPU an OOM is a kill, not an error
-        cfg.plan = self.plan.record()
-        if self.dist.deepspeed:
-            self.engine = DeepSpeedEngine(self.enc, cfg, self.total, self.warmup, world)
-        else:
-            self.engine = PlainEngine(self.enc, cfg, self.total, self.warmup)
-        torch.manual_seed(cfg.seed + 1 + rank)  # dropout differs per process
-        self.steps_done = 0
-        self.padded = self.drawn = 0  # negatives resampled / drawn from the corpus, over the batches trained
-
-    GROUPS = True  # the data are groups (train/distill.py's subclass trains on a corpus alone)
-    ENCODES_PASSAGES = True  # a step encodes its passages (train/query_side.py's subclass reads them from an index)
-
-    # -- helpers
 
     def _read_data(self, groups, corpus) -> int:
         """The groups validated (exit 2 on bad input) and batched; returns the global batches per epoch."""
