@@ -129,20 +129,22 @@ def train(groups=None, *, output, corpus=None, config: TrainConfig | None = None
 
         work = functools.partial(_train_in_worker, groups, str(Path(output).absolute()), corpus, cfg, on_step)
         return train_on_ray(ray, cfg, output, work, groups=groups, collective_timeout=collective_timeout)
+    after_export = None
     if groups is None and cfg.teacher:
         if cfg.passage_index:
             raise UsageError("--passage-index trains a query tower on groups: give GROUPS", flag="--passage-index")
         if cfg.guard_shards:
             raise UsageError("--guard-shards holds out groups; a corpus alone has none: give GROUPS or drop --guard-shards")
-        return CorpusDistiller(cfg, corpus, output, on_step=on_step).fit()
-    groups = "-" if groups is None else groups
-    after_export = None
-    if cfg.guard_shards:  # the held-out split and its pool need the corpus before the Trainer reads it
-        corpus = records.read_corpus(corpus) if isinstance(corpus, (str, Path)) else corpus
-        groups, after_export = _guarded(groups, corpus, cfg)
-    # Trainer checks cfg and the output, then reads the corpus; with --passage-index the passage side is stored
-    trainer = QuerySideTrainer if cfg.passage_index else Trainer
-    return trainer(cfg, groups, corpus, output, on_step=on_step, after_export=after_export).fit()
+        kind = CorpusDistiller
+    else:
+        groups = "-" if groups is None else groups
+        if cfg.guard_shards:  # the held-out split and its pool need the corpus before the Trainer reads it
+            corpus = records.read_corpus(corpus) if isinstance(corpus, (str, Path)) else corpus
+            groups, after_export = _guarded(groups, corpus, cfg)
+        kind = QuerySideTrainer if cfg.passage_index else Trainer  # with --passage-index the passage side is stored
+    # build (check cfg and the output, read the data, load the teacher, plan memory, build the engine), then train
+    trainer = kind.build(cfg, groups, corpus, output, on_step=on_step, after_export=after_export)
+    return trainer.fit()
 
 
 def _train_in_worker(groups, output, corpus, cfg: TrainConfig, on_step, resume: bool) -> Path:

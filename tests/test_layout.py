@@ -22,9 +22,6 @@ def test_a_layout_joins_and_splits_named_parts_in_order():
     for name, t in parts.items():
         assert torch.equal(back[name], t), name
     assert back["colbert"].data_ptr() == joined[:, 7:].data_ptr()  # views, not copies
-    assert torch.equal(layout.columns(joined, ("dense", "sparse")), joined[:, :7])
-    assert torch.equal(layout.columns(joined, ("dense", "colbert")), torch.cat([joined[:, :4], joined[:, 7:]], 1))
-    assert layout.keeping(("colbert", "dense")).names == ("dense", "colbert")
 
 
 def test_a_layout_refuses_outputs_that_do_not_fit_it():
@@ -39,12 +36,13 @@ def test_a_layout_refuses_outputs_that_do_not_fit_it():
         HeadLayout.of(("dense", 4), ("dense", 4))
 
 
-def test_sizes_alone_describe_the_same_layout_as_the_encoder():
-    from_sizes = TrainingLayout.from_sizes(32 + 10 + 16 * 8, 32 + 10 + 24 * 8, vocab=10, colbert_dim=8, caps=(16, 24))
-    assert from_sizes.query == HeadLayout.of(("dense", 32), ("sparse", 10), ("colbert", (16, 8)))
-    assert from_sizes.passage == HeadLayout.of(("dense", 32), ("sparse", 10), ("colbert", (24, 8)))
-    tokens = TrainingLayout.from_sizes(64, 42, vocab=10, token_queries=True, lookup=True)
-    assert tokens.query.names == ("dense", "lookup") and tokens.token_queries and tokens.width == 64
+def test_a_step_is_split_once_into_both_sides_named_parts():
+    layout = TrainingLayout(HeadLayout.of(("dense", 4), ("lookup", 4)), HeadLayout.of(("dense", 4), ("sparse", 3)))
+    q, p = torch.randn(2, 8), torch.randn(6, 7)
+    out = layout.split(q, p)
+    assert list(out.query) == ["dense", "lookup"] and list(out.passage) == ["dense", "sparse"]
+    assert torch.equal(out.query["lookup"], q[:, 4:]) and torch.equal(out.passage["sparse"], p[:, 4:])
+    assert out.passage["sparse"].data_ptr() == p[:, 4:].data_ptr()  # views: gradients reach the joined tensors
 
 
 def test_the_training_forward_follows_the_layout_and_the_encoder_keeps_no_training_state(tiny_bert):

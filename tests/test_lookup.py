@@ -13,6 +13,7 @@ from trainkit import corpus as _corpus
 from trainkit import groups as _groups
 
 from retrctl.models import Encoder, lookup
+from retrctl.models.layout import StepOutputs
 from retrctl.train import losses
 
 
@@ -132,9 +133,9 @@ def test_token_ids_read_from_the_rust_tokenizer_equal_the_batch_encoding(tiny_be
 def test_joint_loss_by_hand():
     torch.manual_seed(0)
     full, light, p = torch.randn(2, 4), torch.randn(2, 4), torch.randn(4, 4)  # 2 queries, groups of 2
-    q = torch.cat([full, light], -1)
     base = lambda x, y: losses.group_loss(x, y, group_size=2, temperature=0.1)  # noqa: E731
-    total, parts = losses.joint_lookup_loss(q, p, loss=base, kl_weight=0.5, temperature=0.1)
+    total, parts = losses.joint_lookup_loss(StepOutputs({"dense": full, "lookup": light}, {"dense": p}), loss=base,
+                                            kl_weight=0.5, temperature=0.1)
     norm = torch.nn.functional.normalize
     s_full = norm(full, dim=-1) @ norm(p, dim=-1).T / 0.1
     s_light = norm(light, dim=-1) @ norm(p, dim=-1).T / 0.1
@@ -145,9 +146,11 @@ def test_joint_loss_by_hand():
     want = ce(s_full, labels) + ce(s_light, labels) + 0.5 * kl
     assert torch.allclose(total, want, atol=1e-5)
     assert torch.allclose(parts["kl_lookup"], kl, atol=1e-6) and torch.allclose(parts["ce_lookup"], ce(s_light, labels), atol=1e-6)
-    q.requires_grad_(True)
-    losses.joint_lookup_loss(q, p, loss=base, kl_weight=0.5, temperature=0.1)[0].backward()
-    assert q.grad[:, :4].abs().sum() > 0 and q.grad[:, 4:].abs().sum() > 0
+    full.requires_grad_(True)
+    light.requires_grad_(True)
+    losses.joint_lookup_loss(StepOutputs({"dense": full, "lookup": light}, {"dense": p}), loss=base, kl_weight=0.5,
+                             temperature=0.1)[0].backward()
+    assert full.grad.abs().sum() > 0 and light.grad.abs().sum() > 0
 
 
 def test_cli_train_then_search_by_token_lookup(runner, tiny_bert, corpus_file, queries_file, tmp_path):

@@ -3,12 +3,15 @@ loading, and the self-distillation objective. Tiny random BERT and Llama; the re
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
 
 from retrctl.models import Encoder
 from retrctl.models.colbert import maxsim, maxsim_numpy
+from retrctl.models.layout import StepOutputs
 
 TEXTS = ["cat dog tea", "python rust memory safety language", "bean", "tea tea tea coffee water"]
 
@@ -99,12 +102,10 @@ def test_m3_loss_matches_a_hand_computation():
     qs, ps = torch.rand(2, 3, generator=g), torch.rand(4, 3, generator=g)
     qc, pc = unit(2, 2, 2), unit(4, 2, 2)
     qc[1, 1] = 0  # the second query has one token
-    q = torch.cat([qd, qs, qc.flatten(1)], 1)
-    p = torch.cat([pd, ps, pc.flatten(1)], 1)
+    out = StepOutputs({"dense": qd, "sparse": qs, "colbert": qc}, {"dense": pd, "sparse": ps, "colbert": pc})
     tau, w, lam = 0.5, (1.0, 0.3, 1.0), (1.0, 0.1, 1.0)
-    dense = lambda a, b: losses.group_loss(a, b, group_size=2, temperature=tau)  # noqa: E731
-    got, parts = losses.m3_loss(q, p, loss=dense, group_size=2, temperature=tau, vocab=3, colbert_dim=2, caps=(2, 2),
-                                weights=w, lambdas=lam, self_distill=True)
+    dense = functools.partial(losses.dense_loss, loss=lambda a, b: losses.group_loss(a, b, group_size=2, temperature=tau))
+    got, parts = losses.m3_loss(out, loss=dense, group_size=2, temperature=tau, weights=w, lambdas=lam, self_distill=True)
     # by hand, one query and one candidate at a time
     n = lambda v: v / np.linalg.norm(v)  # noqa: E731
     total_l, total_d = 0.0, 0.0
@@ -122,8 +123,7 @@ def test_m3_loss_matches_a_hand_computation():
     want = (total_l / 2 + total_d / 2) / 2
     assert float(got) == pytest.approx(want, rel=1e-5)
     assert {"ce", "ce_sparse", "ce_colbert", "ce_inter", "self_distill"} <= set(parts)
-    plain, _ = losses.m3_loss(q, p, loss=dense, group_size=2, temperature=tau, vocab=3, colbert_dim=2, caps=(2, 2),
-                              weights=w, lambdas=lam, self_distill=False)
+    plain, _ = losses.m3_loss(out, loss=dense, group_size=2, temperature=tau, weights=w, lambdas=lam, self_distill=False)
     assert float(plain) == pytest.approx(total_l / 2, rel=1e-5)
 
 
@@ -142,9 +142,8 @@ def test_self_distill_gradients_reach_every_head(tiny_bert):
 
     q, p = enc(qb, raw=True), enc(pb, raw=True)
     assert q.shape[1] == 32 + enc.sparse.vocab + 16 * 8 and p.shape[1] == 32 + enc.sparse.vocab + 24 * 8
-    dense = lambda a, b: losses.group_loss(a, b, group_size=2, temperature=0.05)  # noqa: E731
-    loss, _ = losses.m3_loss(q, p, loss=dense, group_size=2, temperature=0.05, vocab=enc.sparse.vocab, colbert_dim=8,
-                             caps=(16, 24), self_distill=True)
+    dense = functools.partial(losses.dense_loss, loss=lambda a, b: losses.group_loss(a, b, group_size=2, temperature=0.05))
+    loss, _ = losses.m3_loss(enc.layout.split(q, p), loss=dense, group_size=2, temperature=0.05, self_distill=True)
     loss.backward()
     for name, param in (("lexical", enc.sparse.linear.weight), ("colbert", enc.colbert.linear.weight),
                         ("backbone", enc.model.embeddings.word_embeddings.weight)):

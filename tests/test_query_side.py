@@ -39,7 +39,7 @@ def _trainer(tiny_bert, corpus_file, idx, out, **settings):
     from retrctl.train.query_side import QuerySideTrainer
 
     cfg = TrainConfig(model=str(tiny_bert), passage_index=str(idx), **{**FAST, **settings})
-    return QuerySideTrainer(cfg, groups(16), records.read_corpus(corpus_file), out)
+    return QuerySideTrainer.build(cfg, groups(16), records.read_corpus(corpus_file), out)
 
 
 def test_passages_are_the_index_vectors_and_never_encoded(tiny_bert, base_index, tmp_path, monkeypatch):

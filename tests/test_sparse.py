@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -15,6 +16,7 @@ from trainkit import groups as _groups
 from retrctl.indexes import open_index
 from retrctl.models import Encoder
 from retrctl.models import sparse as sp
+from retrctl.models.layout import StepOutputs
 from retrctl.train import losses
 from stages.index import index
 
@@ -120,20 +122,23 @@ def test_sparse_loss_adds_the_sparse_ce_and_flops_to_the_dense_loss():
     torch.manual_seed(0)
     vocab, h, g = 7, 4, 2
     q_dense = torch.randn(2, h)
-    p = torch.cat([torch.randn(4, h), torch.rand(4, vocab)], dim=1)
+    passages = {"dense": torch.randn(4, h), "sparse": torch.rand(4, vocab)}
     terms = torch.zeros(2, vocab)
     terms[0, 1] = terms[1, 3] = 1.0
-    dense = lambda q, p: losses.group_loss(q, p, group_size=g)  # noqa: E731
-    total, parts = losses.sparse_loss(q_dense, p, loss=dense, vocab=vocab, group_size=g, flops_weight=0.5, query_terms=terms)
-    base, _ = dense(q_dense, p[:, :h])
-    ce, _ = losses.group_loss(terms, p[:, h:], group_size=g, temperature=1.0, normalize=False)
-    assert total.item() == pytest.approx((base + ce + 0.5 * sp.flops(p[:, h:])).item(), rel=1e-6)
+    dense = functools.partial(losses.dense_loss, loss=lambda q, p: losses.group_loss(q, p, group_size=g))
+    out = StepOutputs({"dense": q_dense}, passages)
+    total, parts = losses.sparse_loss(out, loss=dense, group_size=g, flops_weight=0.5, query_terms=terms)
+    base, _ = dense(out)
+    ce, _ = losses.group_loss(terms, passages["sparse"], group_size=g, temperature=1.0, normalize=False)
+    assert total.item() == pytest.approx((base + ce + 0.5 * sp.flops(passages["sparse"])).item(), rel=1e-6)
     assert parts["ce_sparse"].item() == pytest.approx(ce.item())
-    # symmetric: the query's encoded weights ride after its dense vector and get their FLOPS term too
-    q = torch.cat([q_dense, torch.rand(2, vocab)], dim=1)
-    total2, _ = losses.sparse_loss(q, p, loss=dense, vocab=vocab, group_size=g, flops_weight=0.5)
-    ce2, _ = losses.group_loss(q[:, h:], p[:, h:], group_size=g, temperature=1.0, normalize=False)
-    assert total2.item() == pytest.approx((base + ce2 + 0.5 * (sp.flops(p[:, h:]) + sp.flops(q[:, h:]))).item(), rel=1e-6)
+    # symmetric: the query's encoded weights are its own sparse part and get their FLOPS term too
+    q_sparse = torch.rand(2, vocab)
+    total2, _ = losses.sparse_loss(StepOutputs({"dense": q_dense, "sparse": q_sparse}, passages), loss=dense,
+                                   group_size=g, flops_weight=0.5)
+    ce2, _ = losses.group_loss(q_sparse, passages["sparse"], group_size=g, temperature=1.0, normalize=False)
+    want = base + ce2 + 0.5 * (sp.flops(passages["sparse"]) + sp.flops(q_sparse))
+    assert total2.item() == pytest.approx(want.item(), rel=1e-6)
 
 
 @pytest.fixture(scope="module")

@@ -447,7 +447,7 @@ def test_fresh_crops_are_distilled_against_the_teachers_vectors_of_each_passs_cr
     for extra in ({}, {"token_distill_weight": 1.0}):  # the teacher's vectors kept, or from each step's forward
         cfg = TrainConfig().replace(model=str(no_dropout_bert), teacher=str(no_dropout_bert), fresh_crops=True, epochs=2,
                                     **{**FAST, "lr": 1e-5}, **extra)  # Adam's steps of ~lr keep it near itself
-        run = CorpusDistiller(cfg, corpus, tmp_path / f"m{len(extra)}")
+        run = CorpusDistiller.build(cfg, None, corpus, tmp_path / f"m{len(extra)}")
         encoded = []
         run.vectors.teacher.encode = lambda texts, kind, _encode=run.vectors.teacher.encode, _seen=encoded, **kw: (
             _seen.extend(texts) or _encode(texts, kind=kind, **kw))

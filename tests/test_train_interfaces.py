@@ -23,9 +23,9 @@ def _rows(out):
 
 def test_training_an_encoder_instance_equals_training_its_saved_name(tiny_bert, tmp_path):
     """Dropout on: the instance path must seed as the name path does."""
-    by_name = Trainer(TrainConfig(model=str(tiny_bert), max_steps=2, **FAST), _groups(8), _corpus(), tmp_path / "a").fit()
+    by_name = Trainer.build(TrainConfig(model=str(tiny_bert), max_steps=2, **FAST), _groups(8), _corpus(), tmp_path / "a").fit()
     enc = Encoder.load(tiny_bert, device="cpu")
-    given = Trainer(TrainConfig(max_steps=2, **FAST), _groups(8), _corpus(), tmp_path / "b", encoder=enc).fit()
+    given = Trainer.build(TrainConfig(max_steps=2, **FAST), _groups(8), _corpus(), tmp_path / "b", encoder=enc).fit()
     a, b = load_file(by_name / "model.safetensors"), load_file(given / "model.safetensors")
     assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
     assert (by_name / "retrctl.json").read_text() == (given / "retrctl.json").read_text()
@@ -35,11 +35,11 @@ def test_training_an_encoder_instance_equals_training_its_saved_name(tiny_bert, 
 
 def test_an_instance_takes_the_configs_encoder_settings_and_needs_no_model_name(tiny_bert, tmp_path):
     enc = Encoder.load(tiny_bert, device="cpu")
-    out = Trainer(TrainConfig(max_steps=1, pooling="cls", **FAST), _groups(4), _corpus(), tmp_path / "m", encoder=enc).fit()
+    out = Trainer.build(TrainConfig(max_steps=1, pooling="cls", **FAST), _groups(4), _corpus(), tmp_path / "m", encoder=enc).fit()
     saved = json.loads((out / "retrctl.json").read_text())
     assert (saved["pooling"], saved["query_max_len"], saved["temperature"]) == ("cls", 16, 0.05)
     with pytest.raises(ValueError, match="a model is required"):
-        Trainer(TrainConfig(max_steps=1, **FAST), _groups(4), _corpus(), tmp_path / "n")
+        Trainer.build(TrainConfig(max_steps=1, **FAST), _groups(4), _corpus(), tmp_path / "n")
 
 
 def _teacher_groups(teacher: Encoder):
@@ -58,9 +58,9 @@ def test_an_online_teacher_gives_the_loss_of_its_scores_stored_in_the_groups(no_
     teacher = Encoder.load(tiny_llama, device="cpu", pooling="last")
     corpus, scored = _teacher_groups(teacher)
     cfg = TrainConfig(model=str(no_dropout_bert), max_steps=2, distill_weight=0.5, **FAST)
-    stored = _rows(Trainer(cfg, scored, corpus, tmp_path / "stored").fit())
+    stored = _rows(Trainer.build(cfg, scored, corpus, tmp_path / "stored").fit())
     plain = [{k: v for k, v in g.items() if not k.endswith("_scores")} for g in scored]
-    online = _rows(Trainer(cfg, plain, corpus, tmp_path / "online", teacher=teacher).fit())
+    online = _rows(Trainer.build(cfg, plain, corpus, tmp_path / "online", teacher=teacher).fit())
     assert all(r["kl"] > 0 for r in stored)
     # a passage encoded in another batch differs in the last bits: its cosine by a few eps32 (1.2e-7), its logit (/ τ
     # = 0.05) by ~1e-6, and so do the ce and kl computed from them; kl may be near zero, so the bound is absolute too
@@ -73,7 +73,7 @@ def test_an_online_teacher_gives_the_loss_of_its_scores_stored_in_the_groups(no_
         for d, s in zip(g["positive_document_ids"] + g["negative_document_ids"], g["positive_scores"] + g["negative_scores"],
                         strict=True):
             table[g["query_text"], records.passage_text(corpus[d])] = s
-    by_call = _rows(Trainer(cfg, plain, corpus, tmp_path / "call", teacher=lambda q, ps: [table[q, p] for p in ps]).fit())
+    by_call = _rows(Trainer.build(cfg, plain, corpus, tmp_path / "call", teacher=lambda q, ps: [table[q, p] for p in ps]).fit())
     assert [(r["ce"], r["kl"], r["loss"]) for r in by_call] == [(r["ce"], r["kl"], r["loss"]) for r in stored]
 
 

@@ -3,8 +3,9 @@
 GradCache caches, splits and re-forwards one tensor per text, so a training forward returns every trained head's
 raw output concatenated on the last dimension. A ``HeadLayout`` is the one place that knows the order and the size
 of those parts on one side (query or passage): it joins the parts the encoder computes (``Encoder.forward`` with a
-layout) and splits them again for the losses (``train/losses.py``). A ``TrainingLayout`` holds both sides, built
-from the encoder and what a run trains; its widths size GradCache's cache (``memory.cached_outputs``).
+layout) and splits them again. A ``TrainingLayout`` holds both sides, built from the encoder and what a run trains;
+its widths size GradCache's cache (``memory.cached_outputs``), and its ``split`` turns a step's two tensors into
+``StepOutputs``, the parts by name that every loss of the step reads (``train/losses.py``): one split a step.
 
 The parts, in order:
 
@@ -23,7 +24,7 @@ The parts, in order:
 
 A new part (a teacher's vector, an extra projection) is one more entry in ``TrainingLayout.of`` plus where it is
 computed (``Encoder.training_parts``, or by the caller into ``join``'s dict); the losses read it by name from
-``split``, so no other part moves.
+``StepOutputs``, so no other part moves.
 
 ``TrainedEncoder`` is the trainer's view of an ``Encoder`` with its layout: calling it with ``raw=True`` gives the
 layout's parts side by side. The ``Encoder`` itself carries no training state.
@@ -35,8 +36,6 @@ import dataclasses
 import math
 
 import torch
-
-DENSE_PARTS = ("dense", "lookup")  # what the dense objective reads (the lookup vector is a second dense query)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,10 +88,6 @@ class HeadLayout:
     def __contains__(self, name: str) -> bool:
         return name in self.names
 
-    def keeping(self, names) -> HeadLayout:
-        """The layout of only the parts named (in this layout's order)."""
-        return HeadLayout(tuple(p for p in self.parts if p.name in names))
-
     def join(self, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """[rows, width]: each part's tensor ([rows, *shape], or already flat) put in its place."""
         if set(outputs) != set(self.names):
@@ -113,16 +108,6 @@ class HeadLayout:
             return {self.parts[0].name: x}
         return {p.name: x[:, s] if len(p.shape) == 1 else x[:, s].view(x.size(0), *p.shape)
                 for p, s in zip(self.parts, self.slices.values(), strict=True)}
-
-    def columns(self, x: torch.Tensor, names) -> torch.Tensor:
-        """The columns of the parts named, laid out as ``self.keeping(names)``: a view when they sit together."""
-        self._check(x)
-        spans = [s for p, s in zip(self.parts, self.slices.values(), strict=True) if p.name in names]
-        if not spans:
-            return x[:, :0]
-        if all(a.stop == b.start for a, b in zip(spans, spans[1:], strict=False)):
-            return x[:, spans[0].start : spans[-1].stop]
-        return torch.cat([x[:, s] for s in spans], dim=-1)
 
     def _check(self, x: torch.Tensor) -> None:
         if x.size(-1) != self.width:
@@ -161,28 +146,15 @@ class TrainingLayout:
                                   ("tokens", (enc.config.passage_max_len, hidden) if tokens else 0),
                                   ("layers", (enc.config.passage_max_len, layers, hidden) if layers else 0)))
 
-    @classmethod
-    def from_sizes(cls, query_width: int, passage_width: int, *, vocab: int = 0, colbert_dim: int = 0,
-                   caps: tuple[int, int] = (0, 0), token_queries: bool = False, lookup: bool = False) -> TrainingLayout:
-        """The layout of outputs known only by their sizes (a loss called on bare tensors): the parts after the
-        dense vector as given, the dense vector (and the lookup vector, as wide) in the columns they leave."""
-        def side(width: int, cap: int, sparse: int, lookup: bool) -> HeadLayout:
-            tail = [("sparse", sparse), ("colbert", (cap, colbert_dim) if colbert_dim else 0)]
-            rest = width - sum(math.prod(s) if isinstance(s, tuple) else s for _, s in tail)
-            head = [("dense", rest // 2), ("lookup", rest // 2)] if lookup else [("dense", rest)]
-            return HeadLayout.of(*head, *tail)
-
-        return cls(query=side(query_width, caps[0], 0 if token_queries else vocab, lookup),
-                   passage=side(passage_width, caps[1], vocab, False))
-
     def side(self, kind: str) -> HeadLayout:
         return self.query if kind == "query" else self.passage
 
     def __contains__(self, name: str) -> bool:
         return name in self.query or name in self.passage
 
-    def keeping(self, names) -> TrainingLayout:
-        return TrainingLayout(self.query.keeping(names), self.passage.keeping(names))
+    def split(self, q: torch.Tensor, p: torch.Tensor) -> StepOutputs:
+        """A step's query and passage outputs split into their parts by name, once (the losses read the parts)."""
+        return StepOutputs(self.query.split(q), self.passage.split(p))
 
     @property
     def token_queries(self) -> bool:
@@ -193,6 +165,16 @@ class TrainingLayout:
     def width(self) -> int:
         """The widest side: the most floats one text's training output takes."""
         return max(self.query.width, self.passage.width)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOutputs:
+    """One training step's outputs as named parts, split once from the tensors GradCache caches: each side's
+    parts by name (``query["dense"]``, ``passage["sparse"]``, …), views of the joined tensors (a side of one part:
+    the tensor itself), so the gradients of every loss reading a part flow back into its columns."""
+
+    query: dict[str, torch.Tensor]
+    passage: dict[str, torch.Tensor]
 
 
 def token_block(hidden: torch.Tensor, mask: torch.Tensor, cap: int) -> torch.Tensor:

@@ -128,8 +128,8 @@ def learn_contrastive(enc, masks, groups, corpus, scratch, *, steps: int, **trai
 
     out, saved = Path(scratch) / "shaped", Path(scratch) / "shape_masks.pt"
     if not (saved.is_file() and work.finished(out)):
-        Trainer(TrainConfig(max_steps=steps, **train_settings), groups, corpus, out, encoder=enc,
-                penalty=masks.step_penalty, finish=lambda e: shaping.fold(e.model)).fit()
+        Trainer.build(TrainConfig(max_steps=steps, **train_settings), groups, corpus, out, encoder=enc,
+                      penalty=masks.step_penalty, finish=lambda e: shaping.fold(e.model)).fit()
         _save(saved, {"step": steps, "masks": masks.state_dict()})
     masks.load_state_dict(torch.load(saved, weights_only=True)["masks"])
     return Encoder.load(out, device="cpu"), work.last_metrics(out)

@@ -139,8 +139,8 @@ def self_slim(enc, keep: float, groups, corpus: dict | None, scratch, *, slim_st
     values_file = scratch / "gates.npz"
     if not (values_file.is_file() and work.finished(scratch / "gates")):
         add_gates(enc.model, lr=gate_lr, removed=removed)
-        Trainer(TrainConfig(max_steps=slim_steps, **train_settings), groups, corpus, scratch / "gates", encoder=enc,
-                penalty=lambda: slim_lambda * l0(enc.model), finish=lambda e: fold(e.model)).fit()
+        Trainer.build(TrainConfig(max_steps=slim_steps, **train_settings), groups, corpus, scratch / "gates", encoder=enc,
+                      penalty=lambda: slim_lambda * l0(enc.model), finish=lambda e: fold(e.model)).fit()
         # Trainer trained ``enc`` itself (one process); its saved copy has the gates folded
         np.savez(values_file, **{f"block_{i}": v.numpy() for i, v in gates(enc.model).items()})
     with np.load(values_file) as saved:
@@ -155,7 +155,7 @@ def self_slim(enc, keep: float, groups, corpus: dict | None, scratch, *, slim_st
         out = scratch / "healed"
         if not work.finished(out):
             teach = {"teacher": heal_teacher, "embed_distill_weight": 1.0} if heal_teacher else {}
-            Trainer(TrainConfig(max_steps=heal_steps, **teach, **train_settings), groups, corpus, out, encoder=slim).fit()
+            Trainer.build(TrainConfig(max_steps=heal_steps, **teach, **train_settings), groups, corpus, out, encoder=slim).fit()
         metrics["heal"] = work.last_metrics(out)
         slim = Encoder.load(out, device="cpu")
     return slim, values, masks, metrics

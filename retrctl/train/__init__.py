@@ -5,7 +5,8 @@
 - ``losses``: InfoNCE with cross-process negatives, false-negative masking, Matryoshka, distillation, GradCache.
 - ``checkpoint``: the output directory's checks, checkpoints loaded without running code, RNG states.
 - ``engines``: plain torch or DeepSpeed ZeRO 0-3 behind one interface.
-- ``loop``: ``Trainer`` (from a model name or an ``Encoder``, teacher scores from the groups or an online teacher).
+- ``loop``: ``Trainer``, built by ``Trainer.build`` (from a model name or an ``Encoder``, teacher scores from the
+  groups or an online teacher), then trained by ``fit``.
 
 Imports run one way: loop → engines → checkpoint → config; data and losses import none of them.
 ``from retrctl.train import Trainer, TrainConfig`` loads the submodule on first use.

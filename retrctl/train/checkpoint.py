@@ -16,6 +16,7 @@ is swapped for ``load_tensors`` allowing the three DeepSpeed classes its ZeRO 0-
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import pickle
@@ -30,6 +31,7 @@ import torch
 
 from retrctl import records
 from retrctl.records import RecordError
+from retrctl.train.config import resume_conflicts
 
 if TYPE_CHECKING:
     from retrctl.train.config import TrainConfig
@@ -202,6 +204,36 @@ def checkpoints(root: Path) -> list[Path]:
     """Complete checkpoints, oldest first (a kill mid-save leaves only a step-N.tmp, which is ignored)."""
     found = [p for p in root.glob("step-*") if p.is_dir() and p.name[5:].isdigit()]
     return sorted(found, key=lambda p: int(p.name[5:]))
+
+
+@dataclasses.dataclass
+class Position:
+    """Where a run is, as a checkpoint records it."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    batch_in_epoch: int = 0  # global batches of this epoch already trained
+    groups_consumed: int = 0  # groups read from the input so far (the stream offset)
+
+
+def resume_point(root: Path, cfg: TrainConfig, *, world: int, data_hash: str, groups: bool) -> Path | None:
+    """The newest checkpoint under ``root``, refused (exit 2) if it was written for other data (``data_hash``),
+    settings or process count (``world``); None when there is none."""
+    found = checkpoints(root)
+    if not found:
+        return None
+    d = found[-1]
+    state = read_state(d / "trainer_state.json")
+    if state.get("world_size") != world:
+        raise RecordError(d, message=f"written by {state.get('world_size')} processes; resume with the same number (now {world})")
+    differ = resume_conflicts(read_state(d / "train_config.json"), cfg, groups=groups)
+    if state.get("data_hash") != data_hash:
+        differ.insert(0, "the data (groups, or the text of the docs they name)")
+    if differ:
+        raise RecordError(d, message=f"--resume: this run differs from the checkpoint in {'; '.join(differ)}. Rerun with "
+                                     "the checkpoint's data and settings (its train_config.json), or drop --resume and "
+                                     "give --overwrite to start over")
+    return d
 
 
 def legacy_keys(module: torch.nn.Module) -> None:

@@ -233,7 +233,7 @@ class TrainConfig:
 
     def check(self, needs_model: bool = True) -> None:
         """Refuse bad settings (UsageError, exit 2) before any data is read or model loaded; ``needs_model``: the
-        encoder comes from ``model`` (not from an instance the caller trains). Trainer calls this, once. No GradCache × ZeRO 0-3 × LoRA combination is refused:
+        encoder comes from ``model`` (not from an instance the caller trains). ``Trainer.build`` calls this, once. No GradCache × ZeRO 0-3 × LoRA combination is refused:
         each is supported and tested on 2 processes against one plain process (tests/test_train.py::test_zero_matrix,
         in the slow suite): GradCache's per-chunk backwards tell DeepSpeed which one ends the step, the case that
         breaks in peers (tevatron#206, ST#3173)."""

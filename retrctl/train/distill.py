@@ -118,8 +118,9 @@ class CorpusDistiller(Trainer):
 
     GROUPS = False
 
-    def __init__(self, cfg, corpus, output, **kwargs):
-        teacher = kwargs.get("teacher")
+    @classmethod
+    def check(cls, cfg, output, *, encoder=None, teacher=None) -> None:
+        """What a corpus alone needs (a teacher model, embedding distillation), then ``Trainer``'s checks."""
         if not cfg.teacher and teacher is None:
             raise UsageError("a corpus alone is training data only with a teacher to distil (--teacher); else give groups")
         if teacher is not None and not isinstance(teacher, Encoder):
@@ -127,8 +128,13 @@ class CorpusDistiller(Trainer):
         if cfg.embed_distill_weight is not None and cfg.embed_distill_weight <= 0:
             raise UsageError("--embed-distill-weight: a corpus alone trains on embedding distillation only; it must be "
                              "above 0", flag="--embed-distill-weight")
-        super().__init__(cfg, None, corpus, output, **kwargs)
+        super().check(cfg, output, encoder=encoder, teacher=teacher)
+
+    def _build_encoder(self, encoder) -> None:
+        """``Trainer``'s encoder, and what reads the teacher's token states for it (``TeacherTokens``)."""
+        super()._build_encoder(encoder)
         # token-level and layer-wise distillation: the teacher's states of each token beside its vector of each text
+        cfg = self.cfg
         self.hidden = {name: w for name, w in (("tokens", cfg.token_distill_weight), ("layers", cfg.layer_distill_weight)) if w}
         self.tokens = (TeacherTokens(self.vectors.teacher, self.enc, cfg.teacher or "(given)", cfg.chunk_size,
                                      tokens="tokens" in self.hidden, layers="layers" in self.hidden)
@@ -172,11 +178,11 @@ class CorpusDistiller(Trainer):
             blocks_q, blocks_p = self.tokens(queries, "query"), self.tokens(passages, "passage")
             vectors = blocks_q["vectors"], blocks_p["vectors"]
         loss_fn = functools.partial(
-            losses.embed_distill_loss, layout=self.layout, teacher_q=vectors[0], teacher_p=vectors[1],
+            losses.embed_distill_loss, teacher_q=vectors[0], teacher_p=vectors[1],
             weight=self.cfg.embed_distill_weight, kind=self.cfg.embed_distill_loss, normalize=self.vectors.unit)
         if self.tokens is not None:
-            loss_fn = functools.partial(losses.hidden_distill_loss, loss=loss_fn, layout=self.layout, teacher_q=blocks_q,
-                                        teacher_p=blocks_p, weights=self.hidden)
+            loss_fn = functools.partial(losses.hidden_distill_loss, loss=loss_fn, teacher_q=blocks_q, teacher_p=blocks_p,
+                                        weights=self.hidden)
         return queries, passages, loss_fn, torch.zeros(0, dtype=torch.bool)
 
     def _loop(self, pos) -> None:

@@ -1,11 +1,13 @@
 """The contrastive training loop shared by stages that fine-tune an encoder (train; prune's healing).
 
-``Trainer`` validates the groups, builds the encoder (LoRA, gradient checkpointing) or takes one already built,
-picks an engine (``engines.py``: plain torch for one process, DeepSpeed ZeRO 0-3 otherwise), runs the steps
-(InfoNCE from ``losses.py``, optionally through GradCache), writes metrics.jsonl and checkpoints, and saves a model
-that stock loaders read. Both engines give the same losses for the same global batch (tested: 2 processes × B
-under ZeRO-2 = 1 process × 2B). Checkpoints (``<output>.partial/checkpoints/step-N``) hold the engine state (model,
-optimizer, scheduler), each process's RNG state and the input position; ``resume`` continues from the newest.
+Two steps, as a Tevatron driver runs them. ``Trainer.build`` does everything before step 1: checks the settings and
+the output, reads and validates the groups, loads the teacher, builds the encoder (LoRA, gradient checkpointing)
+or takes one already built, plans memory and picks an engine (``engines.py``: plain torch for one process,
+DeepSpeed ZeRO 0-3 otherwise). ``fit`` runs the steps (the objective from ``objective.py``, optionally through
+GradCache), writes metrics.jsonl and checkpoints, and saves a model that stock loaders read. Both engines give the
+same losses for the same global batch (tested: 2 processes × B under ZeRO-2 = 1 process × 2B). Checkpoints
+(``<output>.partial/checkpoints/step-N``) hold the engine state (model, optimizer, scheduler), each process's RNG
+state and the input position; ``resume`` continues from the newest.
 
 The module trained is the ``Encoder`` itself: each step runs ``Encoder.forward(..., layout=...)`` (backbone →
 heads, the pass ``encode`` runs), so training and inference cannot drift; the run's ``TrainingLayout``
@@ -42,16 +44,18 @@ from retrctl.errors import UsageError
 from retrctl.models import Encoder, lookup
 from retrctl.train import losses, objective
 from retrctl.train.checkpoint import (
+    Position,
     check_output,
     checkpoints,
     clear_partial,
     legacy_keys,
     load_tensors,
     read_state,
+    resume_point,
     rng_state,
     set_rng_state,
 )
-from retrctl.train.config import TrainConfig, resume_conflicts
+from retrctl.train.config import TrainConfig
 from retrctl.train.data import Batches, Example, GroupSource
 from retrctl.train.engines import DeepSpeedEngine, PlainEngine, import_deepspeed, lora_b_norm, setup_processes
 from retrctl.train.model import build_encoder, prepare
@@ -71,19 +75,13 @@ log = logging.getLogger("retrctl.train")
 # ---------------------------------------------------------------- the loop
 
 
-@dataclasses.dataclass
-class Position:
-    step: int = 0  # optimizer steps done
-    epoch: int = 0
-    batch_in_epoch: int = 0  # global batches of this epoch already trained
-    groups_consumed: int = 0  # groups read from the input so far (the stream offset)
-
-
 class Trainer:
-    """Train an encoder on groups and save it to ``output``.
+    """Train an encoder on groups and save it to ``output``, in two steps as a Tevatron driver does: ``build`` (a
+    classmethod: everything before step 1) returns a trainer ready to ``fit`` (the steps, checkpoints and the saved
+    model). Constructing one reads, loads and checks nothing.
 
-    The settings and the output are checked first (``TrainConfig.check``, ``check_output``: exit 2 before anything
-    is read or loaded); ``corpus`` is then read when it is a path (a dict of docs is used as it is).
+    ``build`` checks the settings and the output first (``TrainConfig.check``, ``check_output``: exit 2 before
+    anything is read or loaded); ``corpus`` is then read when it is a path (a dict of docs is used as it is).
 
     ``encoder``: an Encoder to train instead of loading ``cfg.model`` (e.g. a pruned one); ``cfg``'s encoder
     settings still apply to it, and a CPU copy is kept to export the trained weights into (``cfg.model`` may be
@@ -100,35 +98,72 @@ class Trainer:
     attribute gets that learning rate (same schedule). ``after_export(dir)`` edits the saved model before publishing.
     """
 
-    def __init__(self, cfg: TrainConfig, groups, corpus: dict | str | Path | None, output, *,
-                 on_step: Callable[[int, dict], None] | None = None, encoder: Encoder | None = None,
-                 teacher: Teacher | Encoder | None = None, penalty: Callable[[], torch.Tensor] | None = None,
-                 finish: Callable[[Encoder], None] | None = None, after_export: Callable[[Path], None] | None = None):
-        cfg.settle(teacher=bool(cfg.teacher) or teacher is not None, groups=self.GROUPS)
+    GROUPS = True  # the data are groups (train/distill.py's subclass trains on a corpus alone)
+    ENCODES_PASSAGES = True  # a step encodes its passages (train/query_side.py's subclass reads them from an index)
+
+    def __init__(self, cfg: TrainConfig, output, *, on_step: Callable[[int, dict], None] | None = None,
+                 penalty: Callable[[], torch.Tensor] | None = None, finish: Callable[[Encoder], None] | None = None,
+                 after_export: Callable[[Path], None] | None = None):
+        self.cfg, self.output, self.on_step = cfg, Path(output), on_step
+        self.penalty, self.finish, self.after_export = penalty, finish, after_export
+        self.steps_done = 0
+        self.padded = self.drawn = 0  # negatives resampled / drawn from the corpus, over the batches trained
+        self.partial = self.output.with_name(self.output.name + ".partial")
+        self.ckpt_root = self.partial / "checkpoints"
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, groups, corpus: dict | str | Path | None, output, *,
+              encoder: Encoder | None = None, teacher: Teacher | Encoder | None = None, **hooks) -> Trainer:
+        """A trainer ready to ``fit``, cheapest step first: the settings and the output checked, the corpus and the
+        data read, the resume point checked, then the teacher loaded, the encoder built, the memory planned and the
+        engine built. ``hooks``: ``on_step``, ``penalty``, ``finish``, ``after_export`` (the class docstring)."""
+        cls.check(cfg, output, encoder=encoder, teacher=teacher)
+        if isinstance(corpus, (str, Path)):  # read once the settings and the output are known to be usable
+            corpus = records.read_corpus(corpus)
+        run = cls(cfg, output, **hooks)
+        run.dist = setup_processes(cfg)
+        per_epoch = run._read_data(groups, corpus)
+        run.resume_from = (resume_point(run.ckpt_root, cfg, world=run.dist.world, data_hash=run.data_hash, groups=cls.GROUPS)
+                           if cfg.resume else None)  # checked before any model is loaded
+        run.total = cfg.max_steps or per_epoch * cfg.epochs
+        run.warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * run.total)
+        run.teacher = teacher
+        if cfg.teacher and teacher is None:  # after every cheaper check: loading a model takes a while
+            run.teacher = load_teacher(cfg.teacher, run.dist.device)
+        run.vectors = TeacherVectors(run.teacher, cfg.chunk_size) if isinstance(run.teacher, Encoder) else None
+        run._build_encoder(encoder)
+        run.probe = run._probe_texts()
+        run.before = run._embed(run.enc, run.probe) if run.dist.rank == 0 else None
+        run.plan = run._plan_memory()  # before any optimizer state: on CPU an OOM is a kill, not an error
+        cfg.plan = run.plan.record()
+        if run.dist.deepspeed:
+            run.engine = DeepSpeedEngine(run.enc, cfg, run.total, run.warmup, run.dist.world)
+        else:
+            run.engine = PlainEngine(run.enc, cfg, run.total, run.warmup)
+        torch.manual_seed(cfg.seed + 1 + run.dist.rank)  # dropout differs per process
+        return run
+
+    # -- building
+
+    @classmethod
+    def check(cls, cfg: TrainConfig, output, *, encoder: Encoder | None = None, teacher=None) -> None:
+        """The settings (``cfg``'s defaults settled) and the output, refused (exit 2) before anything is read."""
+        cfg.settle(teacher=bool(cfg.teacher) or teacher is not None, groups=cls.GROUPS)
         cfg.check(needs_model=encoder is None)
         if cfg.embed_distill_weight and not (cfg.teacher or isinstance(teacher, Encoder)):
             raise UsageError("--embed-distill-weight needs a teacher model (--teacher)")
         corpus_only = (("--token-distill-weight", cfg.token_distill_weight), ("--layer-distill-weight", cfg.layer_distill_weight),
                        ("--fresh-crops", cfg.fresh_crops))
         for flag, value in corpus_only:
-            if value and self.GROUPS:
+            if value and cls.GROUPS:
                 raise UsageError(f"{flag} trains from a corpus alone: give --corpus and no GROUPS", flag=flag)
         if cfg.teacher:
             check_teacher(cfg.teacher, output)
         check_output(output, cfg)
-        if isinstance(corpus, (str, Path)):  # read once the settings and the output are known to be usable
-            corpus = records.read_corpus(corpus)
-        self.cfg, self.output, self.on_step, self.teacher = cfg, Path(output), on_step, teacher
-        self.penalty, self.finish, self.after_export = penalty, finish, after_export
-        self.dist = setup_processes(cfg)
-        per_epoch = self._read_data(groups, corpus)
-        self.resume_from = self.resume_point() if cfg.resume else None  # checked before any model is loaded
-        rank, world = self.dist.rank, self.dist.world
-        self.total = cfg.max_steps or per_epoch * cfg.epochs
-        self.warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * self.total)
-        if cfg.teacher and teacher is None:  # after every cheaper check: loading a model takes a while
-            self.teacher = load_teacher(cfg.teacher, self.dist.device)
-        self.vectors = TeacherVectors(self.teacher, cfg.chunk_size) if isinstance(self.teacher, Encoder) else None
+
+    def _build_encoder(self, encoder: Encoder | None) -> None:
+        """The encoder to train, ``cfg.model`` loaded or ``encoder`` prepared, and its layout."""
+        cfg = self.cfg
         teacher_dim = self.vectors.dim if self.vectors is not None and cfg.embed_distill_weight else None
         self.template = None  # what the trained weights are exported into, when the encoder was given
         if encoder is None:
@@ -143,24 +178,6 @@ class Trainer:
         if "lookup" in self.layout:  # both query encoders in one forward (models/lookup.py)
             lookup.check_prefix(self.enc)
         legacy_keys(self.enc)  # resume checkpoints written before the Encoder was trained directly
-        self.probe = self._probe_texts()
-        self.before = self._embed(self.enc, self.probe) if rank == 0 else None
-        self.plan = self._plan_memory()  # before any optimizer state: on CPU an OOM is a kill, not an error
-        cfg.plan = self.plan.record()
-        if self.dist.deepspeed:
-            self.engine = DeepSpeedEngine(self.enc, cfg, self.total, self.warmup, world)
-        else:
-            self.engine = PlainEngine(self.enc, cfg, self.total, self.warmup)
-        torch.manual_seed(cfg.seed + 1 + rank)  # dropout differs per process
-        self.steps_done = 0
-        self.padded = self.drawn = 0  # negatives resampled / drawn from the corpus, over the batches trained
-        self.partial = self.output.with_name(self.output.name + ".partial")
-        self.ckpt_root = self.partial / "checkpoints"
-
-    GROUPS = True  # the data are groups (train/distill.py's subclass trains on a corpus alone)
-    ENCODES_PASSAGES = True  # a step encodes its passages (train/query_side.py's subclass reads them from an index)
-
-    # -- helpers
 
     def _read_data(self, groups, corpus) -> int:
         """The groups validated (exit 2 on bad input) and batched; returns the global batches per epoch."""
@@ -241,8 +258,8 @@ class Trainer:
     # -- one step
 
     def objective(self, batch: list[Example]) -> tuple[list[str], list[str], Callable, torch.Tensor]:
-        """This process's query texts, passage texts, ``loss_fn(q, p)`` over their training outputs, and the
-        false-negative mask (reported)."""
+        """This process's query texts, passage texts, ``loss_fn(outputs)`` over their training outputs (the
+        ``StepOutputs`` of ``self.layout``), and the false-negative mask (reported)."""
         cfg, rank, g = self.cfg, self.dist.rank, self.cfg.train_group_size
         b = len(batch) // self.dist.world
         local = batch[rank * b : (rank + 1) * b]
@@ -272,8 +289,8 @@ class Trainer:
         embed_q = functools.partial(self.engine.forward, kind="query", layout=self.layout)
         embed_p = functools.partial(self.engine.forward, kind="passage", layout=self.layout)
 
-        def unsorted_loss(q, p):
-            return loss_fn(q[qinv.to(q.device)], p[pinv.to(p.device)])
+        def unsorted_loss(q, p):  # the step's outputs back in input order, split into their parts once
+            return loss_fn(self.layout.split(q[qinv.to(q.device)], p[pinv.to(p.device)]))
 
         extra = None
         if self.penalty is not None:  # parameters only: its gradient adds to the step's (first: the last backward ends it)
@@ -326,24 +343,6 @@ class Trainer:
                 shutil.rmtree(old, ignore_errors=True)
             log.info("checkpoint %s", d)
         self.dist.barrier()
-
-    def resume_point(self) -> Path | None:
-        """The newest checkpoint, refused (exit 2) if it was written for other data, settings or process count."""
-        found = checkpoints(self.output.with_name(self.output.name + ".partial") / "checkpoints")
-        if not found:
-            return None
-        d = found[-1]
-        state = read_state(d / "trainer_state.json")
-        if state.get("world_size") != self.dist.world:
-            raise records.RecordError(d, message=f"written by {state.get('world_size')} processes; resume with the same number (now {self.dist.world})")
-        differ = resume_conflicts(read_state(d / "train_config.json"), self.cfg, groups=self.GROUPS)
-        if state.get("data_hash") != self.data_hash:
-            differ.insert(0, "the data (groups, or the text of the docs they name)")
-        if differ:
-            raise records.RecordError(d, message=f"--resume: this run differs from the checkpoint in {'; '.join(differ)}. Rerun with "
-                                                 "the checkpoint's data and settings (its train_config.json), or drop --resume and "
-                                                 "give --overwrite to start over")
-        return d
 
     def load_checkpoint(self) -> Position:
         d = self.resume_from

@@ -17,6 +17,10 @@
   arXiv:2101.06983): embeddings without a graph, the loss gradient w.r.t. the embeddings cached, then a chunked
   re-forward (same RNG state, so dropout matches) and backward of <embedding, cached gradient>.
 
+The objectives a run composes (``train/objective.py``) take one ``StepOutputs`` (models/layout.py): the step's
+outputs split once into each side's parts by name. A loss wrapping another reads its own parts and hands the same
+``StepOutputs`` down; ``group_loss`` and the terms under it take plain tensors.
+
 Nothing here reads files or knows about click; the functions take tensors and return tensors.
 """
 
@@ -28,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from retrctl.models.layout import DENSE_PARTS, TrainingLayout
+from retrctl.models.layout import StepOutputs
 
 
 def world() -> tuple[int, int]:
@@ -170,50 +174,44 @@ def group_loss(
     return total, parts
 
 
-def joint_lookup_loss(q: torch.Tensor, p: torch.Tensor, *, loss, kl_weight: float, temperature: float,
-                      normalize: bool = True, mask: torch.Tensor | None = None,
-                      layout: TrainingLayout | None = None) -> tuple[torch.Tensor, dict]:
-    """LightRetriever's objective: ``q`` holds the full query encoder's vectors and the token-lookup ones side by
-    side (``layout``'s dense and lookup parts; without one, two halves of equal width: models/lookup.py). Each gets
-    the contrastive ``loss`` (group_loss with its settings), plus ``kl_weight`` × KL(full || lookup) over the same
-    candidates (in-batch + hard negatives, false negatives masked), the full encoder as the teacher (no gradient
-    through it: it is trained by its own term)."""
-    layout = layout or TrainingLayout.from_sizes(q.size(-1), p.size(-1), lookup=True)
-    qs, p = layout.query.split(q), layout.passage.split(p)["dense"]
-    full, light = qs["dense"], qs["lookup"]
+def dense_loss(out: StepOutputs, *, loss) -> tuple[torch.Tensor, dict]:
+    """``loss`` (group_loss with its settings) of the step's dense query and passage vectors: the dense objective of
+    a run without a second query encoder."""
+    return loss(out.query["dense"], out.passage["dense"])
+
+
+def joint_lookup_loss(out: StepOutputs, *, loss, kl_weight: float, temperature: float, normalize: bool = True,
+                      mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """LightRetriever's objective: the full query encoder's vectors (``dense`` part) and the token-lookup ones
+    (``lookup`` part, models/lookup.py) each get the contrastive ``loss`` (group_loss with its settings) against the
+    passages' ``dense`` part, plus ``kl_weight`` × KL(full || lookup) over the same candidates (in-batch + hard
+    negatives, false negatives masked), the full encoder as the teacher (no gradient through it: it is trained by
+    its own term)."""
+    full, light, p = out.query["dense"], out.query["lookup"], out.passage["dense"]
     l_full, parts = loss(full, p)
     l_light, light_parts = loss(light, p)
     candidates = gather(p)
     s_full = scores(full, candidates, normalize=normalize) / temperature
     s_light = scores(light, candidates, normalize=normalize) / temperature
     if mask is not None:
-        s_full = s_full.masked_fill(mask.to(q.device), float("-inf"))
-        s_light = s_light.masked_fill(mask.to(q.device), float("-inf"))
-    kl = distill_kl(s_light, s_full.detach(), torch.ones(q.size(0), dtype=torch.bool))
+        s_full = s_full.masked_fill(mask.to(full.device), float("-inf"))
+        s_light = s_light.masked_fill(mask.to(full.device), float("-inf"))
+    kl = distill_kl(s_light, s_full.detach(), torch.ones(full.size(0), dtype=torch.bool))
     parts = {**parts, "ce_lookup": light_parts["ce"], "kl_lookup": kl.detach()}
     return l_full + l_light + kl_weight * kl, parts
 
 
-def dense_columns(layout: TrainingLayout, q: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The columns the dense objective reads (the dense vector, and the lookup vector beside it): what a loss
-    wrapping it hands on."""
-    return layout.query.columns(q, DENSE_PARTS), layout.passage.columns(p, DENSE_PARTS)
-
-
-def sparse_loss(q: torch.Tensor, p: torch.Tensor, *, loss, group_size: int, flops_weight: float, vocab: int = 0,
-                query_terms: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                layout: TrainingLayout | None = None) -> tuple[torch.Tensor, dict]:
-    """SPLADE's sparse head trained beside the dense one (models/sparse.py): ``p`` (and ``q`` unless
-    ``query_terms`` gives LightRetriever's token-count queries) carry a ``sparse`` part (``layout``; without one,
-    ``vocab`` term weights after the dense vector). The dense columns get ``loss`` as usual; the sparse part the same
-    InfoNCE over dot products of term weights at temperature 1 (SPLADE), plus ``flops_weight`` × the FLOPS
-    regulariser of the doc weights (and of encoded query weights), summed over this process's rows."""
+def sparse_loss(out: StepOutputs, *, loss, group_size: int, flops_weight: float, query_terms: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """SPLADE's sparse head trained beside the dense one (models/sparse.py): the dense objective ``loss`` of ``out``
+    as usual, plus the same InfoNCE over dot products of the ``sparse`` parts' term weights at temperature 1 (SPLADE)
+    and ``flops_weight`` × the FLOPS regulariser of the doc weights (and of encoded query weights), summed over this
+    process's rows. ``query_terms``: LightRetriever's token-count queries, read instead of a query ``sparse`` part."""
     from retrctl.models.sparse import flops
 
-    layout = layout or TrainingLayout.from_sizes(q.size(-1), p.size(-1), vocab=vocab, token_queries=query_terms is not None)
-    p_sparse = layout.passage.split(p)["sparse"]
-    q_sparse = layout.query.split(q)["sparse"] if query_terms is None else query_terms.to(p.device, p.dtype)
-    total, parts = loss(*dense_columns(layout, q, p))
+    p_sparse = out.passage["sparse"]
+    q_sparse = out.query["sparse"] if query_terms is None else query_terms.to(p_sparse.device, p_sparse.dtype)
+    total, parts = loss(out)
     ce, _ = group_loss(q_sparse, p_sparse, group_size=group_size, temperature=1.0, normalize=False, mask=mask)
     reg = flops(p_sparse) + (flops(q_sparse) if query_terms is None else 0.0)
     parts = {**parts, "ce_sparse": ce.detach(), "flops": reg.detach()}
@@ -259,37 +257,31 @@ def layer_distill(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
 HIDDEN_TERMS = {"tokens": (token_distill, "token_mse"), "layers": (layer_distill, "layer_mse")}
 
 
-def hidden_distill_loss(q: torch.Tensor, p: torch.Tensor, *, loss, layout: TrainingLayout, teacher_q: dict,
-                        teacher_p: dict, weights: dict[str, float]) -> tuple[torch.Tensor, dict]:
-    """``loss(q, p)`` plus, for each part ``weights`` names (``tokens``: ``token_distill``; ``layers``:
+def hidden_distill_loss(out: StepOutputs, *, loss, teacher_q: dict, teacher_p: dict,
+                        weights: dict[str, float]) -> tuple[torch.Tensor, dict]:
+    """``loss(out)`` plus, for each part ``weights`` names (``tokens``: ``token_distill``; ``layers``:
     ``layer_distill``), its weight × the distillation of the queries' and the passages' part against the teacher's
     blocks of the same texts (``teacher_q`` / ``teacher_p`` by part name), the two sides' terms averaged
     (``token_mse``, ``layer_mse``)."""
-    total, parts = loss(q, p)
-    sq, sp = layout.query.split(q), layout.passage.split(p)
+    total, parts = loss(out)
     for name, weight in weights.items():
         term_of, key = HIDDEN_TERMS[name]
-        term = (term_of(sq[name], teacher_q[name].view_as(sq[name])) + term_of(sp[name], teacher_p[name].view_as(sp[name]))) / 2
+        sq, sp = out.query[name], out.passage[name]
+        term = (term_of(sq, teacher_q[name].view_as(sq)) + term_of(sp, teacher_p[name].view_as(sp))) / 2
         total, parts = total + weight * term, {**parts, key: term.detach()}
     return total, parts
 
 
-def embed_distill_loss(q: torch.Tensor, p: torch.Tensor, *, layout: TrainingLayout, teacher_q: torch.Tensor,
-                       teacher_p: torch.Tensor, weight: float, kind: str = "mse", normalize: bool = True,
-                       loss=None) -> tuple[torch.Tensor, dict]:
+def embed_distill_loss(out: StepOutputs, *, teacher_q: torch.Tensor, teacher_p: torch.Tensor, weight: float,
+                       kind: str = "mse", normalize: bool = True, loss=None) -> tuple[torch.Tensor, dict]:
     """Embedding distillation beside the step's other terms: the student's ``projected`` part (a teacher of
     another width) or its ``dense`` part, of queries and passages, regressed onto the teacher's vectors of the
     same rows (``teacher_q``, ``teacher_p``), ``weight`` × the mean over every text (``embed_distill``). ``loss``:
-    the rest of the objective, handed every part but ``projected``; None when embedding distillation is the whole
-    objective (a corpus without groups)."""
-    read = "projected" if "projected" in layout else "dense"
-    if loss is not None:
-        rest = [n for n in layout.passage.names if n != "projected"]
-        rest_q = [n for n in layout.query.names if n != "projected"]
-        total, parts = loss(layout.query.columns(q, rest_q), layout.passage.columns(p, rest))
-    else:
-        total, parts = q.new_zeros(()) if q.numel() else p.new_zeros(()), {}
-    sq, sp = layout.query.split(q)[read], layout.passage.split(p)[read]
+    the rest of the objective, of the same ``out`` (it reads its own parts, never ``projected``); None when embedding
+    distillation is the whole objective (a corpus without groups)."""
+    read = "projected" if "projected" in out.passage else "dense"
+    sq, sp = out.query[read], out.passage[read]
+    total, parts = loss(out) if loss is not None else (sq.new_zeros(()), {})
     rows = sq.size(0) + sp.size(0)
     term = (embed_distill(sq, teacher_q, kind=kind, normalize=normalize) * sq.size(0)
             + embed_distill(sp, teacher_p, kind=kind, normalize=normalize) * sp.size(0)) / max(1, rows)
@@ -304,34 +296,29 @@ def _soft_ce(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
     return -torch.where(target > 0, target * log_s, torch.zeros_like(log_s)).sum(-1).mean()
 
 
-def m3_loss(q: torch.Tensor, p: torch.Tensor, *, loss, group_size: int, temperature: float, normalize: bool = True,
-            vocab: int = 0, colbert_dim: int = 0, caps: tuple[int, int] = (0, 0), query_terms: torch.Tensor | None = None,
-            weights=(1.0, 0.3, 1.0), lambdas=(1.0, 0.1, 1.0), self_distill: bool = True, flops_weight: float = 0.0,
-            mask: torch.Tensor | None = None, layout: TrainingLayout | None = None) -> tuple[torch.Tensor, dict]:
+def m3_loss(out: StepOutputs, *, loss, group_size: int, temperature: float, normalize: bool = True,
+            query_terms: torch.Tensor | None = None, weights=(1.0, 0.3, 1.0), lambdas=(1.0, 0.1, 1.0),
+            self_distill: bool = True, flops_weight: float = 0.0,
+            mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """BGE-M3's multi-head objective (Chen et al. 2024, arXiv:2402.03216, Eq. 4–6) over the same in-batch + hard
-    negative candidates. ``q``/``p`` carry the dense, sparse and colbert parts ``layout`` names (without one: [dense
-    | sparse term weights (``vocab``) | colbert block (``caps`` = (query, passage) cap × ``colbert_dim``)], the parts
-    absent when 0); the query's sparse part is ``query_terms`` instead when given (token counts). Scores /
-    ``temperature``: s_dense (cosine), s_lex (dot of term weights), s_mul (MaxSim); s_inter = Σ w·s. L = (Σ λ·L_head +
-    L_inter) / (heads + 1), each L an InfoNCE, the dense one ``loss`` (group_loss with its own settings: Matryoshka,
-    distillation); with ``self_distill`` L' = Σ λ·CE(softmax(s_inter), s_head) / heads and the result is (L + L') / 2.
+    negative candidates, from the ``dense``, ``sparse`` (term weights) and ``colbert`` (token blocks) parts of
+    ``out``, each head present when its part is; the query's sparse part is ``query_terms`` instead when given
+    (token counts). Scores / ``temperature``: s_dense (cosine), s_lex (dot of term weights), s_mul (MaxSim); s_inter =
+    Σ w·s. L = (Σ λ·L_head + L_inter) / (heads + 1), each L an InfoNCE, the dense one ``loss(out)`` (the dense
+    objective with its own settings: Matryoshka, distillation, the token-lookup query encoder); with
+    ``self_distill`` L' = Σ λ·CE(softmax(s_inter), s_head) / heads and the result is (L + L') / 2.
     ``flops_weight``: SPLADE's FLOPS on encoded sparse weights (0 for the lexical head, as BGE-M3)."""
     from retrctl.models.colbert import maxsim
     from retrctl.models.sparse import flops
 
-    layout = layout or TrainingLayout.from_sizes(q.size(-1), p.size(-1), vocab=vocab, colbert_dim=colbert_dim, caps=caps,
-                                                 token_queries=query_terms is not None)
-    qs, ps = layout.query.split(q), layout.passage.split(p)
+    qs, ps = dict(out.query), out.passage
     if query_terms is not None and "sparse" in ps:
-        qs["sparse"] = query_terms.to(q.device, q.dtype)
-    # the dense part taken from the dense columns: the dense loss and s_dense then share one tensor, so autograd
-    # sums their gradients there, in the order it always has
-    (qd, pd), inner = dense_columns(layout, q, p), layout.keeping(DENSE_PARTS)
-    qs["dense"], ps["dense"] = inner.query.split(qd)["dense"], inner.passage.split(pd)["dense"]
+        qs["sparse"] = query_terms.to(qs["dense"].device, qs["dense"].dtype)
     rank, _ = world()
-    b = q.size(0)
-    labels = (torch.arange(b, device=q.device) + rank * b) * group_size
-    loss_dense, parts = loss(qd, pd)
+    b = qs["dense"].size(0)
+    labels = (torch.arange(b, device=qs["dense"].device) + rank * b) * group_size
+    # the dense loss and s_dense read the one dense part, so autograd sums their gradients there
+    loss_dense, parts = loss(out)
     s = {"dense": scores(qs["dense"], gather(ps["dense"]), normalize=normalize) / temperature}
     if "sparse" in qs:
         s["sparse"] = qs["sparse"] @ gather(ps["sparse"]).T / temperature

@@ -77,15 +77,17 @@ class QuerySideTrainer(Trainer):
 
     ENCODES_PASSAGES = False
 
-    def __init__(self, cfg: TrainConfig, groups, corpus, output, **kw):
+    @classmethod
+    def check(cls, cfg: TrainConfig, output, **kw) -> None:
+        """What a query tower cannot train, an index built by another model, then ``Trainer``'s checks."""
         check_settings(cfg)
         from retrctl.indexes.encoded import manifest_model
 
-        built_by = self._index_model(cfg.passage_index) if cfg.model else None
+        built_by = cls._index_model(cfg.passage_index) if cfg.model else None
         if cfg.model and manifest_model(cfg.model) != built_by:
             raise UsageError(f"{cfg.passage_index} was built by {built_by}, not {manifest_model(cfg.model)}: the query "
                              "tower starts from the model that encoded the passages", flag="--passage-index")
-        super().__init__(cfg, groups, corpus, output, **kw)
+        super().check(cfg, output, **kw)
 
     @staticmethod
     def _index_model(directory: str) -> str:
@@ -118,7 +120,7 @@ class QuerySideTrainer(Trainer):
         embed_q = functools.partial(self.engine.forward, kind="query", layout=self.layout)
 
         def query_loss(q, _p=None):
-            return loss_fn(q[qinv.to(q.device)], passages)
+            return loss_fn(self.layout.split(q[qinv.to(q.device)], passages))
 
         if self.plan.grad_cache:
             loss, parts = losses.grad_cache_step(embed_q, qc, [], query_loss, self.engine.backward)
