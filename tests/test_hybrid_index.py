@@ -43,6 +43,23 @@ def one_error_line(stderr: str) -> str:
     return errors[0]
 
 
+def succeeding(runner):
+    """``runner`` asserting exit 0."""
+    def run(*args):
+        r = runner(*args)
+        assert r.exit_code == 0, r.stderr
+        return r
+    return run
+
+
+def trec(path):
+    out = {}
+    for line in path.read_text().splitlines():
+        q, _, d, _, s, _ = line.split()
+        out.setdefault(q, []).append((d, float(s)))
+    return out
+
+
 def head(idx_dir, heads, k=100):
     idx = open_index(idx_dir)
     idx.heads = heads
@@ -136,18 +153,7 @@ def test_resumed_build_and_shard_merge_keep_the_heads_aligned(tiny_bert, tmp_pat
 
 
 def test_cli_records_the_weights_and_search_equals_fuse_of_the_backends(runner, tiny_bert, corpus_file, queries_file, tmp_path):
-    def run(*args):
-        r = runner(*args)
-        assert r.exit_code == 0, r.stderr
-        return r
-
-    def trec(path):
-        out = {}
-        for line in path.read_text().splitlines():
-            q, _, d, _, s, _ = line.split()
-            out.setdefault(q, []).append((d, float(s)))
-        return out
-
+    run = succeeding(runner)
     h = tmp_path / "hybrid"
     run("index", corpus_file, "--model", tiny_bert, "--heads", "dense,bm25", "--weights", "0.8,0.2", "-o", h)
     assert open_index(h).version.manifest["search_defaults"] == {"weights": {"dense": 0.8, "bm25": 0.2}}
@@ -249,18 +255,7 @@ def test_copy_from_bad_input_exits_2_and_writes_nothing(runner, tiny_bert, corpu
 def test_remove_query_drops_the_querys_own_doc_before_fusion_as_fuse_of_such_runs_does(runner, tiny_bert, tmp_path):
     """ArguAna's convention: a query is itself a doc. Its own doc tops both lists; fused in the index, it must leave
     each list before min-max scaling, or it sets each list's scale and the ranking differs from `fuse`'s."""
-    def run(*args):
-        r = runner(*args)
-        assert r.exit_code == 0, r.stderr
-        return r
-
-    def trec(path):
-        out = {}
-        for line in path.read_text().splitlines():
-            q, _, d, _, s, _ = line.split()
-            out.setdefault(q, []).append((d, float(s)))
-        return out
-
+    run = succeeding(runner)
     corpus = write_jsonl(tmp_path / "c.jsonl", CORPUS)
     queries = write_jsonl(tmp_path / "q.jsonl", [{"query_id": d["docid"], "query_text": d["text"]} for d in CORPUS[:6]])
     run("index", corpus, "--model", tiny_bert, "--heads", "dense,bm25", "--weights", "0.6,0.4", "-o", tmp_path / "h")
