@@ -84,7 +84,7 @@ def test_table_serves_the_vectors_of_the_masked_forward(enc, tmp_path):
 
 def test_a_model_with_a_table_saves_all_of_itself(tiny_bert, tmp_path):
     enc = Encoder.load(tiny_bert, device="cpu", query_prompt="find: ")
-    enc.token_lookup = True
+    enc.token_lookup = lookup.TokenLookup(enc)
     enc.save(tmp_path / "a")  # Encoder.save writes the table: no caller has to remember it
     assert lookup.has_table(tmp_path / "a")
     again = Encoder.load(tmp_path / "a", device="cpu")

@@ -1,6 +1,8 @@
 """Models saved by the retrctl whose models.py was one module load and encode as they did: the fixtures
 under tests/fixtures/compat were written by ``Encoder.save`` at commit f32c50e, with their embeddings
-(tests/fixtures/compat/make.py). Also: the package's interfaces (heads, sides, one forward pass)."""
+(tests/fixtures/compat/make.py); models with sparse and colbert heads and a token-lookup table, written by
+``Encoder.save`` at 3eaacfc (make_heads.py), load and encode as they did too. Also: the package's interfaces (heads,
+sides, one forward pass)."""
 
 import json
 import shutil
@@ -134,3 +136,50 @@ def test_train_config_and_the_index_keys_derive_from_the_declaration():
     assert dense.ENCODER_KEYS == ("pooling", "normalize", "query_prompt", "passage_prompt", "query_max_len",
                                   "passage_max_len", "bidirectional", "mcls", "dims", "temperature")
     assert dense.PASSAGE_KEYS == ("pooling", "normalize", "passage_prompt", "passage_max_len", "bidirectional", "mcls", "dims")
+
+
+# ---------------------------------------------------------------- heads beside the dense one
+
+HEADS_EXPECTED = json.loads((COMPAT / "expected_heads.json").read_text())
+
+
+def _terms(terms, weights) -> dict:
+    """A sparse row as {term: weight}, zero weights left out (their order among ties is the kernel's)."""
+    return {int(t): float(w) for t, w in zip(terms, weights, strict=True) if w > 0}
+
+
+@pytest.mark.parametrize("name", sorted(HEADS_EXPECTED["models"]))
+def test_a_model_with_heads_saved_before_their_shared_pair_loads_and_encodes_identically(name):
+    """tests/fixtures/compat/make_heads.py wrote these at 3eaacfc: a sparse, a colbert head, a token-lookup table."""
+    from retrctl.models import lookup
+
+    want, texts = HEADS_EXPECTED["models"][name], HEADS_EXPECTED["texts"]
+    enc = Encoder.load(COMPAT / name, device="cpu")
+    assert bool(enc.token_lookup) == ("lookup" in want) and (enc.colbert is not None) == ("colbert" in want["query"])
+    for kind in ("query", "passage"):
+        got = enc.encode_heads(texts, kind)
+        assert np.allclose(got["dense"], np.array(want[kind]["dense"], dtype=np.float32), atol=1e-6, rtol=0), kind
+        terms, weights = enc.encode_sparse(texts, kind)
+        for row in range(len(texts)):
+            old = _terms(want[kind]["sparse_terms"][row], want[kind]["sparse_weights"][row])
+            assert _terms(terms[row], weights[row]) == pytest.approx(old, abs=1e-6), (kind, row)
+        for vecs, old in zip(got.get("colbert", ()), want[kind].get("colbert", ()), strict=True):
+            assert np.allclose(vecs, np.array(old, dtype=np.float32).reshape(vecs.shape), atol=1e-6, rtol=0), kind
+    if "lookup" in want:
+        served = lookup.TokenLookupEncoder.load(COMPAT / name).encode(texts)
+        assert np.allclose(served, np.array(want["lookup"], dtype=np.float32), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("name", sorted(HEADS_EXPECTED["models"]))
+def test_saving_a_model_with_heads_again_writes_the_same_head_files(name, tmp_path):
+    Encoder.load(COMPAT / name, device="cpu").save(tmp_path / "m")
+    old = sorted(str(p.relative_to(COMPAT / name)) for p in (COMPAT / name).rglob("*") if p.is_file())
+    new = sorted(str(p.relative_to(tmp_path / "m")) for p in (tmp_path / "m").rglob("*") if p.is_file())
+    assert new == old
+    heads = [rel for rel in old if rel.split("/")[0] in ("sparse", "colbert", "token_lookup")]
+    for rel in ["modules.json", "retrctl.json", "sentence_bert_config.json", "config_sentence_transformers.json",
+                "1_Pooling/config.json", *heads]:
+        a, b = (tmp_path / "m" / rel).read_bytes(), (COMPAT / name / rel).read_bytes()
+        if rel == "token_lookup/config.json":  # "seconds" says how long the table took
+            a, b = ({k: v for k, v in json.loads(x).items() if k != "seconds"} for x in (a, b))
+        assert a == b, rel

@@ -3,9 +3,12 @@
 - ``config``: ``EncoderConfig`` and the load options, each setting declared once (flags derive from it); no torch.
 - ``loading``: shipped names, GGUF conversion, sentence-transformers dirs (read and write), ``resolve``, the cache dir.
 - ``backbone``: tokenizing (cuts counted, EOS for eos pooling), attention mode, the pad-token fix and padding helper.
-- ``heads``: the ``Head`` interface and ``DenseHead`` (pooling, Matryoshka truncation, normalization).
+- ``heads``: the ``Head`` interface (each head saves and reloads itself: ``save`` / ``load``) and ``DenseHead``
+  (pooling, Matryoshka truncation, normalization).
 - ``sparse``: ``SparseHead`` (SPLADE term weights through the input embeddings) and token-count queries.
-- ``encoder``: ``Encoder`` (a query side and a passage side over one backbone) and its ``forward``/``encode``/``save``.
+- ``colbert``: ``ColbertHead`` (BGE-M3's multi-vector head); ``lookup``: LightRetriever's token-lookup table.
+- ``encoder``: ``Encoder`` (a query side and a passage side over one backbone) and its ``forward``/``encode``/``save``
+  (``SAVED_HEADS``: the heads ``save`` and ``load`` hand their own folders to).
 
 Callers import every name from ``retrctl.models`` (models saved by any retrctl load through it); names are
 loaded on first use, so importing the package (the CLI building its flags) does not import torch.

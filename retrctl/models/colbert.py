@@ -7,7 +7,7 @@ A query scores a passage by MaxSim averaged over the query's tokens: s_mul = (1/
 
 Saved as ``colbert/`` in the model dir: sentence-transformers' own ``Dense`` module layout (config.json +
 model.safetensors, ``linear.weight``/``linear.bias``) plus ``retrctl_colbert.json`` (the dim and the skipped special
-tokens), so ``retrctl export --format multi-vector-encoder`` assembles a stock ``MultiVectorEncoder`` from stock
+tokens), written and read back by the head itself (``save`` / ``load``, the pair every head has: models/heads.py), so ``retrctl export --format multi-vector-encoder`` assembles a stock ``MultiVectorEncoder`` from stock
 modules (Transformer → Dense on token_embeddings → MultiVectorMask → Normalize). Stock ``SentenceTransformer(dir)``
 ignores the folder (it is not in modules.json).
 
@@ -71,7 +71,7 @@ class ColbertHead(Head):
 
     # -- saving: a stock sentence-transformers Dense module dir + our settings
 
-    def save_module(self, out: Path) -> None:
+    def save(self, out: Path) -> dict:
         from safetensors.torch import save_file
 
         d = Path(out) / COLBERT_DIR
@@ -83,19 +83,21 @@ class ColbertHead(Head):
         save_file({"linear.weight": self.linear.weight.detach().float().cpu().contiguous(),
                    "linear.bias": self.linear.bias.detach().float().cpu().contiguous()}, str(d / "model.safetensors"))
         (d / SETTINGS_FILE).write_text(json.dumps({"dim": self.out_dim, "special_ids": self.special_ids}, indent=2) + "\n")
+        return {}  # not in modules.json: stock SentenceTransformer(dir) stays the dense model
 
-    def load_module(self, root: Path) -> None:
+    @classmethod
+    def load(cls, root: Path, enc) -> ColbertHead | None:
         from safetensors.torch import load_file
 
-        state = load_file(str(Path(root) / COLBERT_DIR / "model.safetensors"))
+        d = Path(root) / COLBERT_DIR
+        if not (d / SETTINGS_FILE).exists():
+            return None
+        head = enc.add_colbert_head(dim=int(json.loads((d / SETTINGS_FILE).read_text())["dim"]))
+        state = load_file(str(d / "model.safetensors"))
         with torch.no_grad():
-            self.linear.weight.copy_(state["linear.weight"])
-            self.linear.bias.copy_(state["linear.bias"])
-
-    @staticmethod
-    def read_saved(root: Path) -> dict | None:
-        path = Path(root) / COLBERT_DIR / SETTINGS_FILE
-        return {"dim": int(json.loads(path.read_text())["dim"])} if path.exists() else None
+            head.linear.weight.copy_(state["linear.weight"])
+            head.linear.bias.copy_(state["linear.bias"])
+        return head
 
 
 def maxsim(q: torch.Tensor, p: torch.Tensor, chunk: int = 64) -> torch.Tensor:

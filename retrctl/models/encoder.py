@@ -3,7 +3,8 @@
 ``Encoder.load(name_or_path, **overrides)`` gives a text encoder whose settings (``EncoderConfig``: pooling,
 normalize, prompts, max lengths, bidirectional attention, dims) come from, in order: the flags the user set, the
 directory's own ``retrctl.json``, its sentence-transformers configs, then defaults. ``Encoder.save(dir)`` writes a
-sentence-transformers layout plus ``retrctl.json`` (loading.py), so stock loaders read it with no retrctl code.
+sentence-transformers layout plus ``retrctl.json`` (loading.py), so stock loaders read it with no retrctl code, and
+every head's own sub-folders: each head saves and reloads itself (``save`` / ``load``, ``SAVED_HEADS``).
 
 Each side (``enc.sides["query"]``, ``enc.sides["passage"]``) has its own prompt, length cap and head; by default
 both share the backbone and one head, and the sides differ only in prompt and length (as today's models do). A
@@ -24,12 +25,19 @@ import numpy as np
 import torch
 
 from retrctl.models import backbone, loading, lookup, skipping
+from retrctl.models.colbert import ColbertHead
 from retrctl.models.config import DTYPES, EncoderConfig
 from retrctl.models.heads import DenseHead, Head
 from retrctl.models.layout import HeadLayout, TrainingLayout, token_block
+from retrctl.models.sparse import SparseHead
 from retrctl.process import stdout_to_stderr
 
 log = logging.getLogger("retrctl.models")
+
+# Every head a model dir may hold, by the Encoder attribute that holds it: each saves itself to and reloads itself
+# from its own sub-folders (``save`` / ``load``, models/heads.py). In this order: the dense head's modules lead
+# modules.json, and the token-lookup table is built from the dir as saved, so it comes last.
+SAVED_HEADS = (("head", DenseHead), ("sparse", SparseHead), ("colbert", ColbertHead), ("token_lookup", lookup.TokenLookup))
 
 
 class Side:
@@ -55,16 +63,16 @@ class Encoder(torch.nn.Module):
         self.model, self.tokenizer, self.config, self.source = model, tokenizer, config, source
         self._tok = backbone.Tokenizer(tokenizer)
         self.truncated = self._tok.truncated
-        self.head = head or DenseHead(config, tokenizer.cls_token_id)
+        self.head = head or DenseHead(config, tokenizer.cls_token_id, model.config.hidden_size)
         self.sides = {"query": Side(self, "query", self.head), "passage": Side(self, "passage", self.head)}
         self.sparse = None  # a SparseHead (models/sparse.py) beside the dense one, when the model has or trains one
         self.colbert = None  # a ColbertHead (models/colbert.py): BGE-M3's multi-vector head, beside the dense one
         # a Linear from the hidden size to a teacher's width, while a run distils a teacher of another width into
         # this encoder (train/model.py); never saved
         self.distill_projection = None
-        # LightRetriever's token-lookup table (models/lookup.py) ships with the model: computed from the weights it
-        # saves, by ``save`` itself, so no writer has to remember it
-        self.token_lookup = False
+        # LightRetriever's token-lookup table (a TokenLookup, models/lookup.py) ships with the model: computed from
+        # the weights it saves, by ``save`` itself, so no writer has to remember it
+        self.token_lookup = None
         self.set_bidirectional(config.bidirectional)
 
     # -- construction
@@ -92,16 +100,8 @@ class Encoder(torch.nn.Module):
             settings.setdefault("passage_max_len", cap)
         config = EncoderConfig.from_settings(settings)
         enc = cls(model, tokenizer, config, source=str(name_or_path))
-        from retrctl.models.colbert import ColbertHead
-        from retrctl.models.sparse import SparseHead
-
-        sparse = SparseHead.read_saved(root) if Path(root).is_dir() else None
-        if sparse is not None:
-            enc.add_sparse_head(**sparse).load_weights(root)
-        colbert = ColbertHead.read_saved(root) if Path(root).is_dir() else None
-        if colbert is not None:
-            enc.add_colbert_head(**colbert).load_module(root)
-        enc.token_lookup = Path(root).is_dir() and lookup.has_table(root)
+        for attr, kind in SAVED_HEADS:
+            setattr(enc, attr, kind.load(root, enc))
         enc.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         enc.eval()
         return enc
@@ -109,8 +109,6 @@ class Encoder(torch.nn.Module):
     def add_sparse_head(self, top_k: int = 256, query: str = "tokens", weights: str = "splade"):
         """Attach SPLADE's head (models/sparse.py), projecting through the input embeddings (tied LM/MLM head), or
         BGE-M3's lexical head (``weights="lexical"``: one learned weight per token, no projection)."""
-        from retrctl.models.sparse import SparseHead
-
         if weights == "splade" and getattr(self.model.config, "tie_word_embeddings", True) is False:
             raise ValueError(f"{self.source}: its LM head is not tied to the input embeddings; the sparse head "
                              "projects through the input embeddings only")
@@ -120,8 +118,6 @@ class Encoder(torch.nn.Module):
 
     def add_colbert_head(self, dim: int = 128):
         """Attach BGE-M3's multi-vector head (models/colbert.py)."""
-        from retrctl.models.colbert import ColbertHead
-
         self.colbert = ColbertHead(self.config, self.model.config.hidden_size, self.special_ids(), dim).to(self.device)
         return self.colbert
 
@@ -183,8 +179,6 @@ class Encoder(torch.nn.Module):
             if part.name == "dense":
                 parts["dense"] = dense
             elif part.name == "lookup":
-                from retrctl.models import lookup
-
                 parts["lookup"] = lookup.lookup_forward(self, batch)
             elif part.name == "sparse":
                 parts["sparse"] = self.sparse(hidden, mask, ids)
@@ -298,7 +292,8 @@ class Encoder(torch.nn.Module):
     # -- saving
 
     def save(self, out: str | os.PathLike) -> None:
-        """sentence-transformers layout + retrctl.json; readable by stock loaders."""
+        """sentence-transformers layout + retrctl.json, readable by stock loaders, and each head's own sub-folders
+        (written by the head's ``save``; ``load`` reads them back)."""
         if skipping.has_skipped(self.model):
             raise ValueError(f"{self.source}: loaded for inference with its removed sub-layers skipped; "
                              "load it with inference=False to save it")
@@ -307,14 +302,10 @@ class Encoder(torch.nn.Module):
         with stdout_to_stderr():
             self.model.save_pretrained(out)
         self.tokenizer.save_pretrained(out)
-        modules, st = self.head.save(out, self.model.config.hidden_size)
-        loading.write_st_dir(out, self.config, modules, st)
-        if self.sparse is not None:
-            self.sparse.save_settings(out)
-        if self.colbert is not None:
-            self.colbert.save_module(out)
-        if self.token_lookup:  # built from the weights as saved and reloaded: the table a reader of ``out`` serves
-            lookup.save_table(Encoder.load(out, device="cpu"), out)
+        *heads, table = (getattr(self, attr) for attr, _ in SAVED_HEADS)
+        loading.write_st_dir(out, self.config, [head.save(out) for head in heads if head is not None])
+        if table is not None:  # the token lookup, last: its table is built from the dir as written so far
+            table.save(out)
 
     def describe(self) -> dict:
         """Settings recorded in index manifests and run headers."""

@@ -3,15 +3,18 @@
 A ``Head`` says which ``EncoderConfig`` keys it reads (``keys``), computes its output with gradients from the hidden
 states, the attention mask and the token ids (``forward``: the form the training loss takes), turns that into what ``encode``
 returns (``finish``), scores finished query outputs against finished passage outputs (``similarity``), and saves
-and reads its own sub-folders of a saved model (``save`` / ``read_settings``) without breaking stock
-sentence-transformers loading. Training and encoding both run ``backbone → head.forward`` (``Encoder.forward``),
+itself to and reloads itself from its own sub-folders of a model dir (``save`` / ``load``), as sentence-transformers'
+modules do, without breaking stock sentence-transformers loading. Every head of an ``Encoder`` (this dense one, the
+sparse and colbert heads beside it, and the token-lookup table) has that one pair, which ``Encoder.save`` and
+``Encoder.load`` call alike. Training and encoding both run ``backbone → head.forward`` (``Encoder.forward``),
 so the two cannot drift.
 
 ``DenseHead``: a pooled vector (cls/mean/eos/last), optionally truncated to its first
 ``dims`` (Matryoshka) and L2-normalized. Pooling finds the first/last real token from the attention mask, so it is
 right under left and right padding (ST#3208); with ``mcls`` set, the mean of the CLS tokens the tokenizer inserted
 (BGE-M3's MCLS). Its sub-folders are sentence-transformers' own ``1_Pooling`` and
-``2_Normalize``.
+``2_Normalize``; its settings are the encoder's own (``EncoderConfig``, saved in ``retrctl.json``), which
+``loading.saved_settings`` reads before the backbone loads (from a stock dir's Pooling and Normalize folders too).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from retrctl.models.config import POOLING, EncoderConfig
+from retrctl.models.config import EncoderConfig
 
 
 def pool(hidden, mask, mode: str):
@@ -70,14 +73,16 @@ class Head(torch.nn.Module):
     def dim(self, hidden_size: int) -> int:
         raise NotImplementedError
 
-    def save(self, out: Path, hidden_size: int) -> tuple[list[dict], dict]:
-        """Write the head's sub-folders into a model dir ``out``; returns (its modules.json entries, its keys for
-        config_sentence_transformers.json)."""
+    def save(self, out: Path) -> dict:
+        """Write the head's settings and weights into its own sub-folders of the model dir ``out``; returns what the
+        dir's sentence-transformers configs say of it (``modules``: its modules.json entries, ``config``: its keys of
+        config_sentence_transformers.json), {} for a head that stock loaders do not read."""
         raise NotImplementedError
 
     @classmethod
-    def read_settings(cls, root: Path, modules: dict[str, Path]) -> dict:
-        """The head's settings from a saved sentence-transformers dir (``modules``: kind → folder)."""
+    def load(cls, root: Path, enc) -> Head | None:
+        """The head the model dir ``root`` holds, rebuilt from its own sub-folders and attached to the encoder
+        ``enc``; None when ``root`` holds none."""
         raise NotImplementedError
 
 
@@ -87,9 +92,10 @@ class DenseHead(Head):
     name = "dense"
     keys = ("pooling", "normalize", "dims", "mcls")
 
-    def __init__(self, config: EncoderConfig, cls_id: int | None = None):
+    def __init__(self, config: EncoderConfig, cls_id: int | None = None, hidden_size: int | None = None):
         super().__init__(config)
         self.cls_id = cls_id
+        self.hidden_size = hidden_size  # the backbone's, which 1_Pooling records as its input width
 
     def forward(self, hidden_states, attention_mask, input_ids=None):
         """Pooled float32 vectors, neither truncated nor normalized: the loss does both (per Matryoshka dim). With
@@ -112,7 +118,7 @@ class DenseHead(Head):
     def dim(self, hidden_size: int) -> int:
         return self.config.dims or hidden_size
 
-    def save(self, out: Path, hidden_size: int) -> tuple[list[dict], dict]:
+    def save(self, out: Path) -> dict:
         c = self.config
         modules = [{"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
         if c.normalize:
@@ -120,7 +126,7 @@ class DenseHead(Head):
             (out / "2_Normalize").mkdir(exist_ok=True)
         (out / "1_Pooling").mkdir(exist_ok=True)
         pooling = {
-            "word_embedding_dimension": hidden_size,
+            "word_embedding_dimension": self.hidden_size,
             "pooling_mode_cls_token": c.pooling == "cls",
             "pooling_mode_mean_tokens": c.pooling == "mean",
             "pooling_mode_max_tokens": False,
@@ -131,27 +137,12 @@ class DenseHead(Head):
         st = {"similarity_fn_name": "cosine" if c.normalize else "dot"}
         if c.dims:
             st["truncate_dim"] = c.dims
-        return modules, st
+        return {"modules": modules, "config": st}
 
     @classmethod
-    def read_settings(cls, root: Path, modules: dict[str, Path]) -> dict:
-        settings: dict = {"normalize": "Normalize" in modules}
-        mode = None
-        if "Pooling" in modules:
-            pc = json.loads((modules["Pooling"] / "config.json").read_text()) if (modules["Pooling"] / "config.json").exists() else {}
-            mode = pc.get("pooling_mode")
-            if isinstance(mode, list):
-                mode = mode[0]
-            if mode is None:
-                mode = next(
-                    (p for key, p in (("pooling_mode_cls_token", "cls"), ("pooling_mode_lasttoken", "last"), ("pooling_mode_mean_tokens", "mean")) if pc.get(key)),
-                    "mean",
-                )
-            mode = {"lasttoken": "last"}.get(mode, mode)
-        if mode not in POOLING:
-            raise ValueError(f"{root}: pooling {mode!r} is not supported ({', '.join(POOLING)})")
-        settings["pooling"] = mode
-        return settings
+    def load(cls, root: Path, enc) -> DenseHead:
+        """The head ``enc`` was built with: its settings are the encoder's config, read from ``root`` already."""
+        return enc.head
 
 
 HEADS = {DenseHead.name: DenseHead}

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from retrctl.hashing import stable_hex
+from retrctl.models.config import POOLING
 from retrctl.process import stdout_to_stderr
 
 log = logging.getLogger("retrctl.models")
@@ -137,9 +138,7 @@ def st_modules(d: Path) -> dict[str, Path]:
 
 def saved_settings(d: Path) -> tuple[Path, dict]:
     """(transformer dir, settings) of a model dir: its sentence-transformers configs (lengths, prompts, and the
-    head's own sub-folders), then its retrctl.json on top. A plain HF dir gives (d, {})."""
-    from retrctl.models.heads import DenseHead
-
+    pooling of its Pooling and Normalize folders), then its retrctl.json on top. A plain HF dir gives (d, {})."""
     modules = st_modules(d)
     settings: dict = {}
     weights = d
@@ -151,7 +150,7 @@ def saved_settings(d: Path) -> tuple[Path, dict]:
         for key, setting in (("query_length", "query_max_len"), ("document_length", "passage_max_len")):
             if sb.get(key):  # sentence-transformers 6's per-task caps
                 settings[setting] = int(sb[key])
-        settings.update(DenseHead.read_settings(d, modules))
+        settings.update(pooling_settings(d, modules))
         prompts = read_json(d / "config_sentence_transformers.json").get("prompts") or {}
         settings["query_prompt"] = prompts.get("query", "")
         settings["passage_prompt"] = prompts.get("document", prompts.get("passage", ""))
@@ -159,12 +158,37 @@ def saved_settings(d: Path) -> tuple[Path, dict]:
     return weights, settings
 
 
+def pooling_settings(d: Path, modules: dict[str, Path]) -> dict:
+    """pooling and normalize of the sentence-transformers dir ``d`` (``modules``: kind → folder), as any writer
+    records them (``DenseHead.save``'s 1_Pooling and 2_Normalize, or a stock model's Pooling of any version)."""
+    settings: dict = {"normalize": "Normalize" in modules}
+    mode = None
+    if "Pooling" in modules:
+        pc = read_json(modules["Pooling"] / "config.json")
+        mode = pc.get("pooling_mode")
+        if isinstance(mode, list):
+            mode = mode[0]
+        if mode is None:
+            mode = next(
+                (p for key, p in (("pooling_mode_cls_token", "cls"), ("pooling_mode_lasttoken", "last"), ("pooling_mode_mean_tokens", "mean")) if pc.get(key)),
+                "mean",
+            )
+        mode = {"lasttoken": "last"}.get(mode, mode)
+    if mode not in POOLING:
+        raise ValueError(f"{d}: pooling {mode!r} is not supported ({', '.join(POOLING)})")
+    settings["pooling"] = mode
+    return settings
+
+
 LATER_KEYS = ("mcls",)
 
 
-def write_st_dir(out: Path, config, head_modules: list[dict], st_extra: dict) -> None:
-    """modules.json (the transformer at the root, then the head's modules), sentence_bert_config.json,
-    config_sentence_transformers.json (prompts, plus the head's keys) and retrctl.json (``config``, all fields)."""
+def write_st_dir(out: Path, config, heads: list[dict]) -> None:
+    """modules.json (the transformer at the root, then the heads' modules), sentence_bert_config.json,
+    config_sentence_transformers.json (prompts, plus the heads' keys) and retrctl.json (``config``, all fields).
+    ``heads``: what each head's ``save`` returned, in order."""
+    head_modules = [m for said in heads for m in said.get("modules", ())]
+    st_extra = {k: v for said in heads for k, v in said.get("config", {}).items()}
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
     modules += [{"idx": i, "name": str(i), **m} for i, m in enumerate(head_modules, 1)]
     (out / "modules.json").write_text(json.dumps(modules, indent=2))

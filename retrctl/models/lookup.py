@@ -12,8 +12,10 @@ pooling); the query vector is their mean, then the dense head's finish (Matryosh
 - ``token_vectors``: the masked forward (training, and the table in chunks of the vocabulary).
 - ``build_table`` / ``save_table``: every vocabulary token once, into ``token_lookup/table.npy`` [vocab, hidden]
   (float32: the served vector equals the masked forward to 1e-5) + ``token_lookup/config.json``. The dense-only
-  layout beside it is untouched, so stock ``SentenceTransformer(dir)`` still loads the full model. ``Encoder.save``
-  calls ``save_table`` for an encoder whose ``token_lookup`` is set (loaded with a table, or trained for one).
+  layout beside it is untouched, so stock ``SentenceTransformer(dir)`` still loads the full model.
+- ``TokenLookup``: the table as one of an encoder's heads (``Encoder.token_lookup``, set when loaded with a table or
+  trained for one), with the ``save`` / ``load`` pair every head has (models/heads.py): ``Encoder.save`` writes the
+  table through it, from the weights as saved, and ``Encoder.load`` finds it again.
 - ``TokenLookupEncoder``: tokenize → look up → average → finish; the surface the dense index uses to encode
   queries (``encode``, ``describe``, ``dim``, ``config``, ``report_truncation``).
 
@@ -213,6 +215,24 @@ def save_table(enc, out: Path, progress=None) -> Path:
         "seconds": round(time.perf_counter() - t0, 1)}, indent=2))
     log.info("token-lookup table %s: %d tokens × %d in %.0f s", d, table.shape[0], table.shape[1], time.perf_counter() - t0)
     return d
+
+
+class TokenLookup:
+    """The token-lookup table of the encoder ``enc`` as one of its heads: nothing in memory (the table is computed
+    from the backbone's weights), its own folder of a model dir to write and to find again."""
+
+    def __init__(self, enc):
+        self.enc = enc
+
+    def save(self, out: Path) -> dict:
+        """Build the table from the model dir ``out`` as saved (its weights and settings, written first) and reloaded
+        by the encoder's own class, so it is the table a reader of ``out`` serves, never one of unsaved weights."""
+        save_table(type(self.enc).load(out, device="cpu"), out)
+        return {}
+
+    @classmethod
+    def load(cls, root: Path, enc) -> TokenLookup | None:
+        return cls(enc) if has_table(root) else None
 
 
 class TokenLookupEncoder:

@@ -21,7 +21,8 @@ through the head too (symmetric). Same rows, index and search as SPLADE's weight
 
 The SPLADE head has no weights of its own (the projection is the backbone's embedding matrix, saved with it); the
 lexical head's ``Linear`` is ``sparse/lexical.safetensors``. Settings are ``sparse/config.json`` in the model dir,
-which stock sentence-transformers loading ignores.
+which stock sentence-transformers loading ignores; the head writes both and rebuilds itself from them (``save`` /
+``load``, the pair every head has: models/heads.py).
 """
 
 from __future__ import annotations
@@ -159,31 +160,31 @@ class SparseHead(Head):
         """[N, vocab] token counts of ``texts`` (the ``tokens`` query side, as a training target)."""
         return torch.from_numpy(to_csr(*token_counts(tokenizer, texts, max_len, self.special_ids), self.vocab).toarray())
 
-    # -- saving
+    # -- saving: settings (and the lexical head's Linear) in its own folder, which stock loaders ignore
 
-    def save_settings(self, out: Path) -> None:
-        (out / SPARSE_DIR).mkdir(parents=True, exist_ok=True)
-        (out / SPARSE_DIR / "config.json").write_text(json.dumps(self.settings(), indent=2) + "\n")
+    def save(self, out: Path) -> dict:
+        d = Path(out) / SPARSE_DIR
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.json").write_text(json.dumps(self.settings(), indent=2) + "\n")
         if self.weights == "lexical":
             from safetensors.torch import save_file
 
             save_file({k: v.detach().float().cpu().contiguous() for k, v in self.linear.state_dict().items()},
-                      str(out / SPARSE_DIR / LEXICAL_FILE))
+                      str(d / LEXICAL_FILE))
+        return {}
 
-    def load_weights(self, root: Path) -> None:
-        """The lexical head's ``Linear`` from a saved model dir."""
-        if self.weights == "lexical":
-            from safetensors.torch import load_file
-
-            self.linear.load_state_dict(load_file(str(Path(root) / SPARSE_DIR / LEXICAL_FILE)))
-
-    @staticmethod
-    def read_saved(root: Path) -> dict | None:
+    @classmethod
+    def load(cls, root: Path, enc) -> SparseHead | None:
         path = Path(root) / SPARSE_DIR / "config.json"
         if not path.exists():
             return None
         saved = json.loads(path.read_text())
-        return {k: saved[k] for k in ("top_k", "query", "weights") if k in saved}
+        head = enc.add_sparse_head(**{k: saved[k] for k in ("top_k", "query", "weights") if k in saved})
+        if head.weights == "lexical":
+            from safetensors.torch import load_file
+
+            head.linear.load_state_dict(load_file(str(path.parent / LEXICAL_FILE)))
+        return head
 
 
 def token_counts(tokenizer, texts: list[str], max_len: int, special_ids) -> tuple[np.ndarray, np.ndarray]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from retrctl.models import Encoder, backbone
+from retrctl.models import Encoder, backbone, lookup
 from retrctl.models.layout import TrainedEncoder, TrainingLayout
 from retrctl.train.config import TrainConfig, parse_train_heads
 
@@ -59,7 +59,8 @@ def prepare(enc: Encoder, cfg: TrainConfig, *, for_training: bool = True, teache
         projected = teacher_dim
         if enc.distill_projection is None or enc.distill_projection.out_features != teacher_dim:
             enc.distill_projection = torch.nn.Linear(enc.model.config.hidden_size, teacher_dim).to(enc.device)
-    enc.token_lookup = cfg.query_encoder == "token-lookup"  # the saved model ships the table it was trained with
+    # the saved model ships the table it was trained with
+    enc.token_lookup = lookup.TokenLookup(enc) if cfg.query_encoder == "token-lookup" else None
     enc.train(for_training)
     layout = TrainingLayout.of(enc, sparse=kind is not None, colbert="colbert" in heads,
                                lookup=cfg.query_encoder == "token-lookup", projected=projected,
