@@ -15,23 +15,18 @@ import json
 from pathlib import Path
 
 from _run import retrctl
-from recipe_suite import SUITE
+from recipe_suite import SUITE, scores
 
 WEIGHTS = [round(i / 10, 1) for i in range(11)]
 LEVEL = 0.05
 
 
-def fused(a: Path, b: Path, w: float, out: Path) -> Path:
+def fused(a: Path, b: Path, w: float, out: Path) -> str:
+    """``a`` and ``b`` fused at weight ``w`` (dense), written once to ``out``; its run name (``scores``' key)."""
     if not out.exists():
         retrctl("fuse", a, b, "--fusion", "linear", "--norm", "minmax", "--weights", f"{w},{round(1 - w, 1)}",
                 "--hits", 100, "-o", out, "--quiet", log=False)
-    return out
-
-
-def scores(runs: list[Path], qrels) -> list[dict]:
-    """eval --json of ``runs``, the first the paired test's reference."""
-    out = retrctl("eval", *runs, "--qrels", qrels, "-m", "nDCG@10", "--json", "--quiet", log=False).stdout
-    return [json.loads(line) for line in out.splitlines()]
+    return out.name.removesuffix(".trec")
 
 
 def collection(w: Path, work: Path) -> tuple:
@@ -39,16 +34,16 @@ def collection(w: Path, work: Path) -> tuple:
     recipe's, the gated and 0.5)."""
     tag = f"{w.parent.name}-{w.name}"
     dev = {x: fused(w / "dev-base.trec", w / "dev-bm25.trec", x, work / f"{tag}-dev-{x}.trec") for x in WEIGHTS}
-    others = [x for x in WEIGHTS if x != 0.5]
-    held = scores([dev[0.5], *(dev[x] for x in others)], w / "dev-qgen.jsonl")
-    mean = {0.5: held[0]["nDCG@10"], **{x: j["nDCG@10"] for x, j in zip(others, held[1:], strict=True)}}
-    p = {0.5: 1.0, **{x: j["p_value"]["nDCG@10"] for x, j in zip(others, held[1:], strict=True)}}
+    held = scores(work, w / "dev-qgen.jsonl", dev[0.5], [dev[x] for x in WEIGHTS if x != 0.5])
+    mean = {x: held[dev[x]]["nDCG@10"] for x in WEIGHTS}
+    p = {x: held[dev[x]].get("p_value", {}).get("nDCG@10", 1.0) for x in WEIGHTS}  # 0.5: the reference
     best = max(WEIGHTS, key=lambda x: (mean[x], -abs(x - 0.5)))
     gated = best if p[best] < LEVEL else 0.5
     queries = json.loads((w / "base.trec.manifest.json").read_text())["queries"]
     test = {x: fused(w / "base.trec", w / "bm25.trec", x, work / f"{tag}-test-{x}.trec") for x in {best, gated, 0.5}}
-    t = scores([test[0.5], test[best], test[gated]], queries)
-    return held[0]["counts"]["evaluated"], best, p[best], gated, t[1]["nDCG@10"], t[2]["nDCG@10"], t[0]["nDCG@10"]
+    t = scores(work, queries, test[0.5], [test[x] for x in {best, gated} - {0.5}])
+    return (held[dev[0.5]]["counts"]["evaluated"], best, p[best], gated, t[test[best]]["nDCG@10"],
+            t[test[gated]]["nDCG@10"], t[test[0.5]]["nDCG@10"])
 
 
 def main():

@@ -3,13 +3,13 @@ it beside the model's vectors, with its own `index` flag, is updated in place wi
 merged from shards, and searched by that head alone or fused with the dense head, with no stage and no line of
 indexes/dense.py naming it."""
 
-import json
 
 import numpy as np
 import pytest
 from conftest import DOCS, QUERIES
 from toy_backend import expected
 from toy_head import FILE, OverlapHead
+from trainkit import write_jsonl
 
 from retrctl import fusion
 from retrctl.indexes import HEADS, open_index, store
@@ -18,11 +18,6 @@ from retrctl.indexes import HEADS, open_index, store
 @pytest.fixture
 def overlap(monkeypatch):
     monkeypatch.setitem(HEADS, OverlapHead.name, OverlapHead)  # the one registry line
-
-
-def write_jsonl(path, recs):
-    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    return path
 
 
 def run_file(path) -> dict[str, list[tuple[str, float]]]:
