@@ -20,6 +20,7 @@ import inspect
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,12 +58,30 @@ def setup_logging(level: str = "info", quiet: bool = False) -> None:
             sys.modules["transformers"].utils.logging.disable_progress_bar()
 
 
+PROGRESS_LOG_SECONDS = 60.0  # a log line at most this often where stderr is a file (no bar)
+
+
 def progress(iterable: Iterable, desc: str = "", total: int | None = None, unit: str = "rec"):
-    """tqdm on stderr, off with --quiet or when stderr is not a terminal."""
+    """tqdm on stderr; where stderr is not a terminal (a log file, cron), an info line at most once a minute with
+    the count, the rate and the time left; nothing with --quiet."""
     from tqdm.auto import tqdm
 
-    disable = STATE["quiet"] or not sys.stderr.isatty()
-    return tqdm(iterable, desc=desc, total=total, unit=unit, file=sys.stderr, disable=disable, dynamic_ncols=True)
+    if STATE["quiet"] or sys.stderr.isatty():
+        return tqdm(iterable, desc=desc, total=total, unit=unit, file=sys.stderr, disable=STATE["quiet"],
+                    dynamic_ncols=True)
+    return _logged_progress(iterable, desc or "progress", total, unit)
+
+
+def _logged_progress(iterable: Iterable, desc: str, total: int | None, unit: str):
+    start = last = time.monotonic()
+    n = 0
+    for n, item in enumerate(iterable, 1):
+        yield item
+        now = time.monotonic()
+        if now - last >= PROGRESS_LOG_SECONDS:
+            last, rate = now, n / (now - start)
+            left = f", ~{(total - n) / rate / 60:.0f} min left" if total and rate > 0 else ""
+            log.info("%s: %d%s %s done, %.2f %s/s%s", desc, n, f" of {total}" if total else "", unit, rate, unit, left)
 
 
 # ---------------------------------------------------------------- sharding (which record is in which shard: retrctl.hashing)

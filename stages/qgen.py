@@ -74,7 +74,7 @@ from retrctl.hashing import sample as sample_docs
 from retrctl.hashing import stable_int
 from retrctl.llm import LLM, Checkpoint, llm_from_flags, load_llm, resumable, sha
 from retrctl.options import options, renamed
-from retrctl.stage import Output, stage
+from retrctl.stage import Output, progress, stage
 
 log = logging.getLogger("retrctl.qgen")
 
@@ -150,7 +150,9 @@ def qgen(docs: Iterable[dict], llm: LLM | str = "smollm2", *, per_doc: int = 1, 
     if (retriever is None) != (consistency_k < 1):
         raise ValueError("the consistency filter needs both a retriever and consistency_k >= 1")
     if sample is not None:
-        docs = sample_docs(docs, sample, seed, "docid")
+        # the sample is known once the input is read: its own progress (the input's ends before generation starts)
+        picked = list(sample_docs(docs, sample, seed, "docid"))
+        docs = progress(picked, desc="qgen", total=len(picked), unit="doc")
     llm = load_llm(llm) if isinstance(llm, str) else llm
     chat = prompt_style == "chat" or (prompt_style == "auto" and llm.prefers_chat)
     shots_used = list(examples or [])[:shots]

@@ -180,3 +180,25 @@ def test_writes_dir_not_atomic_hands_the_body_the_directory_as_given(tmp_path):
 def test_writes_must_name_a_kind():
     with pytest.raises(ValueError, match="writes must be"):
         stage(writes="runs")(lambda: None)
+
+
+def test_progress_where_stderr_is_a_log_file_is_a_timed_line_and_quiet_is_silent(monkeypatch, caplog):
+    """No terminal: the items pass through unchanged, an info line with count, total, rate and time left each time
+    PROGRESS_LOG_SECONDS have passed (a fake clock: 25 s an item, a line every 60 s), none with --quiet."""
+    from retrctl import stage as stage_mod
+
+    clock = iter(range(0, 10_000, 25))
+    monkeypatch.setattr(stage_mod.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(stage_mod.sys.stderr, "isatty", lambda: False, raising=False)
+    monkeypatch.setitem(stage_mod.STATE, "quiet", False)
+    with caplog.at_level("INFO", logger="retrctl"):
+        assert list(stage_mod.progress(range(10), desc="qgen", total=10, unit="doc")) == list(range(10))
+    lines = [r.getMessage() for r in caplog.records]
+    # items at t = 25, 50, ...: lines at items 3 (75 s) and 6 (150 s) and 9 (225 s); 3 docs in 75 s, 7 left
+    assert lines[0] == "qgen: 3 of 10 doc done, 0.04 doc/s, ~3 min left"
+    assert len(lines) == 3
+    caplog.clear()
+    monkeypatch.setitem(stage_mod.STATE, "quiet", True)
+    with caplog.at_level("INFO", logger="retrctl"):
+        assert list(stage_mod.progress(range(10), desc="qgen", total=10, unit="doc")) == list(range(10))
+    assert not caplog.records
