@@ -5,7 +5,7 @@ The recipe generates queries for DEV_QGEN_DOCS = 50 held-out documents (shard 0 
 filters keep 12-34, on which it picks the fusion weight (the sweep's best) and vetoes the trained model. For each
 finished collection of recipe_suite.py work dirs (the first dir holding it; AUDIT=1 runs: the trained tower is
 kept), this generates queries for up to --docs held-out documents with the recipe's own qgen settings (the 50
-resumed from its checkpoint, so the small set is inside the large one), searches them with the base model, BM25
+resumed from its checkpoint when it ran qgen in-process, so the small set is inside the large one), searches them with the base model, BM25
 and the trained model (α = 1), and sets the two sets side by side:
 
 - weight: the sweep's best on each set (`eval --sweep`, `fuse --weights-from`, as the recipe does) and the test
@@ -34,7 +34,8 @@ def held_out_queries(data: Path, recipe: Path, out: Path, docs: int) -> Path:
     path = out / "dev-qgen.jsonl"
     if not path.exists():
         seed = recipe / "dev-qgen.jsonl.candidates.jsonl"
-        if seed.exists():
+        made = json.loads((recipe / "dev-qgen.jsonl.manifest.json").read_text())["settings"]["model"]["backend"]
+        if seed.exists() and made == "hf":  # a server's generations are not resumed in-process (other settings)
             shutil.copy(seed, out / f"{path.name}.candidates.jsonl")
         retrctl("qgen", data, "--llm", "smollm2", "--per-doc", 1, "--seed", 1, "--shard-id", 0, "--shard-num", SHARDS,
                 "--sample", docs, "-o", path)
