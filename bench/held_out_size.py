@@ -42,15 +42,14 @@ def held_out_queries(data: Path, recipe: Path, out: Path, docs: int) -> Path:
     return path
 
 
-def chosen_weight(out: Path, tag: str, qrels: Path) -> tuple[float, Path]:
-    """The sweep over the held-out set ``qrels`` (the recipe's rule) and the weight it picks, with the sweep file."""
-    sweep = out / f"sweep-{tag}.jsonl"
+def chosen_weight(runs: Path, qrels: Path, sweep: Path) -> float:
+    """The weight the recipe's rule picks (the sweep's best, ties to 0.5) from ``runs``' dev-base and dev-bm25 on
+    the held-out set ``qrels``; the sweep is written to ``sweep`` once (the recipe's own, for its set)."""
     if not sweep.exists():
-        retrctl("eval", out / "dev-base.trec", out / "dev-bm25.trec", "--qrels", qrels, "--sweep", "0:1:0.1", *FUSE,
+        retrctl("eval", runs / "dev-base.trec", runs / "dev-bm25.trec", "--qrels", qrels, "--sweep", "0:1:0.1", *FUSE,
                 "-m", "nDCG@10", "--json", "-o", sweep, "--quiet", log=False)
     rows = [json.loads(line) for line in sweep.read_text().splitlines() if line.strip()]
-    best = max(rows, key=lambda r: (r["nDCG@10"], -abs(r["weights"][0] - 0.5)))
-    return best["weights"][0], sweep
+    return max(rows, key=lambda r: (r["nDCG@10"], -abs(r["weights"][0] - 0.5)))["weights"][0]
 
 
 def fused_test(recipe: Path, out: Path, tag: str, **how) -> str:
@@ -63,9 +62,10 @@ def fused_test(recipe: Path, out: Path, tag: str, **how) -> str:
     return path.stem
 
 
-def tower(out: Path, qrels: Path) -> tuple[float, float, int]:
-    """α = 1 − the base model on ``qrels``'s queries: (gain, paired p, queries)."""
-    rows = scores(out, qrels, "dev-base", ["dev-trained"])
+def tower(runs: Path, qrels: Path) -> tuple[float, float, int]:
+    """α = 1 − the base model on ``qrels``'s queries, ``runs``' dev-trained against dev-base: (gain, paired p,
+    queries)."""
+    rows = scores(runs, qrels, "dev-base", ["dev-trained"])
     r = rows["dev-trained"]
     return r["nDCG@10"] - rows["dev-base"]["nDCG@10"], r["p_value"]["nDCG@10"], r["counts"]["evaluated"]
 
@@ -74,18 +74,18 @@ def collection(name: str, recipe: Path, out: Path, docs: int) -> dict:
     data = folder(name, recipe.parent)
     out.mkdir(parents=True, exist_ok=True)
     large = held_out_queries(data, recipe, out, docs)
-    small = recipe / "dev-qgen.jsonl"
     for run, index, heads in (("base", "idx-base", ("--heads", "dense")), ("bm25", "idx-bm25", ()),
                               ("trained", "idx-trained", ("--heads", "dense"))):
         if not (out / f"dev-{run}.trec").exists():
             retrctl("search", recipe / index, large, *heads, "--hits", 100, "-o", out / f"dev-{run}.trec",
                     "--quiet", log=False)
     row = {"name": name}
-    for tag, qrels in (("small", small), ("large", large)):
-        w, sweep = chosen_weight(out, tag, qrels)
-        row[f"w_{tag}"] = w
+    # the recipe's set as the recipe searched and swept it (its dev runs; dev-trained: recipe_suite's AUDIT rows)
+    for tag, runs, qrels, sweep in (("small", recipe, recipe / "dev-qgen.jsonl", recipe / "sweep-base.jsonl"),
+                                    ("large", out, large, out / "sweep-large.jsonl")):
+        row[f"w_{tag}"] = chosen_weight(runs, qrels, sweep)
         row[f"test_{tag}"] = fused_test(recipe, out, tag, sweep=sweep)
-        row[f"tower_{tag}"] = tower(out, qrels)
+        row[f"tower_{tag}"] = tower(runs, qrels)
     row["test_half"] = fused_test(recipe, out, "half", weight=0.5)
     test = scores(out, qrels_of(recipe), row["test_half"], [row["test_small"], row["test_large"]])
     for k in ("test_small", "test_large", "test_half"):
