@@ -80,12 +80,15 @@ def collection(name: str, recipe: Path, out: Path, docs: int) -> dict:
             retrctl("search", recipe / index, large, *heads, "--hits", 100, "-o", out / f"dev-{run}.trec",
                     "--quiet", log=False)
     row = {"name": name}
-    # the recipe's set as the recipe searched and swept it (its dev runs; dev-trained: recipe_suite's AUDIT rows)
-    for tag, runs, qrels, sweep in (("small", recipe, recipe / "dev-qgen.jsonl", recipe / "sweep-base.jsonl"),
-                                    ("large", out, large, out / "sweep-large.jsonl")):
-        row[f"w_{tag}"] = chosen_weight(runs, qrels, sweep)
-        row[f"test_{tag}"] = fused_test(recipe, out, tag, sweep=sweep)
-        row[f"tower_{tag}"] = tower(runs, qrels)
+    # the recipe's set as the recipe searched and swept it: its sweep, and its dev-trained run where recipe_suite's
+    # table made one (else this script's runs of the same queries: the set is inside the large one)
+    small = recipe / "dev-qgen.jsonl"
+    row["w_small"] = chosen_weight(recipe, small, recipe / "sweep-base.jsonl")
+    row["test_small"] = fused_test(recipe, out, "small", sweep=recipe / "sweep-base.jsonl")
+    row["tower_small"] = tower(recipe if (recipe / "dev-trained.trec").exists() else out, small)
+    row["w_large"] = chosen_weight(out, large, out / "sweep-large.jsonl")
+    row["test_large"] = fused_test(recipe, out, "large", sweep=out / "sweep-large.jsonl")
+    row["tower_large"] = tower(out, large)
     row["test_half"] = fused_test(recipe, out, "half", weight=0.5)
     test = scores(out, qrels_of(recipe), row["test_half"], [row["test_small"], row["test_large"]])
     for k in ("test_small", "test_large", "test_half"):
