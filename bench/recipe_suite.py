@@ -18,6 +18,7 @@ import argparse
 import fcntl
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -68,6 +69,12 @@ def scores(w: Path, data: Path, baseline: str, others: list[str]) -> dict[str, d
     return {Path(r["run"]).name.removesuffix(".trec"): r for r in rows}
 
 
+def makefile_default(var: str) -> str:
+    """A variable's default in the recipe's Makefile (``VAR ?= value``): the one place it is set."""
+    text = (ROOT / "examples" / "beir" / "Makefile").read_text()
+    return re.search(rf"^{var}\s*\?=\s*(\S+)", text, re.MULTILINE).group(1)
+
+
 def trained_hybrid(w: Path) -> None:
     """``w/trained-hybrid.trec``: what the recipe would have delivered had the guard picked α = 1 (AUDIT=1's
     trained model fused with BM25 at the weight its own held-out sweep picks, as the recipe fuses the adapted one)."""
@@ -77,8 +84,8 @@ def trained_hybrid(w: Path) -> None:
     qrels = w / ("dev-qgen.jsonl" if (w / "dev-qgen.jsonl").exists() else "dev.jsonl")
     fuse = ("--fusion", "linear", "--norm", "minmax")
     retrctl("search", w / "idx-trained", w / "dev.jsonl", "--heads", "dense", "--hits", 100, "-o", w / "dev-trained.trec")
-    retrctl("eval", w / "dev-trained.trec", w / "dev-bm25.trec", "--qrels", qrels, "--sweep", "0:1:0.1", *fuse,
-            "-m", "nDCG@10", "--json", "-o", w / "sweep-trained.jsonl")
+    retrctl("eval", w / "dev-trained.trec", w / "dev-bm25.trec", "--qrels", qrels, "--sweep", "0:1:0.1",
+            "--sweep-prior", makefile_default("DENSE_WEIGHT"), *fuse, "-m", "nDCG@10", "--json", "-o", w / "sweep-trained.jsonl")
     retrctl("fuse", w / "trained.trec", w / "bm25.trec", *fuse, "--weights-from", w / "sweep-trained.jsonl",
             "--hits", 100, "-o", out)
 

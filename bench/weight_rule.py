@@ -1,8 +1,15 @@
 """Bench: which rule should pick the recipe's fusion weight (dense, BM25) from its held-out generated queries?
 
-Over the finished collections of recipe_suite.py work dirs, three rules scored on the test queries: the recipe's
-(the best mean on the held-out queries, `fuse --weights-from` of `eval --sweep`, ties to 0.5), a gated one (leave
-0.5 only when the best weight beats 0.5 there at p < 0.05, eval's paired t-test) and 0.5 fixed. Reads each
+Over the finished collections of recipe_suite.py work dirs, rules scored on the test queries:
+- free: the best mean on the held-out queries (`eval --sweep`, `fuse --weights-from`, ties to 0.5), the recipe's
+  rule before DENSE_WEIGHT;
+- gated 0.5: leave 0.5 only for a weight better there at p < 0.05 (eval's paired t-test);
+- prior: leave --prior (the Makefile's DENSE_WEIGHT) only for a weight better there at p < 0.05, what
+  `eval --sweep-prior` and `--weights-from` do now;
+- 0.5 fixed.
+Then the test curve: each collection's base model and BM25 fused at every weight of the grid, `*` where that is
+significantly below the base model alone (p < 0.05), and the mean over the collections: the table DENSE_WEIGHT is
+chosen on (the best mean among the weights no collection is significantly below the base model at). Reads each
 collection's dev-base/dev-bm25 (held-out) and base/bm25 (test) runs; writes fused runs under --work.
 
     python bench/recipe_suite.py W ADAPT=query AUDIT=1 && python bench/weight_rule.py W [W2 …] --work WR
@@ -15,7 +22,7 @@ import json
 from pathlib import Path
 
 from _run import retrctl
-from recipe_suite import SUITE, scores
+from recipe_suite import SUITE, makefile_default, scores
 
 WEIGHTS = [round(i / 10, 1) for i in range(11)]
 LEVEL = 0.05
@@ -29,39 +36,74 @@ def fused(a: Path, b: Path, w: float, out: Path) -> str:
     return out.name.removesuffix(".trec")
 
 
-def collection(w: Path, work: Path) -> tuple:
-    """(held-out queries, the recipe's weight, its held-out p vs 0.5, the gated weight, test nDCG@10 of the
-    recipe's, the gated and 0.5)."""
-    tag = f"{w.parent.name}-{w.name}"
+def gated(mean: dict, p: dict, reference: float) -> float:
+    """``reference`` unless a weight beats it on the held-out queries at p < LEVEL (then the best such)."""
+    better = [x for x in WEIGHTS if mean[x] > mean[reference] and p[x] < LEVEL]
+    return max(better, key=lambda x: (mean[x], -abs(x - 0.5))) if better else reference
+
+
+def held_out(w: Path, work: Path, tag: str, reference: float) -> tuple[dict, dict, int]:
+    """Each weight's held-out nDCG@10 and its paired p against ``reference``, and the number of queries."""
     dev = {x: fused(w / "dev-base.trec", w / "dev-bm25.trec", x, work / f"{tag}-dev-{x}.trec") for x in WEIGHTS}
-    held = scores(work, w / "dev-qgen.jsonl", dev[0.5], [dev[x] for x in WEIGHTS if x != 0.5])
-    mean = {x: held[dev[x]]["nDCG@10"] for x in WEIGHTS}
-    p = {x: held[dev[x]].get("p_value", {}).get("nDCG@10", 1.0) for x in WEIGHTS}  # 0.5: the reference
-    best = max(WEIGHTS, key=lambda x: (mean[x], -abs(x - 0.5)))
-    gated = best if p[best] < LEVEL else 0.5
+    rows = scores(work, w / "dev-qgen.jsonl", dev[reference], [dev[x] for x in WEIGHTS if x != reference])
+    mean = {x: rows[dev[x]]["nDCG@10"] for x in WEIGHTS}
+    p = {x: rows[dev[x]].get("p_value", {}).get("nDCG@10", 1.0) for x in WEIGHTS}
+    return mean, p, rows[dev[reference]]["counts"]["evaluated"]
+
+
+def test_curve(w: Path, work: Path, name: str) -> dict[float, tuple[float, float]]:
+    """The test queries' nDCG@10 of the base model and BM25 fused at each weight, with its paired p against the
+    base model alone (signed: negative where below it)."""
     queries = json.loads((w / "base.trec.manifest.json").read_text())["queries"]
-    test = {x: fused(w / "base.trec", w / "bm25.trec", x, work / f"{tag}-test-{x}.trec") for x in {best, gated, 0.5}}
-    t = scores(work, queries, test[0.5], [test[x] for x in {best, gated} - {0.5}])
-    return (held[dev[0.5]]["counts"]["evaluated"], best, p[best], gated, t[test[best]]["nDCG@10"],
-            t[test[gated]]["nDCG@10"], t[test[0.5]]["nDCG@10"])
+    d = work / name
+    d.mkdir(exist_ok=True)
+    runs = {x: fused(w / "base.trec", w / "bm25.trec", x, d / f"test-{x}.trec") for x in WEIGHTS}
+    if not (d / "base.trec").exists():
+        (d / "base.trec").symlink_to(w / "base.trec")
+    rows = scores(d, queries, "base", list(runs.values()))
+    base = rows["base"]["nDCG@10"]
+    return {x: (rows[runs[x]]["nDCG@10"], rows[runs[x]]["p_value"]["nDCG@10"] * (1 if rows[runs[x]]["nDCG@10"] >= base else -1))
+            for x in WEIGHTS}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("suites", nargs="+", type=Path, help="recipe_suite.py work dirs.")
     ap.add_argument("--work", type=Path, required=True, help="Where the fused runs go.")
+    ap.add_argument("--prior", type=float, default=float(makefile_default("DENSE_WEIGHT")),
+                    help="The prior weight (default: the recipe's DENSE_WEIGHT).")
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
-    print("| suite | collection | held-out queries | recipe's weight (dense) | its held-out p vs 0.5 | gated weight | "
-          "test: recipe's | gated | 0.5 |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    curves: dict[str, dict] = {}
+    print(f"| suite | collection | held-out queries | free weight | gated 0.5 | prior {a.prior:g} gated | test: free | "
+          f"gated 0.5 | prior {a.prior:g} gated | 0.5 fixed |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for suite in a.suites:
-        rows = [(name, *collection(suite / name, a.work)) for name in SUITE if (suite / name / "eval.txt").exists()]
-        for name, n, best, p, gated, t_best, t_gated, t_half in rows:
-            print(f"| {suite.name} | {name} | {n} | {best} | {p:.2g} | {gated} | {t_best:.4f} | {t_gated:.4f} | "
-                  f"{t_half:.4f} |")
-        means = [sum(r[i] for r in rows) / len(rows) for i in (5, 6, 7)] if rows else []
-        print(f"| {suite.name} | mean of {len(rows)} | | | | | " + " | ".join(f"{m:.4f}" for m in means) + " |")
+        picked = []
+        for name in SUITE:
+            w = suite / name
+            if not (w / "eval.txt").exists():
+                continue
+            curve = curves.setdefault(name, test_curve(w, a.work, name))
+            tag = f"{suite.name}-{name}"
+            mean, p_half, n = held_out(w, a.work, tag, 0.5)
+            _, p_prior, _ = held_out(w, a.work, tag, a.prior)
+            free = max(WEIGHTS, key=lambda x: (mean[x], -abs(x - 0.5)))
+            rules = (free, gated(mean, p_half, 0.5), gated(mean, p_prior, a.prior), 0.5)
+            picked.append([curve[x][0] for x in rules])
+            print(f"| {suite.name} | {name} | {n} | " + " | ".join(f"{x:g}" for x in rules[:3]) + " | "
+                  + " | ".join(f"{curve[x][0]:.4f}" for x in rules) + " |")
+        means = [sum(col) / len(picked) for col in zip(*picked, strict=True)] if picked else []
+        print(f"| {suite.name} | mean of {len(picked)} | | | | | " + " | ".join(f"{m:.4f}" for m in means) + " |")
+    print()
+    print("| collection (test queries) | " + " | ".join(f"{x:g}" for x in WEIGHTS) + " |")
+    print("|---|" + "---:|" * len(WEIGHTS))
+    for name, curve in curves.items():
+        print(f"| {name} | " + " | ".join(f"{v:.4f}{'*' if p < 0 and -p < LEVEL else ''}" for v, p in curve.values()) + " |")
+    if curves:
+        print(f"| mean of {len(curves)} | " + " | ".join(
+            f"{sum(c[x][0] for c in curves.values()) / len(curves):.4f}" for x in WEIGHTS) + " |")
+    print(f"\n*: significantly below the base model alone (paired t-test, p < {LEVEL})")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ A doc missing from a list (explicit, because each tool guesses differently: Amen
 The method defaults to ``linear`` with ``minmax`` (``METHOD``, ``NORM``, ``RRF_K``: the one default of every
 caller). Weights default to 1 for every run (RRF as published; linear = CombSUM); one weight w for two runs is
 (w, 1 − w), the pair ``eval --sweep`` tries. ``weights_from`` reads the best weights of a sweep (``eval --sweep
---json``), as ranx's ``optimize_fusion`` returns the best parameters for its ``fuse(params=…)``. ``depth`` keeps
+--json``), as ranx's ``optimize_fusion`` returns the best parameters for its ``fuse(params=…)``; a sweep with a
+prior weight (``--sweep-prior``) leaves it only for a row that beats it in eval's paired t-test. ``depth`` keeps
 each list's top ``depth`` before anything else (Pyserini's fusion ``--depth``); ``hits`` cuts the fused list.
 The fused list is in trec_eval's order, so a fused run written and read back ranks the same.
 
@@ -102,9 +103,11 @@ SWEPT = {"fusion": "fusion_method", "norm": "norm", "rrf_k": "rrf_k", "depth": "
 def weights_from(path, measure: str = "nDCG@10") -> tuple[list[float], dict]:
     """The weights of the best row of an ``eval --sweep --json`` table by ``measure``, ties to the weight nearer
     0.5 (then the earlier row), and the fusion settings it was swept with ({flag name: value}, see ``SWEPT``):
-    ranx's ``optimize_fusion`` as a file. RecordError naming the file, line and field for a row that is not a
-    sweep row or lacks the measure."""
-    best, key, settings = None, None, {}
+    ranx's ``optimize_fusion`` as a file. A sweep made with ``--sweep-prior W`` names its prior in every row and
+    tests each row against it: the best row is taken only where it beats the prior significantly (its
+    ``significant`` lists ``measure``), else the prior's row. RecordError naming the file, line and field for a
+    row that is not a sweep row or lacks the measure, and for a prior that is no row's weight."""
+    rows = []
     for line, row in read_jsonl(path):
         weights = row.get("weights")
         if not (isinstance(weights, list) and weights and all(_number(w) for w in weights)):
@@ -114,14 +117,18 @@ def weights_from(path, measure: str = "nDCG@10") -> tuple[list[float], dict]:
             have = [k for k, v in row.items() if _number(v)]
             raise RecordError(path, line, measure, f"missing or not a number (this row has {', '.join(have) or 'no measure'}; "
                                                    "choose with --weights-by)")
-        rank = (value, -abs(weights[0] - 0.5))
-        if key is None or rank > key:
-            best, key = [float(w) for w in weights], rank
-            swept = row.get("settings") if isinstance(row.get("settings"), dict) else {}
-            settings = {flag: swept[k] for k, flag in SWEPT.items() if k in swept}
-    if best is None:
+        rows.append((line, row))
+    if not rows:
         raise RecordError(path, message="no sweep rows (expected the output of `retrctl eval --sweep --json`)")
-    return best, settings
+    prior = rows[0][1].get("prior")
+    if prior is not None:
+        at_prior = [r for _, r in rows if _number(prior) and r["weights"][0] == prior]
+        if not at_prior:
+            raise RecordError(path, rows[0][0], "prior", f"{prior!r} is not the weight of any row")
+        rows = [(line, r) for line, r in rows if r is at_prior[0] or measure in (r.get("significant") or ())]
+    best = max(rows, key=lambda lr: (lr[1][measure], -abs(lr[1]["weights"][0] - 0.5), -lr[0]))[1]
+    swept = best.get("settings") if isinstance(best.get("settings"), dict) else {}
+    return [float(w) for w in best["weights"]], {flag: swept[k] for k, flag in SWEPT.items() if k in swept}
 
 
 def _number(v) -> bool:

@@ -173,7 +173,8 @@ OPTIONS: dict[str, Callable] = {
                   "longer ones.")(f)),
     "weights_from": lambda f: _opt("--weights-from", metavar="SWEEP",
                                     help="Take --weights (and the fusion settings) from the best row of SWEEP, the "
-                                         "output of `retrctl eval A B --sweep … --json`; ties go to the weight nearer 0.5.")(
+                                         "output of `retrctl eval A B --sweep … --json`; ties go to the weight nearer 0.5. A sweep "
+                                         "made with --sweep-prior keeps its prior unless a row beats it significantly.")(
         _opt("--weights-by", metavar="MEASURE", default="nDCG@10", show_default=True,
              help="The measure that picks --weights-from's row.")(f)
     ),

@@ -101,16 +101,27 @@ def fused_runs(run_a: dict, run_b: dict, grid: list[float], *, fusion_method: st
 
 
 def sweep(run_a: dict, run_b: dict, qrels: dict, grid: list[float], *, fusion_method: str = fusion.METHOD,
-          rrf_k: float = fusion.RRF_K, norm: str = fusion.NORM, depth: int | None = None, **opts) -> list[dict]:
+          rrf_k: float = fusion.RRF_K, norm: str = fusion.NORM, depth: int | None = None, prior: float | None = None,
+          **opts) -> list[dict]:
     """One row per grid weight w: ``eval`` of the two runs fused with weights (w, 1 - w), plus ``"weights"``.
-    Fused runs are made one at a time, as eval consumes them."""
+    With ``prior`` (a grid weight) every row also names it and the others carry ``p_value`` and ``significant``
+    (paired t-test against the prior's row at ``alpha``): what ``fuse --weights-from`` needs to leave the prior only
+    on evidence. Fused runs are made one at a time, as eval consumes them."""
+    order = grid if prior is None else [prior, *(w for w in grid if w != prior)]
     fused = ((f"{fusion_method}:{w:g},{round(1 - w, 10):g}", run) for w, run in
-             fused_runs(run_a, run_b, grid, fusion_method=fusion_method, rrf_k=rrf_k, norm=norm, depth=depth))
-    rows = eval(fused, qrels, **opts)
-    for w, row in zip(grid, rows, strict=True):
-        row.pop("p_value", None)
-        row.pop("significant", None)
+             fused_runs(run_a, run_b, order, fusion_method=fusion_method, rrf_k=rrf_k, norm=norm, depth=depth))
+    by_weight = dict(zip(order, eval(fused, qrels, **opts), strict=True))
+    rows = []
+    for w in grid:
+        row = by_weight[w]
+        if prior is None:
+            row.pop("p_value", None)
+            row.pop("significant", None)
+        else:
+            row.setdefault("significant", [])
+            row["prior"] = prior
         row["weights"] = [w, round(1 - w, 10)]
+        rows.append(row)
     return rows
 
 
@@ -303,9 +314,12 @@ def _single_csv(rows: list[dict], names: list[str]) -> str:
               help="Drop retrieved docs whose id equals the query id (default: on for ArguAna/Quora qrels, else off).")
 @click.option("--sweep", "sweep_grid", help="Fuse the two runs at weights w, 1-w for w in LO:HI:STEP (e.g. 0:1:0.1); one "
               "row per weight; the fusion flags apply to it only.")
+@click.option("--sweep-prior", type=click.FloatRange(0, 1), help="A weight of the --sweep grid that the other rows "
+              "are tested against (paired t-test at --alpha): `fuse --weights-from` keeps it unless a row beats it "
+              "significantly.")
 @options("fusion")
-def command(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plot, self_flag, sweep_grid, fusion_method,
-            rrf_k, norm, depth, **opts):
+def command(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plot, self_flag, sweep_grid, sweep_prior,
+            fusion_method, rrf_k, norm, depth, **opts):
     """Score runs (TREC, JSONL, Parquet) against qrels; several runs are compared with the first (--sweep: two runs
     fused over a weight grid). Across collections (BEIR's table): --qrels NAME=PATH per collection and runs as
     SYSTEM:NAME=RUN."""
@@ -324,7 +338,7 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plo
     ctx = click.get_current_context()
     across = len(qrels) > 1 or bool(NAMED_QRELS.match(qrels[0]))
     if sweep_grid is None:
-        stray = [f"--{n.replace('_', '-')}" for n in ("fusion_method", "rrf_k", "norm", "depth")
+        stray = [f"--{n.replace('_', '-')}" for n in ("fusion_method", "rrf_k", "norm", "depth", "sweep_prior")
                  if ctx.get_parameter_source(n).name == "COMMANDLINE"]
         if stray:
             raise UsageError(f"{', '.join(stray).replace('--fusion-method', '--fusion')} only apply with --sweep")
@@ -335,8 +349,13 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plo
             raise UsageError(str(e), flag="--sweep") from None
         if len(runs) != 2 and not across:
             raise UsageError(f"--sweep fuses exactly 2 runs, got {len(runs)}")
-        if ctx.get_parameter_source("alpha").name == "COMMANDLINE" or opts["per_query"]:
-            raise UsageError("--sweep prints one row per weight: --alpha and --per-query do not apply")
+        if opts["per_query"] or (ctx.get_parameter_source("alpha").name == "COMMANDLINE" and sweep_prior is None):
+            raise UsageError("--sweep prints one row per weight: --per-query does not apply, nor --alpha without "
+                             "--sweep-prior")
+        if sweep_prior is not None and sweep_prior not in grid:
+            raise UsageError(f"{sweep_prior:g} is not a weight of --sweep {sweep_grid}", flag="--sweep-prior")
+        if sweep_prior is not None and across:
+            raise UsageError("--sweep-prior tests the weights of one collection's sweep", flag="--sweep-prior")
     try:
         names = [s.name for s in metrics.parse(opts["measures"], opts["capped_recall"])]
     except ValueError as e:
@@ -356,9 +375,9 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plo
               f"{'on' if opts['capped_recall'] else 'off'}")
     if grid is not None:
         run_a, run_b = (records.read_run(p, input_format) for p in runs)
-        opts = {k: v for k, v in opts.items() if k not in ("alpha", "per_query")}
+        opts = {k: v for k, v in opts.items() if k != "per_query" and (k != "alpha" or sweep_prior is not None)}
         rows = sweep(run_a, run_b, judged, grid, fusion_method=fusion_method, rrf_k=rrf_k, norm=norm, depth=depth,
-                     ignore_self=ignore_self, **opts)
+                     prior=sweep_prior, ignore_self=ignore_self, **opts)
         settings = {"qrels": qrels_file, "ignore_self": ignore_self, "capped_recall": opts["capped_recall"], "runs": list(runs),
                     "fusion": fusion_method, **({"rrf_k": rrf_k} if fusion_method == "rrf" else {"norm": norm}),
                     "depth": depth, "hits": FUSE_HITS}

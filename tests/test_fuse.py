@@ -355,6 +355,53 @@ def test_weights_from_ties_go_to_the_weight_nearer_one_half(tmp_path):
     assert fusion.weights_from(sweep) == ([0.4, 0.6], {})  # 0.4 and 0.6 are as near: the earlier row
 
 
+def test_a_sweep_with_a_prior_tests_every_row_against_it_and_weights_from_keeps_it_without_evidence(runner, tmp_path):
+    a, b, sweep, rows = _sweep(runner, tmp_path, "--sweep-prior", "0.3", "--alpha", "0.2")
+    assert [r["weights"][0] for r in rows] == [round(i / 10, 1) for i in range(11)]  # grid order kept
+    assert all(r["prior"] == 0.3 for r in rows)
+    prior = next(r for r in rows if r["weights"][0] == 0.3)
+    assert "p_value" not in prior and prior["significant"] == []
+    # each row's p is eval's paired t-test of its fused run against the prior's fused run
+    for x in (0.3, 0.0, 1.0):
+        assert runner("fuse", a, b, "--weights", f"{x:g}", "-o", tmp_path / f"w{x}.trec").exit_code == 0
+    for w in (0.0, 1.0):
+        pair = runner("eval", tmp_path / "w0.3.trec", tmp_path / f"w{w}.trec", "--qrels", tmp_path / "qrels.txt",
+                      "-m", "nDCG@10", "-m", "RR", "--json", "--alpha", "0.2")
+        want = json.loads(pair.stdout.splitlines()[1])
+        row = next(r for r in rows if r["weights"][0] == w)
+        assert row["p_value"] == pytest.approx(want["p_value"]) and row["significant"] == want["significant"]
+    # three queries: no row is significantly better than the prior, so the prior is kept even where a row is higher
+    assert not any("nDCG@10" in r["significant"] and r["nDCG@10"] > prior["nDCG@10"] for r in rows)
+    assert fusion.weights_from(sweep)[0] == [0.3, 0.7]
+
+
+def test_weights_from_leaves_the_prior_only_for_a_significantly_better_row(runner, tmp_path):
+    sweep = tmp_path / "s.jsonl"
+
+    def write(rows):
+        sweep.write_text("".join(json.dumps({"weights": [w, round(1 - w, 10)], "nDCG@10": v, "prior": 0.7,
+                                             "significant": sig}) + "\n" for w, v, sig in rows))
+
+    write([(0.2, 0.60, ["nDCG@10"]), (0.4, 0.65, []), (0.7, 0.55, []), (0.9, 0.40, ["nDCG@10"])])
+    assert fusion.weights_from(sweep)[0] == [0.2, 0.8]  # 0.4 is higher but not significantly better; 0.9 is worse
+    write([(0.2, 0.60, ["RR"]), (0.4, 0.65, []), (0.7, 0.55, [])])
+    assert fusion.weights_from(sweep)[0] == [0.7, 0.3]  # significant on another measure only
+    sweep.write_text(json.dumps({"weights": [0.5, 0.5], "nDCG@10": 0.3, "prior": 0.35, "significant": []}) + "\n")
+    a, b = write_trec(tmp_path / "a.trec", A), write_trec(tmp_path / "b.trec", B)
+    res = runner("fuse", a, b, "--weights-from", sweep, "-o", tmp_path / "f.trec")
+    assert res.exit_code == 2 and "s.jsonl:1: field 'prior': 0.35 is not the weight of any row" in res.stderr, res.stderr
+
+
+def test_sweep_prior_off_the_grid_or_without_a_sweep_exits_2(runner, tmp_path):
+    a, b = write_trec(tmp_path / "a.trec", A), write_trec(tmp_path / "b.trec", B)
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text(QRELS)
+    res = runner("eval", a, b, "--qrels", qrels, "--sweep", "0:1:0.5", "--sweep-prior", "0.3")
+    assert res.exit_code == 2 and "0.3 is not a weight of --sweep 0:1:0.5" in res.output, res.output
+    res = runner("eval", a, b, "--qrels", qrels, "--sweep-prior", "0.5")
+    assert res.exit_code == 2 and "--sweep-prior only apply with --sweep" in res.output, res.output
+
+
 def test_weights_from_an_rrf_sweep_fuses_by_rrf_and_refuses_another_fusion(runner, tmp_path):
     a, b, sweep, _ = _sweep(runner, tmp_path, "--fusion", "rrf")
     out = tmp_path / "f.trec"

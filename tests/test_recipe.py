@@ -1,5 +1,6 @@
 """The zero-label recipe (examples/beir/Makefile) end to end on a tiny model and a 40-document folder: a folder
-without qrels delivers the model and the hybrid index (its weight the sweep's best, its files the adapted index's),
+without qrels delivers the model and the hybrid index (its weight DENSE_WEIGHT unless the sweep shows a better one
+significantly, its files the adapted index's),
 the guard scores exactly the held-out groups, qrels added later cost only the table, generated queries come from
 fixed samples of the training and held-out documents, and a corpus of one document stops before anything runs."""
 
@@ -56,6 +57,9 @@ def test_recipe_delivers_without_qrels_and_evaluates_once_they_come(tiny_bert, t
     assert guard["queries"] == len(hold_out(groups, 2)[1])  # GUARD_SHARDS=2: every held-out group, no other
     delivered, adapted = resolve(work / "delivered"), resolve(work / "idx-adapted")
     weights, _ = weights_from(work / "sweep-adapted.jsonl")
+    sweep = [json.loads(r) for r in (work / "sweep-adapted.jsonl").read_text().splitlines()]
+    assert {r["prior"] for r in sweep} == {0.7}  # DENSE_WEIGHT, kept unless a weight beats it significantly
+    assert weights == [0.7, 0.3] or any(r["weights"] == weights and "nDCG@10" in r["significant"] for r in sweep)
     assert delivered.manifest["search_defaults"] == {"weights": {"dense": weights[0], "bm25": weights[1]},
                                                      "fusion": "linear", "norm": "minmax"}
     assert "search_defaults" not in adapted.manifest
