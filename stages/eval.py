@@ -126,9 +126,13 @@ def sweep(run_a: dict, run_b: dict, qrels: dict, grid: list[float], *, fusion_me
 
 
 def _sweep_table(rows: list[dict], names: list[str], header: str) -> str:
-    out = [header, "\t".join(["w_a", "w_b", *names, "queries"])]
+    """One tab-separated row per weight; with a prior, each measure's p against the prior's row ('-' on that row)."""
+    tested = "prior" in rows[0]
+    out = [header, "\t".join(["w_a", "w_b", *names, *(f"p_{m}" for m in names if tested), "queries"])]
     for row in rows:
-        out.append("\t".join([*(f"{w:g}" for w in row["weights"]), *(f"{row[m]:.4f}" for m in names), str(row["counts"]["evaluated"])]))
+        ps = [f"{row['p_value'][m]:.2g}" if "p_value" in row else "-" for m in names] if tested else []
+        out.append("\t".join([*(f"{w:g}" for w in row["weights"]), *(f"{row[m]:.4f}" for m in names), *ps,
+                              str(row["counts"]["evaluated"])]))
     return "\n".join(out) + "\n"
 
 

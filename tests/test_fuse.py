@@ -373,6 +373,11 @@ def test_a_sweep_with_a_prior_tests_every_row_against_it_and_weights_from_keeps_
     # three queries: no row is significantly better than the prior, so the prior is kept even where a row is higher
     assert not any("nDCG@10" in r["significant"] and r["nDCG@10"] > prior["nDCG@10"] for r in rows)
     assert fusion.weights_from(sweep)[0] == [0.3, 0.7]
+    text = runner("eval", a, b, "--qrels", tmp_path / "qrels.txt", "--sweep", "0:1:0.1", "-m", "nDCG@10",
+                  "--sweep-prior", "0.3").stdout.splitlines()
+    assert text[1].split("\t") == ["w_a", "w_b", "nDCG@10", "p_nDCG@10", "queries"]
+    by_w = {float(line.split("\t")[0]): line.split("\t") for line in text[2:]}
+    assert by_w[0.3][3] == "-" and by_w[1.0][3] == f"{rows[-1]['p_value']['nDCG@10']:.2g}"
 
 
 def test_weights_from_leaves_the_prior_only_for_a_significantly_better_row(runner, tmp_path):
