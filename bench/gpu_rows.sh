@@ -118,7 +118,11 @@ recipe)
     unpack
     # the GGUF converted once before two processes would both convert it
     "$PY" -c "from retrctl.models.loading import gguf_to_hf, locate_shipped; gguf_to_hf(locate_shipped('smollm2'))"
-    for name in $RECIPE_SETS; do recipe_one "$name" & done
+    # the collections run at once: the CPU cores split between them (torch's CPU work, sampling noise included,
+    # would otherwise oversubscribe them)
+    set -- $RECIPE_SETS
+    export OMP_NUM_THREADS=$(( $(nproc) / $# > 0 ? $(nproc) / $# : 1 ))
+    for name in "$@"; do recipe_one "$name" & done
     wait
     ;;
 run)
