@@ -83,7 +83,9 @@ def trained_hybrid(w: Path) -> None:
         return
     qrels = w / ("dev-qgen.jsonl" if (w / "dev-qgen.jsonl").exists() else "dev.jsonl")
     fuse = ("--fusion", "linear", "--norm", "minmax")
-    retrctl("search", w / "idx-trained", w / "dev.jsonl", "--heads", "dense", "--hits", 100, "-o", w / "dev-trained.trec")
+    heads = json.loads((w / "idx-trained" / "index.json").read_text())["settings"].get("heads") or ["dense"]
+    dense = ("--heads", "dense") if len(heads) > 1 else ()  # ADAPT=query's copy of idx-base holds BM25 too
+    retrctl("search", w / "idx-trained", w / "dev.jsonl", *dense, "--hits", 100, "-o", w / "dev-trained.trec")
     retrctl("eval", w / "dev-trained.trec", w / "dev-bm25.trec", "--qrels", qrels, "--sweep", "0:1:0.1",
             "--sweep-prior", makefile_default("DENSE_WEIGHT"), *fuse, "-m", "nDCG@10", "--json", "-o", w / "sweep-trained.jsonl")
     retrctl("fuse", w / "trained.trec", w / "bm25.trec", *fuse, "--weights-from", w / "sweep-trained.jsonl",
