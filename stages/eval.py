@@ -384,7 +384,9 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plo
                      prior=sweep_prior, ignore_self=ignore_self, **opts)
         settings = {"qrels": qrels_file, "ignore_self": ignore_self, "capped_recall": opts["capped_recall"], "runs": list(runs),
                     "fusion": fusion_method, **({"rrf_k": rrf_k} if fusion_method == "rrf" else {"norm": norm}),
-                    "depth": depth, "hits": FUSE_HITS}
+                    "depth": depth, "hits": FUSE_HITS,
+                    **({"prior": sweep_prior, "alpha": opts["alpha"], "test": "paired t-test vs the prior's row"}
+                       if sweep_prior is not None else {})}
         _log_counts(rows[0], ignore_self)  # the same queries at every weight
         fused_with = f"rrf k={rrf_k:g}" if fusion_method == "rrf" else f"linear norm={norm}"
         header += f"  sweep: {fused_with}, w_a on {runs[0]}, w_b on {runs[1]}"

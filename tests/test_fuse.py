@@ -359,6 +359,7 @@ def test_a_sweep_with_a_prior_tests_every_row_against_it_and_weights_from_keeps_
     a, b, sweep, rows = _sweep(runner, tmp_path, "--sweep-prior", "0.3", "--alpha", "0.2")
     assert [r["weights"][0] for r in rows] == [round(i / 10, 1) for i in range(11)]  # grid order kept
     assert all(r["prior"] == 0.3 for r in rows)
+    assert rows[0]["settings"]["alpha"] == 0.2 and rows[0]["settings"]["prior"] == 0.3
     prior = next(r for r in rows if r["weights"][0] == 0.3)
     assert "p_value" not in prior and prior["significant"] == []
     # each row's p is eval's paired t-test of its fused run against the prior's fused run
