@@ -79,7 +79,7 @@ with open(f"{w}/qgen-all.jsonl") as f, open(f"{w}/qgen.jsonl", "w") as t, open(f
     for line in f:
         (d if shard_of(json.loads(line)["source_docid"], 10) == 0 else t).write(line)
 PY
-    echo "$name qgen $((SECONDS - start)) s: $(wc -l <"$w/qgen.jsonl") training, $(wc -l <"$w/dev-qgen.jsonl") held-out queries of $(wc -l <"$data/corpus.jsonl") docs" >>"$OUT/times.txt"
+    echo "$name qgen $((SECONDS - start)) s: $(wc -l <"$w/qgen.jsonl") training, $(wc -l <"$w/dev-qgen.jsonl") held-out queries of $docs docs" >>"$OUT/times.txt"
     make -C examples/beir DATA="$data" W="$w" PY="$PY" STEPS="$RECIPE_STEPS" AUDIT=1 >>"$log" 2>&1 || echo "$name: make failed" >>"$OUT/times.txt"
     echo "$name recipe $((SECONDS - start)) s" >>"$OUT/times.txt"
     cp "$w/eval.txt" "$OUT/$name-eval.txt" 2>/dev/null || true

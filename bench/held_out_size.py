@@ -24,6 +24,9 @@ from pathlib import Path
 
 from _run import retrctl
 from recipe_suite import SUITE, folder, scores
+from weight_rule import fused
+
+from retrctl.fusion import weights_from
 
 SHARDS = 10  # the recipe's GUARD_SHARDS
 FUSE = ("--fusion", "linear", "--norm", "minmax")
@@ -43,23 +46,13 @@ def held_out_queries(data: Path, recipe: Path, out: Path, docs: int) -> Path:
 
 
 def chosen_weight(runs: Path, qrels: Path, sweep: Path) -> float:
-    """The weight the recipe's rule picks (the sweep's best, ties to 0.5) from ``runs``' dev-base and dev-bm25 on
-    the held-out set ``qrels``; the sweep is written to ``sweep`` once (the recipe's own, for its set)."""
+    """The weight the recipe's rule picks (``fusion.weights_from``: the sweep's best, ties to 0.5) from ``runs``'
+    dev-base and dev-bm25 on the held-out set ``qrels``; the sweep is written to ``sweep`` once (the recipe's own, for
+    its set)."""
     if not sweep.exists():
         retrctl("eval", runs / "dev-base.trec", runs / "dev-bm25.trec", "--qrels", qrels, "--sweep", "0:1:0.1", *FUSE,
                 "-m", "nDCG@10", "--json", "-o", sweep, "--quiet", log=False)
-    rows = [json.loads(line) for line in sweep.read_text().splitlines() if line.strip()]
-    return max(rows, key=lambda r: (r["nDCG@10"], -abs(r["weights"][0] - 0.5)))["weights"][0]
-
-
-def fused_test(recipe: Path, out: Path, tag: str, **how) -> str:
-    """The base model's and BM25's test runs fused (``sweep=`` a sweep file or ``weight=``): its run name."""
-    path = out / f"test-{tag}.trec"
-    if not path.exists():
-        weights = ("--weights-from", how["sweep"]) if "sweep" in how else ("--weights", f"{how['weight']},{1 - how['weight']}")
-        retrctl("fuse", recipe / "base.trec", recipe / "bm25.trec", *FUSE, *weights, "--hits", 100, "-o", path,
-                "--quiet", log=False)
-    return path.stem
+    return weights_from(sweep)[0][0]
 
 
 def tower(runs: Path, qrels: Path) -> tuple[float, float, int]:
@@ -84,12 +77,11 @@ def collection(name: str, recipe: Path, out: Path, docs: int) -> dict:
     # table made one (else this script's runs of the same queries: the set is inside the large one)
     small = recipe / "dev-qgen.jsonl"
     row["w_small"] = chosen_weight(recipe, small, recipe / "sweep-base.jsonl")
-    row["test_small"] = fused_test(recipe, out, "small", sweep=recipe / "sweep-base.jsonl")
     row["tower_small"] = tower(recipe if (recipe / "dev-trained.trec").exists() else out, small)
     row["w_large"] = chosen_weight(out, large, out / "sweep-large.jsonl")
-    row["test_large"] = fused_test(recipe, out, "large", sweep=out / "sweep-large.jsonl")
     row["tower_large"] = tower(out, large)
-    row["test_half"] = fused_test(recipe, out, "half", weight=0.5)
+    for tag, w in (("small", row["w_small"]), ("large", row["w_large"]), ("half", 0.5)):
+        row[f"test_{tag}"] = fused(recipe / "base.trec", recipe / "bm25.trec", w, out / f"test-{tag}.trec")
     test = scores(out, qrels_of(recipe), row["test_half"], [row["test_small"], row["test_large"]])
     for k in ("test_small", "test_large", "test_half"):
         row[k] = test[row[k]]["nDCG@10"]

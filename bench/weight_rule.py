@@ -10,7 +10,7 @@ Over the finished collections of recipe_suite.py work dirs, rules scored on the 
 Then the test curve: each collection's base model and BM25 fused at every weight of the grid, `*` where that is
 significantly below the base model alone (p < 0.05), and the mean over the collections: the table DENSE_WEIGHT is
 chosen on (the best mean among the weights no collection is significantly below the base model at). Reads each
-collection's dev-base/dev-bm25 (held-out) and base/bm25 (test) runs; writes fused runs under --work.
+collection's dev-base/dev-bm25 (held-out) and base/bm25 (test) runs; writes sweeps and fused runs under --work.
 
     python bench/recipe_suite.py W ADAPT=query AUDIT=1 && python bench/weight_rule.py W [W2 …] --work WR
 """
@@ -24,6 +24,8 @@ from pathlib import Path
 from _run import retrctl
 from recipe_suite import SUITE, makefile_default, scores
 
+from retrctl.fusion import weights_from
+
 WEIGHTS = [round(i / 10, 1) for i in range(11)]
 LEVEL = 0.05
 
@@ -36,19 +38,16 @@ def fused(a: Path, b: Path, w: float, out: Path) -> str:
     return out.name.removesuffix(".trec")
 
 
-def gated(mean: dict, p: dict, reference: float) -> float:
-    """``reference`` unless a weight beats it on the held-out queries at p < LEVEL (then the best such)."""
-    better = [x for x in WEIGHTS if mean[x] > mean[reference] and p[x] < LEVEL]
-    return max(better, key=lambda x: (mean[x], -abs(x - 0.5))) if better else reference
-
-
-def held_out(w: Path, work: Path, tag: str, reference: float) -> tuple[dict, dict, int]:
-    """Each weight's held-out nDCG@10 and its paired p against ``reference``, and the number of queries."""
-    dev = {x: fused(w / "dev-base.trec", w / "dev-bm25.trec", x, work / f"{tag}-dev-{x}.trec") for x in WEIGHTS}
-    rows = scores(work, w / "dev-qgen.jsonl", dev[reference], [dev[x] for x in WEIGHTS if x != reference])
-    mean = {x: rows[dev[x]]["nDCG@10"] for x in WEIGHTS}
-    p = {x: rows[dev[x]].get("p_value", {}).get("nDCG@10", 1.0) for x in WEIGHTS}
-    return mean, p, rows[dev[reference]]["counts"]["evaluated"]
+def held_out_weight(w: Path, work: Path, tag: str, prior: float | None) -> tuple[float, int]:
+    """The weight a rule picks on the held-out generated queries, through the recipe's own mechanism (`eval
+    --sweep`, with `--sweep-prior` when ``prior`` is given, then ``fusion.weights_from``), and the queries counted."""
+    sweep = work / f"{tag}-sweep{'' if prior is None else f'-{prior:g}'}.jsonl"
+    if not sweep.exists():
+        retrctl("eval", w / "dev-base.trec", w / "dev-bm25.trec", "--qrels", w / "dev-qgen.jsonl", "--sweep", "0:1:0.1",
+                *(() if prior is None else ("--sweep-prior", prior)), "--fusion", "linear", "--norm", "minmax",
+                "-m", "nDCG@10", "--json", "-o", sweep, "--quiet", log=False)
+    first = json.loads(sweep.read_text().splitlines()[0])
+    return weights_from(sweep)[0][0], first["counts"]["evaluated"]
 
 
 def test_curve(w: Path, work: Path, name: str) -> dict[float, tuple[float, float]]:
@@ -86,10 +85,8 @@ def main():
                 continue
             curve = curves.setdefault(name, test_curve(w, a.work, name))
             tag = f"{suite.name}-{name}"
-            mean, p_half, n = held_out(w, a.work, tag, 0.5)
-            _, p_prior, _ = held_out(w, a.work, tag, a.prior)
-            free = max(WEIGHTS, key=lambda x: (mean[x], -abs(x - 0.5)))
-            rules = (free, gated(mean, p_half, 0.5), gated(mean, p_prior, a.prior), 0.5)
+            free, n = held_out_weight(w, a.work, tag, None)
+            rules = (free, held_out_weight(w, a.work, tag, 0.5)[0], held_out_weight(w, a.work, tag, a.prior)[0], 0.5)
             picked.append([curve[x][0] for x in rules])
             print(f"| {suite.name} | {name} | {n} | " + " | ".join(f"{x:g}" for x in rules[:3]) + " | "
                   + " | ".join(f"{curve[x][0]:.4f}" for x in rules) + " |")
