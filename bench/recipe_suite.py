@@ -77,19 +77,28 @@ def makefile_default(var: str) -> str:
 
 def trained_hybrid(w: Path) -> None:
     """``w/trained-hybrid.trec``: what the recipe would have delivered had the guard picked α = 1 (AUDIT=1's
-    trained model fused with BM25 at the weight its own held-out sweep picks, as the recipe fuses the adapted one)."""
-    out = w / "trained-hybrid.trec"
+    trained model fused with BM25 as the recipe fuses the adapted one)."""
+    fused_as_delivered(w, "trained")
+
+
+def fused_as_delivered(w: Path, name: str) -> Path:
+    """``w/NAME-hybrid.trec``: ``w/NAME.trec`` (a dense model's run on the folder's queries, from ``w/idx-NAME``)
+    fused with BM25 at the weight the recipe's rule picks on that model's own held-out sweep (``eval --sweep``
+    with DENSE_WEIGHT as its prior, then ``fuse --weights-from``), as the recipe fuses the adapted model."""
+    out = w / f"{name}-hybrid.trec"
     if out.exists():
-        return
+        return out
     qrels = w / ("dev-qgen.jsonl" if (w / "dev-qgen.jsonl").exists() else "dev.jsonl")
     fuse = ("--fusion", "linear", "--norm", "minmax")
-    heads = json.loads((w / "idx-trained" / "index.json").read_text())["settings"].get("heads") or ["dense"]
+    heads = json.loads((w / f"idx-{name}" / "index.json").read_text())["settings"].get("heads") or ["dense"]
     dense = ("--heads", "dense") if len(heads) > 1 else ()  # ADAPT=query's copy of idx-base holds BM25 too
-    retrctl("search", w / "idx-trained", w / "dev.jsonl", *dense, "--hits", 100, "-o", w / "dev-trained.trec")
-    retrctl("eval", w / "dev-trained.trec", w / "dev-bm25.trec", "--qrels", qrels, "--sweep", "0:1:0.1",
-            "--sweep-prior", makefile_default("DENSE_WEIGHT"), *fuse, "-m", "nDCG@10", "--json", "-o", w / "sweep-trained.jsonl")
-    retrctl("fuse", w / "trained.trec", w / "bm25.trec", *fuse, "--weights-from", w / "sweep-trained.jsonl",
+    retrctl("search", w / f"idx-{name}", w / "dev.jsonl", *dense, "--hits", 100, "-o", w / f"dev-{name}.trec")
+    retrctl("eval", w / f"dev-{name}.trec", w / "dev-bm25.trec", "--qrels", qrels, "--sweep", "0:1:0.1",
+            "--sweep-prior", makefile_default("DENSE_WEIGHT"), *fuse, "-m", "nDCG@10", "--json",
+            "-o", w / f"sweep-{name}.jsonl")
+    retrctl("fuse", w / f"{name}.trec", w / "bm25.trec", *fuse, "--weights-from", w / f"sweep-{name}.jsonl",
             "--hits", 100, "-o", out)
+    return out
 
 
 def held_out_generated(w: Path) -> dict | None:
