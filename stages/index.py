@@ -61,6 +61,8 @@ manifest) with nothing foreign in it; a project dir, a file, `/` are refused wit
 
 Lock: `retrctl index` holds an flock on IDX/index.lock (with its pid) from start to publish; a second writer on the
 same IDX exits 75 (EX_TEMPFAIL) naming the holder's pid. A lock left by a killed run is taken over with a warning.
+A new IDX is built in a private directory beside it and renamed into place when complete: a killed first build
+leaves no IDX (a Makefile target of it is not taken for done), and the next run sweeps the leftover.
 
 Resume: dense encoding goes in chunks of `--checkpoint-every` docs (4096) saved under `IDX.partial/`; a killed run
 restarted on the same corpus reuses the chunks whose docids and content hashes match (it logs how many docs came
@@ -150,14 +152,16 @@ def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None 
         if (problem := declared[name].check(value)) is not None:
             raise SettingsError(problem)
     options = {"batch_size": batch_size, **backend_options}
-    with store.writer(output):
-        return _index(docs, output, model=model, method=method, delete=delete, rebuild=rebuild, keep=keep, meta=meta,
+    with store.writer(output) as target:
+        return _index(docs, output, target, model=model, method=method, delete=delete, rebuild=rebuild, keep=keep, meta=meta,
                       encoder_settings=encoder_settings, options=options, search_defaults=search_defaults or {}, ray=ray,
                       query_model=query_model)
 
 
-def _index(docs, output: Path, *, model, method, delete, rebuild, keep, meta, encoder_settings, options,
+def _index(docs, output: Path, target: Path, *, model, method, delete, rebuild, keep, meta, encoder_settings, options,
            search_defaults, ray, query_model=None) -> dict:
+    """``target``: where store.writer has ``output`` written (itself, or for a new index a private sibling that is
+    renamed to ``output`` when the writer's block ends)."""
     from retrctl.indexes import open_index
 
     workdir = output.with_name(output.name + ".partial")
@@ -210,7 +214,7 @@ def _index(docs, output: Path, *, model, method, delete, rebuild, keep, meta, en
     idx.report_update(stats, workdir)
     if changed:
         idx.save(output, keep=keep)
-        log.info("published %s as version %s", output, _current_name(output))
+        log.info("published %s as version %s", output, _current_name(target))
     else:
         log.info("%s is up to date; left as it is", output)
     shutil.rmtree(workdir, ignore_errors=True)
@@ -232,10 +236,10 @@ def _current_or_none(output: Path, rebuild: bool):
         return None
 
 
-def _current_name(output: Path) -> str:
+def _current_name(directory: Path) -> str:
     from retrctl.indexes import store
 
-    return store.resolve(output).name or "(flat)"
+    return store.resolve(directory).name or "(flat)"
 
 
 def _reuse(output: Path, old: dict | None, fresh, rebuild: bool, load):

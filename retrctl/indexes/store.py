@@ -12,7 +12,9 @@ A reader resolves the pointer once (``resolve``: one read of IDX/index.json) and
 directory, so an update running at the same time can never mix two versions into one reader (one that
 opened files by path across two renames could). A writer builds ``versions/.N.tmp-<pid>``,
 renames it to ``versions/N`` and then replaces the pointer: the pointer switch is the one atomic step, and a kill
-at any point leaves the previous version current and searchable. Leftovers of dead writers (temp versions,
+at any point leaves the previous version current and searchable. A new index is built whole in a private
+sibling (``.IDX.tmp-<pid>-…``) and renamed to IDX when it is complete, so a killed first build leaves no IDX at
+all (make and other file-target tools see no finished target). Leftovers of dead writers (temp versions,
 versions written but never published, the old swap's ``.IDX.tmp-<pid>``/``.IDX.old-<pid>`` siblings) are swept
 by the next writer.
 
@@ -245,7 +247,7 @@ def check_target(directory) -> bool:
 
 # ---------------------------------------------------------------- the writer lock
 
-_HELD: dict[str, tuple[int, int]] = {}  # realpath -> (thread, depth) of the writers in this process
+_HELD: dict[str, tuple[int, int, Path]] = {}  # realpath -> (thread, depth, where it is written) of this process's writers
 _HELD_GUARD = threading.Lock()
 
 
@@ -295,11 +297,16 @@ def _flock(root: Path):
 
 @contextlib.contextmanager
 def writer(directory):
-    """Hold the writer lock of an index directory for the block (re-entrant within a process).
+    """Hold the writer lock of an index directory for the block (re-entrant within a process); yields the
+    directory to write into.
 
     Checks the target first (nothing is created for a refused -o), restores an index left by the old swap,
-    sweeps dead writers' leftovers; if the block fails before anything was published in a directory this
-    call created, the directory is removed again.
+    sweeps dead writers' leftovers. A new index (no directory at -o) is built whole beside it, in a private
+    ``.<name>.tmp-<pid>-…`` (``records.atomic_dir``), and renamed into place when the block succeeds: a first build
+    that is killed (SIGKILL, an out-of-memory) leaves nothing at -o, so make never takes it for a finished target;
+    the next writer sweeps the leftover. Nested ``writer`` calls for the same -o (``new_version`` inside
+    ``retrctl index``) yield that same directory. Two first builds of one -o at once each finish, and the later
+    rename wins whole.
     """
     root = Path(directory)
     key, me = os.path.realpath(root), threading.get_ident()
@@ -308,30 +315,35 @@ def writer(directory):
         if holder is not None and holder[0] != me:  # flock would not stop a second thread of this process
             raise records.BusyError(f"{root} is being written by another thread of this process (pid {os.getpid()})")
         if holder is not None:
-            _HELD[key] = (me, holder[1] + 1)
+            _HELD[key] = (me, holder[1] + 1, holder[2])
     if holder is not None:
         try:
-            yield
+            yield holder[2]
         finally:
             with _HELD_GUARD:
-                _HELD[key] = (me, _HELD[key][1] - 1)
+                _HELD[key] = (me, _HELD[key][1] - 1, holder[2])
         return
     _restore_old_swap(root)
-    existed = check_target(root)
-    root.mkdir(parents=True, exist_ok=True)
-    with _flock(root):
-        with _HELD_GUARD:
-            if key in _HELD:
-                raise records.BusyError(f"{root} is being written by another thread of this process (pid {os.getpid()})")
-            _HELD[key] = (me, 1)
-        try:
+    if check_target(root):
+        with _locked(root, key, me):
             check_target(root)  # again under the lock: another writer may have changed it meanwhile
             sweep(root)
+            yield root
+        return
+    with records.atomic_dir(root, resume=False) as stage, _locked(stage, key, me):
+        yield stage
+
+
+@contextlib.contextmanager
+def _locked(target: Path, key: str, me: int):
+    """The flock on ``target``'s lock file, and this process's record that thread ``me`` writes ``key`` there."""
+    with _flock(target):
+        with _HELD_GUARD:
+            if key in _HELD:
+                raise records.BusyError(f"{target} is being written by another thread of this process (pid {os.getpid()})")
+            _HELD[key] = (me, 1, target)
+        try:
             yield
-        except BaseException:
-            if not existed and not (root / MANIFEST).exists():
-                shutil.rmtree(root, ignore_errors=True)
-            raise
         finally:
             with _HELD_GUARD:
                 _HELD.pop(key, None)
@@ -389,8 +401,7 @@ def new_version(directory, keep: int = KEEP):
     """Yield an empty directory; when the block has written a complete index into it, publish it as current."""
     if keep < 1:
         raise ValueError("keep must be at least 1 (the current version)")
-    root = Path(directory)
-    with writer(root):
+    with writer(directory) as root:
         vroot = root / VERSIONS
         vroot.mkdir(exist_ok=True)
         n = max([*_versions(root), _current(root) or 0]) + 1
