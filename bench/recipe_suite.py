@@ -128,7 +128,7 @@ def collection_row(name: str, data: Path, work: Path) -> dict:
     ndcg = {r: vs_base[r]["nDCG@10"] for r in vs_base}
     guard = json.loads((w / "model" / "guard.json").read_text())
     pick = next(c for c in guard["candidates"] if c["alpha"] == guard["pick"])
-    full = next(c for c in guard["candidates"] if c["alpha"] == 1.0)
+    full = next((c for c in guard["candidates"] if c["alpha"] == 1.0), {})  # absent where GUARD_ALPHAS leaves α = 1 out
     better = "base" if ndcg["base"] >= ndcg["base-hybrid"] else "base-hybrid"
     minutes = work / f"{name}.minutes"
     return {
@@ -137,7 +137,7 @@ def collection_row(name: str, data: Path, work: Path) -> dict:
         "d_hybrid": ndcg["delivered"] - ndcg["base-hybrid"], "p_hybrid": vs_hybrid["delivered"]["p_value"]["nDCG@10"],
         "better": better, "p_better": (vs_base if better == "base" else vs_hybrid)["delivered"]["p_value"]["nDCG@10"],
         "pick": guard["pick"], "pick_gain": pick["gain"], "pick_p": pick["p"], "guard_queries": guard["queries"],
-        "full_gain": full["gain"], "full_p": full["p"], "full_veto": full.get("veto_gain"),
+        "full_gain": full.get("gain"), "full_p": full.get("p"), "full_veto": full.get("veto_gain"),
         "trained_change": ndcg["trained"] - ndcg["base"] if audit else None,
         "trained_p": vs_base["trained"]["p_value"]["nDCG@10"] if audit else None,
         "trained_vs_hybrid": vs_hybrid["trained"]["nDCG@10"] - ndcg["base-hybrid"] if audit else None,
@@ -167,7 +167,8 @@ def table(rows: list[dict]) -> str:
             f"| {r['collection']} | {r['docs']:,} | {r['base']:.4f} | {r['bm25']:.4f} | {r['base-hybrid']:.4f} "
             f"| {r['adapted']:.4f} | {r['delivered']:.4f} | {r['d_base']:+.4f} ({r['p_base']:.2g}) "
             f"| {r['d_hybrid']:+.4f} ({r['p_hybrid']:.2g}) | α = {r['pick']:g}, {r['pick_gain']:+.4f} "
-            f"({r['pick_p']:.2g}) | {r['full_gain']:+.4f} ({r['full_p']:.2g}); veto "
+            f"({r['pick_p']:.2g}) | {'not a candidate' if r['full_gain'] is None else format(r['full_gain'], '+.4f')} "
+            f"({'–' if r['full_p'] is None else format(r['full_p'], '.2g')}); veto "
             f"{'–' if r['full_veto'] is None else format(r['full_veto'], '+.4f')}; {r['guard_queries']} queries "
             f"| {trained} | {minutes} |")
     n = len(rows)

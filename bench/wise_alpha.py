@@ -4,7 +4,8 @@
 
 WORK: a `bench/recipe_suite.py WORK … AUDIT=1` work dir (ADAPT=full), each collection's trained model (α = 1) kept
 in WORK/NAME/trained. For each α given, the model α·trained + (1 − α)·base (`retrctl.guard.interpolate`, exactly
-what the guard scores) is saved to WORK/NAME/alpha-A, the corpus indexed with it, the folder's queries searched
+what the guard scores) is saved to WORK/NAME/alpha-A (unless it is the guard's pick: then the recipe's own
+delivered run is that α's), the corpus indexed with it, the folder's queries searched
 (`--remove-query` on ArguAna, as the recipe searches), and its run fused with BM25 as the recipe fuses the adapted
 model (its own held-out sweep, DENSE_WEIGHT as the prior). One real-model job at a time: it holds
 /tmp/retrctl-bench.lock while it encodes.
@@ -73,13 +74,13 @@ def capped_pick(guard: dict, cap: float) -> float:
 
 
 def collection(name: str, data: Path, w: Path, alphas: list[float]) -> dict:
+    guard = json.loads((w / "model" / "guard.json").read_text())
     runs = {0.0: "base-hybrid", 1.0: "trained-hybrid"}
     fused_as_delivered(w, "trained")
-    for a in alphas:
-        runs[a] = run_alpha(name, data, w, a)
+    for a in alphas:  # the α the guard picked is the recipe's own delivered run: nothing to encode
+        runs[a] = "delivered" if a == guard["pick"] else run_alpha(name, data, w, a)
     vs_hybrid = scores(w, data, "base-hybrid", [runs[a] for a in sorted(runs) if a])
     base = scores(w, data, "base", [runs[a] for a in sorted(runs)])
-    guard = json.loads((w / "model" / "guard.json").read_text())
     return {"name": name, "guard": guard, "base": base["base"]["nDCG@10"],
             "alphas": {a: {"ndcg": base[r]["nDCG@10"], "p_base": base[r]["p_value"]["nDCG@10"],
                            "p_hybrid": 1.0 if a == 0 else vs_hybrid[r]["p_value"]["nDCG@10"]}
