@@ -297,17 +297,11 @@ def _flock(root: Path):
 
 @contextlib.contextmanager
 def writer(directory):
-    """Hold the writer lock of an index directory for the block (re-entrant within a process); yields the
-    directory to write into.
-
-    Checks the target first (nothing is created for a refused -o), restores an index left by the old swap,
-    sweeps dead writers' leftovers. A new index (no directory at -o) is built whole beside it, in a private
-    ``.<name>.tmp-<pid>-…`` (``records.atomic_dir``), and renamed into place when the block succeeds: a first build
-    that is killed (SIGKILL, an out-of-memory) leaves nothing at -o, so make never takes it for a finished target;
-    the next writer sweeps the leftover. Nested ``writer`` calls for the same -o (``new_version`` inside
-    ``retrctl index``) yield that same directory. Two first builds of one -o at once each finish, and the later
-    rename wins whole.
-    """
+    """Hold the writer lock of an index directory for the block (re-entrant: nested calls for the same -o yield the
+    same directory); yields the directory to write into. Checks the target first (nothing is created for a refused
+    -o), restores an index left by the old swap, sweeps dead writers' leftovers. A new index is built in a private
+    sibling (``records.atomic_dir``) renamed to -o when the block succeeds, so a killed first build leaves no -o for
+    make to take as done; of two first builds at once, the later rename wins whole."""
     root = Path(directory)
     key, me = os.path.realpath(root), threading.get_ident()
     with _HELD_GUARD:
