@@ -64,13 +64,10 @@ def run_alpha(name: str, data: Path, w: Path, alpha: float) -> str:
 
 
 def capped_pick(guard: dict, cap: float) -> float:
-    """The guard's pick had its candidates been those with α ≤ cap: the same test (gain > 0, p below the level
-    over the number of candidates, not below the base on the veto queries), the best mean among those passing."""
-    rows = [c for c in guard["candidates"] if 0 < c["alpha"] <= cap]
-    threshold = guard["level"] / max(len(rows), 1)
-    passing = [(c["nDCG@10"], c["alpha"]) for c in rows
-               if c["gain"] > 0 and c["p"] < threshold and c.get("veto_gain", 0.0) >= 0]
-    return max(passing)[1] if passing else 0.0
+    """The guard's pick had its candidates been those with α ≤ cap (its own rule, on the rows guard.json keeps)."""
+    from retrctl.guard import choose
+
+    return choose([c for c in guard["candidates"] if c["alpha"] <= cap], guard["level"])[0]
 
 
 def collection(name: str, data: Path, w: Path, alphas: list[float]) -> dict:

@@ -159,23 +159,27 @@ def decide(results: dict[float, object], level: float = 0.05, veto: Iterable[str
 
     base = results[0.0]
     veto = sorted(set(veto) & base.per_query.keys())
-    tried = [a for a in results if a != 0.0]
-    threshold = level / max(len(tried), 1)
-    rows, winners = [], []
+    rows = []
     for a in sorted(results):
         r = results[a]
-        mean = r.mean[MEASURE]
-        p = 1.0 if a == 0.0 else metrics.paired_ttest(base, r)[MEASURE]
-        gain = mean - base.mean[MEASURE]
-        row = {"alpha": a, MEASURE: round(mean, 6), "gain": round(gain, 6), "p": p}
+        row = {"alpha": a, MEASURE: round(r.mean[MEASURE], 6), "gain": round(r.mean[MEASURE] - base.mean[MEASURE], 6),
+               "p": 1.0 if a == 0.0 else metrics.paired_ttest(base, r)[MEASURE]}
         if veto:
             row["veto_gain"] = round(sum(r.per_query[q][MEASURE] - base.per_query[q][MEASURE] for q in veto) / len(veto), 6)
         rows.append(row)
-        if a != 0.0 and gain > 0 and p < threshold and row.get("veto_gain", 0.0) >= 0:
-            winners.append((mean, a))
-    pick = max(winners)[1] if winners else 0.0
+    pick, threshold = choose(rows, level)
     return {"pick": pick, "threshold": threshold, "level": level, "queries": len(base.per_query),
             "veto_queries": len(veto), "candidates": rows, "measure": MEASURE}
+
+
+def choose(rows: list[dict], level: float) -> tuple[float, float]:
+    """(the α picked, the threshold) from candidate rows as guard.json keeps them (α 0 = the base): the candidates
+    that gain, at p < level / (candidates tried), and do not lose on the veto queries; the best mean among them."""
+    tried = [r for r in rows if r["alpha"] != 0.0]
+    threshold = level / max(len(tried), 1)
+    winners = [(r[MEASURE], r["alpha"]) for r in tried
+               if r["gain"] > 0 and r["p"] < threshold and r.get("veto_gain", 0.0) >= 0]
+    return (max(winners)[1] if winners else 0.0), threshold
 
 
 def describe(decision: dict) -> str:
