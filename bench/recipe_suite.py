@@ -75,12 +75,6 @@ def makefile_default(var: str) -> str:
     return re.search(rf"^{var}\s*\?=\s*(\S+)", text, re.MULTILINE).group(1)
 
 
-def trained_hybrid(w: Path) -> None:
-    """``w/trained-hybrid.trec``: what the recipe would have delivered had the guard picked α = 1 (AUDIT=1's
-    trained model fused with BM25 as the recipe fuses the adapted one)."""
-    fused_as_delivered(w, "trained")
-
-
 def fused_as_delivered(w: Path, name: str) -> Path:
     """``w/NAME-hybrid.trec``: ``w/NAME.trec`` (a dense model's run on the folder's queries, from ``w/idx-NAME``)
     fused with BM25 at the weight the recipe's rule picks on that model's own held-out sweep (``eval --sweep``
@@ -121,7 +115,7 @@ def collection_row(name: str, data: Path, work: Path) -> dict:
     w = work / name
     audit = (w / "trained.trec").exists()
     if audit:
-        trained_hybrid(w)
+        fused_as_delivered(w, "trained")  # what the recipe would have delivered had the guard picked α = 1
     vs_base = scores(w, data, "base", [r for r in RUNS[1:]] + (["trained"] if audit else []))
     vs_hybrid = scores(w, data, "base-hybrid", ["delivered"] + (["trained", "trained-hybrid"] if audit else []))
     generated = held_out_generated(w) if audit else None

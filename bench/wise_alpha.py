@@ -6,7 +6,7 @@ WORK: a `bench/recipe_suite.py WORK … AUDIT=1` work dir (ADAPT=full), each col
 in WORK/NAME/trained. For each α given, the model α·trained + (1 − α)·base (`retrctl.guard.interpolate`, exactly
 what the guard scores) is saved to WORK/NAME/alpha-A (unless it is the guard's pick: then the recipe's own
 delivered run is that α's), the corpus indexed with it, the folder's queries searched
-(`--remove-query` on ArguAna, as the recipe searches), and its run fused with BM25 as the recipe fuses the adapted
+(`--remove-query` where the recipe searched with it), and its run fused with BM25 as the recipe fuses the adapted
 model (its own held-out sweep, DENSE_WEIGHT as the prior). One real-model job at a time: it holds
 /tmp/retrctl-bench.lock while it encodes.
 
@@ -29,8 +29,6 @@ from pathlib import Path
 from _run import retrctl
 from recipe_suite import COLLECTIONS, LEVEL, SUITE, folder, fused_as_delivered, scores
 
-REMOVE_QUERY = {"arguana", "quora"}  # the recipe's SEARCH_FLAGS: the query's own argument is not a hit
-
 
 def interpolated(w: Path, alpha: float) -> str:
     """``idx-alpha-A`` of collection dir ``w``: the corpus indexed with α·trained + (1 − α)·base; returns the name."""
@@ -52,13 +50,14 @@ def interpolated(w: Path, alpha: float) -> str:
     return name
 
 
-def run_alpha(name: str, data: Path, w: Path, alpha: float) -> str:
+def run_alpha(data: Path, w: Path, alpha: float) -> str:
     """The folder's queries searched with the α model, fused as the recipe delivers: returns the fused run's name."""
     a = interpolated(w, alpha)
     if not (w / f"idx-{a}").exists():
         retrctl("index", data, "--model", w / a, "-o", w / f"idx-{a}")
-    if not (w / f"{a}.trec").exists():
-        flags = ["--remove-query"] if name in REMOVE_QUERY else []
+    if not (w / f"{a}.trec").exists():  # searched as the recipe searched the base model (its SEARCH_FLAGS)
+        searched = json.loads((w / "base.trec.manifest.json").read_text())["settings"]
+        flags = ["--remove-query"] if searched.get("remove_query") else []
         retrctl("search", w / f"idx-{a}", data, "--hits", 100, *flags, "-o", w / f"{a}.trec")
     return fused_as_delivered(w, a).name.removesuffix(".trec")
 
@@ -75,7 +74,7 @@ def collection(name: str, data: Path, w: Path, alphas: list[float]) -> dict:
     runs = {0.0: "base-hybrid", 1.0: "trained-hybrid"}
     fused_as_delivered(w, "trained")
     for a in alphas:  # the α the guard picked is the recipe's own delivered run: nothing to encode
-        runs[a] = "delivered" if a == guard["pick"] else run_alpha(name, data, w, a)
+        runs[a] = "delivered" if a == guard["pick"] else run_alpha(data, w, a)
     vs_hybrid = scores(w, data, "base-hybrid", [runs[a] for a in sorted(runs) if a])
     base = scores(w, data, "base", [runs[a] for a in sorted(runs)])
     return {"name": name, "guard": guard, "base": base["base"]["nDCG@10"],

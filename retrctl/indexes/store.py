@@ -273,7 +273,7 @@ def _flock(root: Path):
             holder = (_lock_record(path) or {}).get("pid")
             raise records.BusyError(f"{root} is being written by another `retrctl index` (pid {holder or 'unknown'}, "
                                     f"lock {path}): try again when it has finished") from None
-        try:  # the holder may have removed the directory (a failed first build): lock the live file
+        try:  # a first build may have renamed a new directory over this one meanwhile: lock the live file
             same = os.fstat(f.fileno()).st_ino == os.stat(path).st_ino
         except FileNotFoundError:
             same = False
