@@ -147,3 +147,11 @@ def test_recipe_refuses_a_one_document_corpus(tiny_bert, tmp_path):
     out = make(data, work, tiny_bert)
     assert out.returncode != 0 and "corpus.jsonl: 1 documents; the recipe needs at least 2" in out.stderr
     assert not work.exists()
+
+
+def test_recipe_cuts_crops_to_crop_words(tiny_bert, tmp_path):
+    data, work = folder(tmp_path / "notes", 4), tmp_path / "w"
+    for given, words in (((), 32), (("CROP_WORDS=5",), 5)):
+        out = make(data, work, tiny_bert, "-n", str(work / "crops.jsonl"), *given)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert f"--per-doc 1 --max-words {words} --seed 1" in out.stdout
