@@ -444,3 +444,39 @@ def test_minilm_few_steps_changes_embeddings_and_loads_in_st(tmp_path):
     st = SentenceTransformer(str(out), device="cpu")
     assert np.allclose(Encoder.load(out, device="cpu").encode(texts), st.encode(texts), atol=1e-5)
     assert not np.allclose(Encoder.load("minilm", device="cpu").encode(texts), st.encode(texts), atol=1e-4)
+
+
+def _scaled_copy_groups(encoder_dir, scale):
+    """Groups whose teacher scores are ``scale`` × the untrained student's own similarities (short texts: nothing
+    truncated), and a corpus for them."""
+    corpus = {f"d{i}": {"title": "", "text": " ".join(WORDS[(i + k) % len(WORDS)] for k in range(4))} for i in range(12)}
+    groups = [{"query_id": f"q{i}", "query_text": corpus[f"d{i}"]["text"], "positive_document_ids": [f"d{i}"],
+               "negative_document_ids": [f"d{(i + 3) % 12}", f"d{(i + 7) % 12}"]} for i in range(8)]
+    enc = Encoder.load(encoder_dir, device="cpu")
+    for g in groups:
+        q = enc.encode([g["query_text"]], kind="query")
+        p = enc.encode([corpus[d]["text"] for d in g["positive_document_ids"] + g["negative_document_ids"]], kind="passage")
+        s = (p / np.linalg.norm(p, axis=1, keepdims=True)) @ (q[0] / np.linalg.norm(q[0]))
+        g["positive_scores"], g["negative_scores"] = [float(scale * s[0])], [float(scale * x) for x in s[1:]]
+    return groups, corpus
+
+
+@pytest.mark.parametrize("calibrate", [True, False])
+def test_calibrated_teacher_puts_a_scaled_copy_of_the_student_on_its_scale(no_dropout_bert, tmp_path, calibrate):
+    # a teacher scoring 7 × the student's cosines: calibrated (temperature × 7), its margins are the student's own,
+    # so the first step's MarginMSE is zero up to float32 rounding of logits near 1/temperature; not calibrated, it
+    # asks for margins 7 times larger
+    groups, corpus = _scaled_copy_groups(no_dropout_bert, 7.0)
+    out = train(groups, corpus=corpus, output=tmp_path / "m", model=str(no_dropout_bert), distill_weight=1.0,
+                distill_loss="margin-mse", contrastive_weight=0.0, teacher_temperature=0.05, temperature=0.05,
+                calibrate_teacher=calibrate, max_steps=1, **{**FAST, "lr": 1e-4})
+    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["margin_mse"]
+    assert (first < 1e-6) if calibrate else (first > 1.0)
+
+
+def test_calibrating_the_teacher_needs_distillation(tiny_bert, tmp_path):
+    from retrctl.errors import UsageError
+
+    with pytest.raises(UsageError, match="--calibrate-teacher"):
+        train(_groups(8), corpus=_corpus(), output=tmp_path / "m", model=str(tiny_bert), calibrate_teacher=True,
+              max_steps=1, **FAST)

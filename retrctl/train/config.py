@@ -104,6 +104,9 @@ class TrainConfig:
     distill_loss: str = _f("kl", "kl: KL(teacher || student) over each group (RocketQAv2); margin-mse: MSE between the "
                            "student's and the teacher's positive-minus-negative score margins (GPL's MarginMSE).")
     teacher_temperature: float = _f(1.0, "Teacher scores are divided by this (before the softmax, or the margins).")
+    calibrate_teacher: bool = _f(False, "Set the teacher temperature from the data instead: the untrained student's "
+                                        "temperature × the teacher's mean positive-minus-negative margin over the first 64 "
+                                        "groups ÷ the student's, so both margins are on one scale (logged).")
     teacher: str | None = _f(None, "A frozen teacher the student learns from: a retrctl or sentence-transformers "
                                    "model dir or a shipped name ('minilm'). With groups: its scores of each group's "
                                    "passages (--distill-weight, --distill-loss); its vectors of the same texts "
@@ -263,6 +266,8 @@ class TrainConfig:
         parse_floats(self.head_loss_weights, 3, "--head-loss-weights")
         if self.distill_loss not in DISTILL_LOSSES:
             raise UsageError(f"--distill-loss must be one of {', '.join(DISTILL_LOSSES)}, got {self.distill_loss!r}")
+        if self.calibrate_teacher and not self.distill_weight:
+            raise UsageError("--calibrate-teacher scales the teacher's scores: it needs --distill-weight")
         if self.contrastive_weight < 0 or (self.contrastive_weight == 0 and not self.distill_weight
                                            and not self.embed_distill_weight):
             raise UsageError("--contrastive-weight must be >= 0, and above 0 unless --distill-weight or "

@@ -62,6 +62,7 @@ from retrctl.train.model import build_encoder, prepare
 from retrctl.train.teacher import (
     Teacher,
     TeacherVectors,
+    calibrated_temperature,
     check_teacher,
     forward_bytes,
     load_teacher,
@@ -134,6 +135,10 @@ class Trainer:
         run._build_encoder(encoder)
         run.probe = run._probe_texts()
         run.before = run._embed(run.enc, run.probe) if run.dist.rank == 0 else None
+        run.teacher_temperature = cfg.teacher_temperature
+        if cfg.calibrate_teacher:  # the same groups and untrained weights in every process, and on a resume
+            run.teacher_temperature = calibrated_temperature(run.enc, run.batches.epoch(0), cfg.temperature,
+                                                             cfg.teacher_temperature, run.teacher, run.vectors)
         run.plan = run._plan_memory()  # before any optimizer state: on CPU an OOM is a kill, not an error
         cfg.plan = run.plan.record()
         if run.dist.deepspeed:
@@ -274,7 +279,8 @@ class Trainer:
         if cfg.embed_distill_weight:
             vectors = (self.vectors([e.query for e in local], "query"),
                        self.vectors([p for e in local for p in e.passages], "passage"), self.vectors.unit)
-        loss_fn = objective.step_loss(cfg, self.enc, self.layout, local, mask, teacher, valid, self.steps_done, vectors)
+        loss_fn = objective.step_loss(cfg, self.enc, self.layout, local, mask, teacher, valid, self.steps_done, vectors,
+                                      teacher_temperature=self.teacher_temperature)
         return [e.query for e in local], [p for e in local for p in e.passages], loss_fn, mask
 
     def step(self, batch: list, first: bool) -> dict:

@@ -10,9 +10,11 @@ computed once and kept (``TeacherVectors``).
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,7 @@ from retrctl.models.loading import resolve
 from retrctl.train.data import Example
 
 Teacher = Callable[[str, Sequence[str]], Sequence[float]]
+log = logging.getLogger("retrctl.train")
 
 
 def check_teacher(name: str, output) -> None:
@@ -131,6 +134,41 @@ def teacher_scores(teacher: Teacher | Encoder, examples: list[Example], vectors:
             return torch.stack([teacher.similarity(q[i : i + 1], p[i * g : (i + 1) * g])[0]
                                 for i in range(len(examples))]).float()
     return torch.tensor([[float(x) for x in teacher(e.query, e.passages)] for e in examples], dtype=torch.float32)
+
+
+def calibrated_temperature(student: Encoder, batches: Iterable[list[Example]], temperature: float, fallback: float,
+                           teacher: Teacher | Encoder | None = None, vectors: TeacherVectors | None = None,
+                           groups: int = 64) -> float:
+    """The teacher temperature that puts the teacher's scores on the untrained student's scale: ``temperature`` (the
+    student's) × the teacher's mean positive-minus-negative margin ÷ the student's (its similarity of the same texts,
+    as the loss computes it), over the first ``groups`` groups of ``batches`` that carry teacher scores (or all of
+    them, scored by an online ``teacher``). MarginMSE and KL read the teacher's margins as they are: on min-max fused
+    scores (margins near 0.6) against cosines (near 0.2) every margin is pushed apart, whatever the teacher ranks.
+    ``fallback`` when either mean margin is not positive."""
+    examples = list(itertools.islice((e for batch in batches for e in batch if teacher is not None or e.teacher is not None),
+                                     groups))
+    if not examples:
+        return fallback
+    scores = (teacher_scores(teacher, examples, vectors) if teacher is not None
+              else torch.tensor([e.teacher for e in examples], dtype=torch.float32))
+    was = student.training
+    student.eval()
+    q = torch.from_numpy(student.encode([e.query for e in examples], kind="query"))
+    p = torch.from_numpy(student.encode([t for e in examples for t in e.passages], kind="passage"))
+    student.train(was)
+    if student.config.normalize:
+        q, p = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(p, dim=-1)
+    s = torch.einsum("nd,ngd->ng", q, p.view(len(examples), -1, p.size(-1)))
+    student_margin = float((s[:, :1] - s[:, 1:]).mean())
+    teacher_margin = float((scores[:, :1] - scores[:, 1:]).mean())
+    if student_margin <= 0 or teacher_margin <= 0:
+        log.warning("--calibrate-teacher: mean margins teacher %.4g, student %.4g over %d groups: the teacher "
+                    "temperature stays %g", teacher_margin, student_margin, len(examples), fallback)
+        return fallback
+    calibrated = temperature * teacher_margin / student_margin
+    log.info("--calibrate-teacher: mean margins teacher %.4g, student %.4g over %d groups: teacher temperature %.4g",
+             teacher_margin, student_margin, len(examples), calibrated)
+    return calibrated
 
 
 class TeacherTokens:
