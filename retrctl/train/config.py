@@ -105,8 +105,8 @@ class TrainConfig:
                            "student's and the teacher's positive-minus-negative score margins (GPL's MarginMSE).")
     teacher_temperature: float = _f(1.0, "Teacher scores are divided by this (before the softmax, or the margins).")
     calibrate_teacher: bool = _f(False, "Set the teacher temperature from the data instead: the untrained student's "
-                                        "temperature × the teacher's mean positive-minus-negative margin over the first 64 "
-                                        "groups ÷ the student's, so both margins are on one scale (logged).")
+                                        "temperature × the teacher's mean positive-minus-negative margin over 64 groups "
+                                        "spread over those trained on ÷ the student's, so both margins are on one scale (logged).")
     teacher: str | None = _f(None, "A frozen teacher the student learns from: a retrctl or sentence-transformers "
                                    "model dir or a shipped name ('minilm'). With groups: its scores of each group's "
                                    "passages (--distill-weight, --distill-loss); its vectors of the same texts "

@@ -137,8 +137,8 @@ class Trainer:
         run.before = run._embed(run.enc, run.probe) if run.dist.rank == 0 else None
         run.teacher_temperature = cfg.teacher_temperature
         if cfg.calibrate_teacher:  # the same groups and untrained weights in every process, and on a resume
-            run.teacher_temperature = calibrated_temperature(run.enc, run.batches.epoch(0), cfg.temperature,
-                                                             cfg.teacher_temperature, run.teacher, run.vectors)
+            run.teacher_temperature = calibrated_temperature(run.enc, run.batches.epoch(0), cfg.temperature, cfg.teacher_temperature,
+                                                             run.teacher, run.vectors, run.total * run.batches.global_batch)
         run.plan = run._plan_memory()  # before any optimizer state: on CPU an OOM is a kill, not an error
         cfg.plan = run.plan.record()
         if run.dist.deepspeed:

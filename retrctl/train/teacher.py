@@ -138,15 +138,16 @@ def teacher_scores(teacher: Teacher | Encoder, examples: list[Example], vectors:
 
 def calibrated_temperature(student: Encoder, batches: Iterable[list[Example]], temperature: float, fallback: float,
                            teacher: Teacher | Encoder | None = None, vectors: TeacherVectors | None = None,
-                           groups: int = 64) -> float:
+                           trained: int | None = None, groups: int = 64) -> float:
     """The teacher temperature that puts the teacher's scores on the untrained student's scale: ``temperature`` (the
     student's) × the teacher's mean positive-minus-negative margin ÷ the student's (its similarity of the same texts,
-    as the loss computes it), over the first ``groups`` groups of ``batches`` that carry teacher scores (or all of
-    them, scored by an online ``teacher``). MarginMSE and KL read the teacher's margins as they are: on min-max fused
-    scores (margins near 0.6) against cosines (near 0.2) every margin is pushed apart, whatever the teacher ranks.
-    ``fallback`` when either mean margin is not positive."""
-    examples = list(itertools.islice((e for batch in batches for e in batch if teacher is not None or e.teacher is not None),
-                                     groups))
+    as the loss computes it), over ``groups`` groups spread evenly over the first ``trained`` of ``batches`` (those the
+    run trains on; the groups with teacher scores, or all of them, scored by an online ``teacher``). MarginMSE and KL
+    read the teacher's margins as they are: on min-max fused scores (margins near 0.6) against cosines (near 0.2)
+    every margin is pushed apart, whatever the teacher ranks. ``fallback`` when either mean margin is not positive."""
+    pool = [e for e in itertools.islice((e for batch in batches for e in batch), trained)
+            if teacher is not None or e.teacher is not None]
+    examples = pool[:: max(1, len(pool) // groups)][:groups]
     if not examples:
         return fallback
     scores = (teacher_scores(teacher, examples, vectors) if teacher is not None
