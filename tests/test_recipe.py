@@ -155,3 +155,13 @@ def test_recipe_cuts_crops_to_crop_words(tiny_bert, tmp_path):
         out = make(data, work, tiny_bert, "-n", str(work / "crops.jsonl"), *given)
         assert out.returncode == 0, out.stderr[-3000:]
         assert f"--per-doc 1 --max-words {words} --seed 1" in out.stdout
+
+
+def test_recipe_calibrates_the_teacher_only_when_asked(tiny_bert, tmp_path):
+    data, work = folder(tmp_path / "notes", 4), tmp_path / "w"
+    for given, calibrated in (((), False), (("CALIBRATE=1",), True)):
+        out = make(data, work, tiny_bert, "-n", str(work / "model"), "LLM=none", *given)
+        assert out.returncode == 0, out.stderr[-3000:]
+        train = [ln for ln in out.stdout.splitlines() if " train " in ln or "--teacher-temperature" in ln]
+        assert train and any("--teacher-temperature 0.05" in ln for ln in train)
+        assert any("--calibrate-teacher" in ln for ln in train) is calibrated
