@@ -17,17 +17,16 @@ from retrctl.train.config import TrainConfig, parse_floats
 
 
 def step_loss(cfg: TrainConfig, enc, layout: TrainingLayout, local: list, mask: torch.Tensor, teacher, valid,
-              steps_done: int, teacher_vectors: tuple | None = None, teacher_temperature: float | None = None):
+              steps_done: int, teacher_vectors: tuple | None = None, *, teacher_temperature: float):
     """``loss_fn(outputs) -> (loss, parts)`` for this process's examples ``local``, ``outputs`` the step's
     ``StepOutputs`` (``layout.split``). ``teacher_vectors``: (the teacher's vectors of the queries, of the passages,
     whether they are unit vectors) when the step distils the teacher's embeddings (``--embed-distill-weight``).
-    ``teacher_temperature``: the one the run calibrated (``--calibrate-teacher``), else ``cfg``'s."""
+    ``teacher_temperature``: the run's (``cfg``'s, or the one ``--calibrate-teacher`` computed)."""
     g = cfg.train_group_size
     vectors = functools.partial(
         losses.group_loss, group_size=g, temperature=cfg.temperature, normalize=enc.config.normalize,
         mrl_dims=cfg.mrl_dims, mask=mask, teacher=teacher, teacher_valid=valid, distill_weight=cfg.distill_weight,
-        teacher_temperature=cfg.teacher_temperature if teacher_temperature is None else teacher_temperature,
-        distill_loss=cfg.distill_loss,
+        teacher_temperature=teacher_temperature, distill_loss=cfg.distill_loss,
         contrastive_weight=cfg.contrastive_weight)
     if "lookup" in layout:
         loss_fn = functools.partial(losses.joint_lookup_loss, loss=vectors, kl_weight=cfg.lookup_kl_weight,

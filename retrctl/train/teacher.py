@@ -26,6 +26,7 @@ from retrctl.hashing import weights_fingerprint
 from retrctl.models import Encoder, backbone
 from retrctl.models.layout import token_block
 from retrctl.models.loading import resolve
+from retrctl.train import losses
 from retrctl.train.data import Example
 
 Teacher = Callable[[str, Sequence[str]], Sequence[float]]
@@ -157,9 +158,8 @@ def calibrated_temperature(student: Encoder, batches: Iterable[list[Example]], t
     q = torch.from_numpy(student.encode([e.query for e in examples], kind="query"))
     p = torch.from_numpy(student.encode([t for e in examples for t in e.passages], kind="passage"))
     student.train(was)
-    if student.config.normalize:
-        q, p = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(p, dim=-1)
-    s = torch.einsum("nd,ngd->ng", q, p.view(len(examples), -1, p.size(-1)))
+    n = len(examples)
+    s = losses.scores(q, p, normalize=student.config.normalize).view(n, n, -1)[torch.arange(n), torch.arange(n)]
     student_margin = float((s[:, :1] - s[:, 1:]).mean())
     teacher_margin = float((scores[:, :1] - scores[:, 1:]).mean())
     if student_margin <= 0 or teacher_margin <= 0:
