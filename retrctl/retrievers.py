@@ -140,7 +140,7 @@ def _lexical() -> list[str]:
     """Index backends that need no encoder: built in memory over the corpus when named as --retriever."""
     from retrctl.indexes import BACKENDS
 
-    return [name for name, backend in BACKENDS.items() if not backend.needs_encoder]
+    return [name for name, backend in BACKENDS.items() if not backend.needs_encoder and backend.from_corpus]
 
 
 def check_spec(spec: str | None, model: str | None = None) -> str:

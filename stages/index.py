@@ -20,6 +20,7 @@ arXiv:2407.03618). A doc is "title text" in both (BEIR's convention, Thakur et a
 | the search's fusion defaults, recorded in the index | `--fusion`, `--norm`, `--weights` (per head), `--rrf-k`, `--depth` | none (search's own); an update keeps them |
 | those defaults from a sweep's best row      | `--weights-from SWEEP --weights-by nDCG@10` | off |
 | another index's version with other search defaults | `--copy-from IDX` (+ the fusion flags) | off |
+| indexes of one corpus searched as one, their lists fused (an ensemble of models; a model and BM25) | `--fuse IDX1 IDX2 …` (+ the fusion flags: `--weights` one per member) | off |
 | a query tower for the stored vectors (train `--passage-index`), recorded in the index | `--query-model` | the index's model; an update keeps it |
 | dense resume checkpoint interval (docs)    | `--checkpoint-every`                    | 4096 |
 | old versions kept (see below)              | `--keep`                                | 2 |
@@ -46,6 +47,11 @@ encoded (the backend is opened to check the defaults against its heads). IDX is 
 recipe keeps both as file targets. `--weights-from SWEEP` takes the weights (and the fusion settings) from the best
 row of `retrctl eval A B --sweep … --json` (ties to the weight nearer 0.5), as `retrctl fuse --weights-from`
 does; two heads take one weight w as w,1-w.
+
+Fused: `retrctl index --fuse IDX1 IDX2 … --weights 0.35,0.35,0.3 -o OUT` publishes each index's current version as
+a member of OUT (hard links, nothing encoded); `retrctl search OUT` searches every member with its own settings and
+fuses their lists as `retrctl fuse` fuses their runs (Pyserini's hybrid searcher, saved). The members must hold the
+same doc ids; OUT is not updated in place (update the members, then fuse again: retrctl/indexes/fused.py).
 
 Layout and what is atomic (retrctl.indexes.store): IDX/versions/N/ are complete, immutable
 indexes; IDX/index.json is a pointer naming the current one (plus a copy of its manifest). An update writes
@@ -105,16 +111,21 @@ class SettingsError(UsageError):
     """Inputs that cannot be indexed together (different encoders, overlapping shards)."""
 
 
+def methods() -> dict:
+    """The backends built from a corpus (``Index.from_corpus``): `--method`'s choices."""
+    return {name: backend for name, backend in BACKENDS.items() if backend.from_corpus}
+
+
 class BackendChoice(click.Choice):
     """--method: the names in BACKENDS when the flag is read or shown, so a backend registered after this module
     was imported (a plugin, a test) is a valid choice and listed by --help."""
 
     def __init__(self):
-        super().__init__(tuple(BACKENDS))
+        super().__init__(tuple(methods()))
 
     @property
     def choices(self):
-        return tuple(BACKENDS)
+        return tuple(methods())
 
     @choices.setter
     def choices(self, _value):  # click.Choice.__init__ assigns it; the live registry wins
@@ -177,7 +188,7 @@ def _index(docs, output: Path, target: Path, *, model, method, delete, rebuild, 
     if backend.needs_encoder:
         same = old_manifest if old_manifest and old_manifest.get("backend") == method else None
         if model is None and same is None:
-            others = [name for name, other in BACKENDS.items() if not other.needs_encoder]
+            others = [name for name, other in methods().items() if not other.needs_encoder]
             raise SettingsError(f"a {method} index needs --model" + (f" (or --method {'/'.join(others)})" if others else ""))
         encoder = backend.encoder_for(model, same, **(encoder_settings or {}))
     elif model or encoder_settings:
@@ -307,6 +318,21 @@ def copy(source: str | os.PathLike, output: str | os.PathLike, keep: int = KEEP,
     return name
 
 
+def fuse(members: list[str | os.PathLike], output: str | os.PathLike, keep: int = KEEP,
+         search_defaults: dict | None = None) -> int:
+    """Publish the current version of each index ``members`` names as a member of a fused index at ``output``
+    (retrctl/indexes/fused.py: searched as one, the members' lists fused), with ``search_defaults`` (as ``index``'s;
+    weights one per member, in the order given) recorded: the files shared, nothing encoded. Returns the doc count."""
+    from retrctl.indexes import fused, store
+
+    if len(members) < 2:
+        raise UsageError("--fuse needs two or more index directories")
+    idx = fused.publish([store.resolve(m) for m in members], output, search_defaults or {}, keep=keep)
+    log.info("fused %s into %s (%d docs)%s", ", ".join(map(str, members)), output, len(idx),
+             f" with search defaults {idx.search_defaults}" if idx.search_defaults else "")
+    return len(idx)
+
+
 def backend_options() -> list[click.Option]:
     """The registered backends' `index` flags, read at each parse so a backend registered later brings its own."""
     return [flag_option(flag) for flag in declared_flags("index").values()]
@@ -315,18 +341,21 @@ def backend_options() -> list[click.Option]:
 @stage(index, writes="dir", atomic=False, more_options=backend_options)  # a versioned store: built and published by store.writer
 @options("model", "encoder", "runtime", "batch_size", "shard", "input_format", "fusion", "weights", "weights_from", "ray")
 @click.argument("inputs", nargs=-1)
-@click.option("--method", type=BackendChoice(), help=f"Index backend: {', '.join(f'{n} ({b.summary})' for n, b in BACKENDS.items())}. "
+@click.option("--method", type=BackendChoice(), help=f"Index backend: {', '.join(f'{n} ({b.summary})' for n, b in methods().items())}. "
               f"[default: {DEFAULT_BACKEND}, or the existing index's]")
 @click.option("--delete/--no-delete", default=True, show_default=True, help="On update, delete docs no longer in the corpus.")
 @click.option("--rebuild", is_flag=True, help="Build from scratch even if -o holds an up-to-date-able index.")
 @click.option("--keep", type=click.IntRange(min=1), help="Delete an old version once this many newer ones exist "
               "(2: a searcher that opened the previous version is not pulled from under it).")
 @click.option("--merge", "merge_", is_flag=True, help="INPUTS are index dirs (e.g. shards) to merge into -o.")
+@click.option("--fuse", "fuse_", is_flag=True, help="INPUTS are index dirs of one corpus, published as the members of "
+              "one fused index at -o: a search searches each and fuses their lists (--weights one per member, in "
+              "order; --weights-from, --fusion, --norm recorded as its defaults). Files shared, nothing encoded.")
 @click.option("--copy-from", metavar="IDX", help="Publish IDX's current version as -o's new version with the fusion flags "
               "given as its search defaults: its files shared (hard links), no corpus read, nothing encoded.")
 @click.option("--query-model", help="A query tower trained against this index's vectors (train --passage-index): "
               "searches encode queries with it, the docs stay the index model's. Dense (+ bm25) indexes.")
-def command(inputs, output, merge_, shard_id, shard_num, input_format, weights_from, weights_by, copy_from, **opts):
+def command(inputs, output, merge_, fuse_, shard_id, shard_num, input_format, weights_from, weights_by, copy_from, **opts):
     """Build (or update) a dense, learned-sparse or BM25 index of a corpus (JSONL/Parquet/BEIR folder, '-' = stdin)."""
     ctx = click.get_current_context()
     if weights_from is not None:  # the sweep's weights, and its fusion settings where no flag sets them
@@ -335,15 +364,22 @@ def command(inputs, output, merge_, shard_id, shard_num, input_format, weights_f
     defaults = {name: opts.pop(key) for name, key in SEARCH_DEFAULTS.items() if opts.get(key) is not None}
     for key in SEARCH_DEFAULTS.values():
         opts.pop(key, None)
-    if copy_from is not None:
-        allowed = {"copy_from", "output", "keep", "weights_from", "weights_by", "log_level", "quiet", *SEARCH_DEFAULTS.values()}
+    if copy_from is not None or fuse_:
+        allowed = {"copy_from", "fuse_", "output", "keep", "weights_from", "weights_by", "log_level", "quiet",
+                   *SEARCH_DEFAULTS.values()}
         stray = [p.opts[0] for p in ctx.command.get_params(ctx) if isinstance(p, click.Option) and p.name not in allowed
                  and p.name in ctx.params
                  and ctx.get_parameter_source(p.name) is click.core.ParameterSource.COMMANDLINE]
-        if inputs or stray:
-            raise UsageError(f"--copy-from publishes IDX's version as it is: {', '.join(stray) or 'a corpus'} "
-                             "cannot apply (only the fusion flags and --keep)")
-        copy(copy_from, output, keep=opts["keep"], search_defaults=defaults)
+        if copy_from is not None and fuse_:
+            stray.insert(0, "--fuse")
+        what = "--copy-from publishes IDX's version" if copy_from is not None else "--fuse publishes the INPUTS' versions"
+        if stray or (inputs and copy_from is not None):
+            raise UsageError(f"{what} as it is: {', '.join(stray) or 'a corpus'} cannot apply (only the fusion flags "
+                             "and --keep)")
+        if copy_from is not None:
+            copy(copy_from, output, keep=opts["keep"], search_defaults=defaults)
+        else:
+            fuse(list(inputs), output, keep=opts["keep"], search_defaults=defaults)
         return
     if merge_:
         if len(inputs) < 2:

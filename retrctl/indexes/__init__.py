@@ -23,11 +23,12 @@ from retrctl.indexes import store
 from retrctl.indexes.base import Flag, Index, read_manifest
 from retrctl.indexes.bm25 import BM25Index
 from retrctl.indexes.dense import DenseIndex, HeadsIndex
+from retrctl.indexes.fused import FusedIndex
 from retrctl.indexes.heads import HEADS
 from retrctl.indexes.sparse import SparseIndex
 from retrctl.indexes.store import Version, resolve
 
-BACKENDS: dict[str, type[Index]] = {"dense": DenseIndex, "sparse": SparseIndex, "bm25": BM25Index}
+BACKENDS: dict[str, type[Index]] = {"dense": DenseIndex, "sparse": SparseIndex, "bm25": BM25Index, "fused": FusedIndex}
 DEFAULT_BACKEND = "dense"  # `index --method` when not given and -o holds no index yet
 
 
@@ -57,5 +58,5 @@ def open_index(directory: str | Path | Version, **kw) -> Index:
     return store.open_consistent(directory, load)
 
 
-__all__ = ["BACKENDS", "DEFAULT_BACKEND", "HEADS", "BM25Index", "DenseIndex", "Flag", "HeadsIndex", "Index", "SparseIndex", "Version",
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "HEADS", "BM25Index", "DenseIndex", "Flag", "FusedIndex", "HeadsIndex", "Index", "SparseIndex", "Version",
            "declared_flags", "open_index", "read_manifest", "resolve"]

@@ -84,6 +84,7 @@ class Index:
     name = "base"
     summary = ""  # a few words for `retrctl index --method`'s help (the library behind it)
     needs_encoder = False  # True: built with an encoder (`index` needs --model or an old manifest; encoder flags apply)
+    from_corpus = True  # built from a corpus: an `index --method` choice (a fused index is made from indexes)
     flags: tuple[str, ...] = ()  # the `index` options it takes: ``create`` and ``prepare_update`` get these only
     search_knobs: tuple[str, ...] = ()  # attributes `search` may set for one run; they do not change stored content
     index_flags: tuple[Flag, ...] = ()  # declarations of `index` options named in ``flags`` (or another backend's)

@@ -420,11 +420,17 @@ def publish_copy(source: Version, directory, manifest: dict, keep: int = KEEP) -
     --copy-from`); returns its name. The files are hard links where one file system holds both (a version's files
     never change once written), else copies (records.link_tree)."""
     with new_version(directory, keep) as tmp:
-        for item in sorted(source.path.iterdir()):  # a flat-layout source keeps its files beside these
-            if item.name not in (MANIFEST, LOCK, VERSIONS) and not _POINTER_TMP.match(item.name):
-                records.link_tree(item, tmp / item.name)
+        link_files(source, tmp)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     return tmp.name[1:].split(".")[0]  # .NNNNNN.tmp-PID, published as NNNNNN
+
+
+def link_files(source: Version, directory: Path) -> None:
+    """The files of the version ``source``, its manifest apart, in ``directory`` (records.link_tree: hard links where
+    one file system holds both, else copies)."""
+    for item in sorted(source.path.iterdir()):  # a flat-layout source keeps its files beside these
+        if item.name not in (MANIFEST, LOCK, VERSIONS) and not _POINTER_TMP.match(item.name):
+            records.link_tree(item, directory / item.name)
 
 
 def gc(root: Path, keep: int = KEEP) -> list[str]:
