@@ -193,7 +193,10 @@ def describe(decision: dict) -> str:
     elif decision["pick"] == 0.0:
         verdict = "kept the base model: no candidate beat it beyond the held-out set's noise"
     else:
-        verdict = f"delivered α={decision['pick']:g} ({pick[MEASURE] - base[MEASURE]:+.4f} over the base)"
+        gain = f"{pick[MEASURE] - base[MEASURE]:+.4f} over the base"
+        delivered = decision.get("delivered", decision["pick"])
+        verdict = (f"delivered α={delivered:g} ({gain})" if delivered == decision["pick"] else
+                   f"delivered α={delivered:g}, the trained model (α={decision['pick']:g} passed, {gain})")
     vetoes = ""
     if decision.get("veto_queries"):
         vetoes = (f"; change on the {decision['veto_queries']} veto queries: "
@@ -204,11 +207,13 @@ def describe(decision: dict) -> str:
 
 def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, dict], *, alphas: list[float],
            seed: int, batch_size: int = 32, level: float = 0.05, veto: Iterable[str] = (),
-           keep: str | Path | None = None, passage_index: str | Path | None = None) -> dict:
+           keep: str | Path | None = None, passage_index: str | Path | None = None, deliver: str = "pick") -> dict:
     """Score the base, the trained model in ``model_dir`` and their interpolations on the held-out groups; write
     the pick's weights into ``model_dir`` (unless it is the trained model) and guard.json beside them. ``veto``:
     query ids whose held-out groups may refuse a candidate (``decide``). ``keep``: a directory that receives the
-    trained model (α = 1) whatever the pick, to audit the decision. ``passage_index``: the candidates are query
+    trained model (α = 1) whatever the pick, to audit the decision. ``deliver``: "pick" writes the candidate that
+    passed, "trained" the trained model itself (for an ensemble with the base: the output-space counterpart of the
+    interpolation that passed); the base when none passed. ``passage_index``: the candidates are query
     towers of that dense index (train --passage-index), each scored by its held-out queries searched among the
     index's stored vectors (``score_stored``: the whole corpus, no passage encoded) instead of a pool it encodes."""
     import shutil
@@ -250,14 +255,15 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
             results[a] = measure(enc, queries=queries, qrels=qrels, batch_size=batch_size)
         log.info("α=%g %s %.4f", a, MEASURE, results[a].mean[MEASURE])
     decision = decide(results, level, veto)
+    decision["delivered"] = 1.0 if deliver == "trained" and decision["pick"] > 0 else decision["pick"]
     decision.update(alphas=alphas, pool_docs=len(docs), pool="index" if passage_index is not None else "bm25+base top hits" if systems else "corpus",
                     base_model=str(base_model))
     if keep is not None:  # written beside, then renamed: a half-written copy is never mistaken for a model
         with records.atomic_dir(keep, resume=False) as tmp:
             shutil.copytree(model_dir, tmp, ignore=shutil.ignore_patterns("checkpoints", "teacher", "*.tmp"),
                             dirs_exist_ok=True)
-    if decision["pick"] != 1.0:
-        enc.load_state_dict(interpolate(base_state, trained, decision["pick"]))
+    if decision["delivered"] != 1.0:
+        enc.load_state_dict(interpolate(base_state, trained, decision["delivered"]))
         enc.save(model_dir)
     (Path(model_dir) / FILE).write_text(json.dumps(decision, indent=1) + "\n", encoding="utf-8")
     log.info("%s", describe(decision))

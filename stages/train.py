@@ -174,7 +174,8 @@ def _guarded(groups, docs, cfg: TrainConfig):
     alphas = parse_alphas(cfg.guard_alphas)
     return kept, lambda model_dir: guard.select(model_dir, cfg.model, dev, docs, alphas=alphas, seed=cfg.seed,
                                                 batch_size=cfg.chunk_size, veto=veto,
-                                                keep=cfg.guard_keep or None, passage_index=cfg.passage_index or None)
+                                                keep=cfg.guard_keep or None, passage_index=cfg.passage_index or None,
+                                                deliver=cfg.guard_deliver)
 
 
 # ---------------------------------------------------------------- command line

@@ -208,6 +208,41 @@ def test_select_writes_the_picks_weights(tiny_bert, tmp_path, monkeypatch):
     assert json.loads((trained_dir / "guard.json").read_text())["pick"] == 0.5
 
 
+@pytest.mark.parametrize("pick, delivered", [(0.5, 1.0), (0.0, 0.0)])
+def test_guard_deliver_trained_writes_the_trained_model_when_a_candidate_passes(tiny_bert, tmp_path, monkeypatch,
+                                                                                 pick, delivered):
+    from retrctl.models import Encoder
+
+    trained_dir = tmp_path / "trained"
+    enc = Encoder.load(tiny_bert, device="cpu")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    enc.save(trained_dir)
+    trained = _state(trained_dir)
+    monkeypatch.setattr(guard, "decide", lambda results, level=0.05, veto=(): {
+        "pick": pick, "threshold": level, "level": level, "queries": 16, "measure": guard.MEASURE,
+        "candidates": [{"alpha": a, guard.MEASURE: r.mean[guard.MEASURE], "gain": 0.01 if a else 0.0, "p": 0.01 if a else 1.0}
+                       for a, r in results.items()]})
+    decision = guard.select(trained_dir, str(tiny_bert), groups(16), corpus(), alphas=[0.5], seed=0, batch_size=8,
+                            deliver="trained")
+    want = guard.interpolate(_state(tiny_bert), trained, delivered)
+    got = _state(trained_dir)
+    assert all(torch.allclose(got[k], want[k], atol=1e-6) for k in want)
+    saved = json.loads((trained_dir / "guard.json").read_text())
+    assert saved["pick"] == pick and saved["delivered"] == delivered == decision["delivered"]
+    assert ("the trained model (α=0.5 passed" in guard.describe(decision)) == (pick > 0)
+
+
+@pytest.mark.parametrize("args, words", [(("--guard-deliver", "trained"), "only applies with --guard-shards"),
+                                         (("--guard-deliver", "best"), "--guard-deliver must be one of")])
+def test_guard_deliver_is_checked(tiny_bert, tmp_path, runner, args, words):
+    groups_file = write_jsonl(tmp_path / "groups.jsonl", groups(4))
+    r = runner("train", groups_file, "--model", tiny_bert, "-o", tmp_path / "m", *args)
+    assert r.exit_code == 2 and words in r.output and not (tmp_path / "m").exists()
+
+
 def test_guard_needs_a_corpus_and_two_shards(tiny_bert, tmp_path, runner):
     groups_file = write_jsonl(tmp_path / "groups.jsonl", groups(16))
     r = runner("train", groups_file, "--model", tiny_bert, "-o", tmp_path / "m", "--guard-shards", 1)

@@ -49,6 +49,7 @@ def parse_floats(value: str, n: int, flag: str) -> list[float]:
 
 DISTILL_LOSSES = ("kl", "margin-mse")
 EMBED_DISTILL_LOSSES = ("mse", "cosine")
+GUARD_DELIVERS = ("pick", "trained")  # what a candidate that passes the guard delivers
 
 
 def parse_alphas(value: str) -> list[float]:
@@ -158,6 +159,9 @@ class TrainConfig:
                          "a model trained on crops).")
     guard_keep: str = _f("", "With --guard-shards: also write the trained model (α = 1) to this directory, whatever the "
                          "guard delivers, to audit its decision against judgements.")
+    guard_deliver: str = _f("pick", "With --guard-shards: what a passing candidate delivers: pick (the candidate) or "
+                            "trained (the trained model, α = 1, for an ensemble with the base model: the output-space "
+                            "counterpart of the interpolation the guard passed). The base when none passes.")
     lora_r: int = _f(0, "LoRA rank (0 = full fine-tuning); adapters are merged on save.")
     lora_alpha: int = _f(32, "LoRA alpha.")
     lora_dropout: float = _f(0.05, "LoRA dropout.")
@@ -283,7 +287,10 @@ class TrainConfig:
             raise UsageError(f"--guard-shards must be 0 (off) or at least 2, got {self.guard_shards}")
         if self.guard_shards:
             parse_alphas(self.guard_alphas)
-        for flag, value in (("--guard-keep", self.guard_keep), ("--guard-veto", self.guard_veto)):
+        if self.guard_deliver not in GUARD_DELIVERS:
+            raise UsageError(f"--guard-deliver must be one of {', '.join(GUARD_DELIVERS)}, got {self.guard_deliver!r}")
+        for flag, value in (("--guard-keep", self.guard_keep), ("--guard-veto", self.guard_veto),
+                            ("--guard-deliver", "" if self.guard_deliver == "pick" else self.guard_deliver)):
             if value and not self.guard_shards:
                 raise UsageError(f"{flag} only applies with --guard-shards")
         if self.colbert_dim < 1:
