@@ -131,6 +131,39 @@ def test_recipe_adapting_the_query_side_encodes_the_corpus_once(tiny_bert, tmp_p
         assert json.loads((work / f"{run}.trec.manifest.json").read_text())["settings"]["heads"] in ("dense", ["dense"]), run
 
 
+# the recipe again, ENSEMBLE=1 AUDIT=1: ~25 processes, ~80 s on the idle 2 cores
+def test_recipe_ensemble_delivers_the_base_and_the_guards_model_fused_with_bm25(tiny_bert, tmp_path):
+    data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
+    (data / "qrels").mkdir()
+    (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{t}\td{t}\t1\n" for t in range(8)))
+    out = make(data, work, tiny_bert, "ENSEMBLE=1", "AUDIT=1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    guard = json.loads((work / "model" / "guard.json").read_text())
+    assert "--guard-deliver trained" in out.stdout and guard["delivered"] == (1.0 if guard["pick"] > 0 else 0.0)
+    adapted, delivered = resolve(work / "idx-adapted"), resolve(work / "delivered")
+    assert adapted.manifest["backend"] == delivered.manifest["backend"] == "fused"
+    assert adapted.manifest["search_defaults"] == {"weights": [0.5, 0.5]}
+    members = [json.loads((delivered.path / "members" / m / "index.json").read_text())
+               for m in delivered.manifest["settings"]["members"]]
+    assert [m["backend"] for m in members] == ["fused", "bm25"]
+    inner = [json.loads((delivered.path / "members" / "0" / "members" / m / "index.json").read_text())["encoder"]["model"]
+             for m in ("0", "1")]
+    assert inner[0] == str(tiny_bert) and Path(inner[1]).resolve() == (work / "model").resolve()
+    weights, _ = weights_from(work / "sweep-adapted.jsonl")
+    assert delivered.manifest["search_defaults"] == {"weights": weights, "fusion": "linear", "norm": "minmax"}
+    # the delivered search is `fuse` of the ensemble's and BM25's runs at that weight
+    fused = tmp_path / "fused.trec"
+    subprocess.run([sys.executable, "-m", "retrctl", "fuse", work / "adapted.trec", work / "bm25.trec", "--weights",
+                    ",".join(map(str, weights)), "--hits", "100", "-o", fused], check=True, capture_output=True)
+    ranked = {}
+    for path in (fused, work / "delivered.trec"):
+        for line in path.read_text().splitlines():
+            q, _, d, rank, _, _ = line.split()
+            ranked.setdefault(path.name, {}).setdefault(q, []).append(d)
+    assert ranked["fused.trec"] == ranked["delivered.trec"]
+    assert "delivered.trec" in (work / "eval.txt").read_text()
+
+
 def test_recipe_checks_its_teacher_before_anything_runs(tiny_bert, tmp_path):
     data = folder(tmp_path / "notes", 4)
     for teacher, llm, message in (("bm25", "smollm2", "TEACHER=bm25: fusion or qlm"),
@@ -140,6 +173,8 @@ def test_recipe_checks_its_teacher_before_anything_runs(tiny_bert, tmp_path):
         assert not (tmp_path / "w").exists()
     out = make(data, tmp_path / "w", tiny_bert, "ADAPT=queries")
     assert out.returncode != 0 and "ADAPT=queries: full or query" in out.stderr and not (tmp_path / "w").exists()
+    out = make(data, tmp_path / "w", tiny_bert, "ADAPT=query", "ENSEMBLE=1")
+    assert out.returncode != 0 and "ENSEMBLE=1 needs ADAPT=full" in out.stderr and not (tmp_path / "w").exists()
 
 
 def test_recipe_refuses_a_one_document_corpus(tiny_bert, tmp_path):
