@@ -184,16 +184,21 @@ def test_guard_keep_needs_the_guard(tiny_bert, tmp_path, runner):
     assert r.exit_code == 2 and "--guard-shards" in r.output and not (tmp_path / "m").exists()
 
 
-def test_select_writes_the_picks_weights(tiny_bert, tmp_path, monkeypatch):
+def perturbed(model, out):
+    """``model`` with noise added to every weight (seeded), saved to ``out``: a stand-in for a trained model."""
     from retrctl.models import Encoder
 
-    trained_dir = tmp_path / "trained"
-    enc = Encoder.load(tiny_bert, device="cpu")
+    enc = Encoder.load(model, device="cpu")
     torch.manual_seed(0)
     with torch.no_grad():
         for p in enc.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    enc.save(trained_dir)
+    enc.save(out)
+    return out
+
+
+def test_select_writes_the_picks_weights(tiny_bert, tmp_path, monkeypatch):
+    trained_dir = perturbed(tiny_bert, tmp_path / "trained")
     trained = _state(trained_dir)
     docs = corpus()
     dev = groups(16)
@@ -211,15 +216,7 @@ def test_select_writes_the_picks_weights(tiny_bert, tmp_path, monkeypatch):
 @pytest.mark.parametrize("pick, delivered", [(0.5, 1.0), (0.0, 0.0)])
 def test_guard_deliver_trained_writes_the_trained_model_when_a_candidate_passes(tiny_bert, tmp_path, monkeypatch,
                                                                                  pick, delivered):
-    from retrctl.models import Encoder
-
-    trained_dir = tmp_path / "trained"
-    enc = Encoder.load(tiny_bert, device="cpu")
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in enc.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    enc.save(trained_dir)
+    trained_dir = perturbed(tiny_bert, tmp_path / "trained")
     trained = _state(trained_dir)
     monkeypatch.setattr(guard, "decide", lambda results, level=0.05, veto=(): {
         "pick": pick, "threshold": level, "level": level, "queries": 16, "measure": guard.MEASURE,
