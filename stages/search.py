@@ -147,7 +147,7 @@ def set_knobs(idx, knobs: dict) -> None:
     for name, value in knobs.items():
         if value is None:
             continue
-        refused = ONE_HEAD if name in FUSION_KNOBS else declared[name].refused if name in declared else None
+        refused = idx.refuses or (ONE_HEAD if name in FUSION_KNOBS else declared[name].refused if name in declared else None)
         if name in idx.search_knobs:
             setattr(idx, name, value)
         elif refused:

@@ -94,6 +94,13 @@ def test_fuse_bad_input_exits_2_and_writes_nothing(runner, members, tiny_bert, t
     assert not out.exists()
 
 
+def test_a_search_flag_a_fused_index_does_not_take_names_the_way_out(runner, members, queries_file, tmp_path):
+    _, (dense, bm25, _) = members
+    assert runner("index", "--fuse", dense, bm25, "-o", tmp_path / "fused").exit_code == 0
+    r = runner("search", tmp_path / "fused", queries_file, "--heads", "dense")
+    assert r.exit_code == 2 and "a fused index searches each member with the settings recorded" in one_error_line(r.stderr)
+
+
 def test_a_fused_index_is_not_updated_in_place(runner, members, tmp_path):
     corpus, (dense, bm25, _) = members
     assert runner("index", "--fuse", dense, bm25, "-o", tmp_path / "fused").exit_code == 0

@@ -89,6 +89,7 @@ class Index:
     search_knobs: tuple[str, ...] = ()  # attributes `search` may set for one run; they do not change stored content
     index_flags: tuple[Flag, ...] = ()  # declarations of `index` options named in ``flags`` (or another backend's)
     search_flags: tuple[Flag, ...] = ()  # declarations of `search` options named in ``search_knobs``
+    refuses: str | None = None  # the usage error for any `search` flag it does not take ({flag}); None: the flag's own
     encoder = None  # the encoder behind the index; None for backends without one
     encoded = 0  # docs this object ran through its encoder (updates report how many were not reused)
     search_defaults: dict = {}  # fusion flags `index` recorded for searches (a multi-head index's; never mutated)

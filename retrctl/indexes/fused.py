@@ -36,6 +36,8 @@ class FusedIndex(base.Index):
     fusion, norm, weights, rrf_k, depth = fusion.METHOD, fusion.NORM, None, fusion.RRF_K, 100
     remove_query = False  # search --remove-query: each member's list drops the query's own doc before fusion
     batch_size = None  # search --batch-size: passed on to the members that encode queries
+    refuses = ("--{flag}: a fused index searches each member with the settings recorded in it; search a member with "
+               "--{flag}, or fuse indexes made with the settings wanted")
 
     def __init__(self, members: list[base.Index]):
         super().__init__()
