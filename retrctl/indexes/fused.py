@@ -55,7 +55,7 @@ class FusedIndex(base.Index):
             docids = set(member.docids)
             if docids != first:
                 raise UsageError(f"--fuse: {name} holds {len(docids - first)} doc ids that {names[0]} lacks and lacks "
-                                    f"{len(first - docids)} of its {len(first)}: fuse indexes of one corpus")
+                                 f"{len(first - docids)} of its {len(first)}: fuse indexes of one corpus")
         return cls(members)
 
     @classmethod
