@@ -9,10 +9,9 @@ Layout of an index directory IDX::
     IDX/index.lock          the writer lock (fcntl.flock) with the holder's pid
 
 A reader resolves the pointer once (``resolve``: one read of IDX/index.json) and reads only from that version
-directory, so an update running at the same time can never mix two versions into one reader (one that
-opened files by path across two renames could). A writer builds ``versions/.N.tmp-<pid>``,
-renames it to ``versions/N`` and then replaces the pointer: the pointer switch is the one atomic step, and a kill
-at any point leaves the previous version current and searchable. A new index is built whole in a private
+directory, so an update running at the same time can never mix two versions into one reader. A writer builds
+``versions/.N.tmp-<pid>``, renames it to ``versions/N`` and then replaces the pointer: the pointer switch is the one
+atomic step, and a kill at any point leaves the previous version current and searchable. A new index is built whole in a private
 sibling (``.IDX.tmp-<pid>-…``) and renamed to IDX when it is complete, so a killed first build leaves no IDX at
 all (make and other file-target tools see no finished target). Leftovers of dead writers (temp versions,
 versions written but never published, the old swap's ``.IDX.tmp-<pid>``/``.IDX.old-<pid>`` siblings) are swept
@@ -23,9 +22,8 @@ survives one whole further update, so a reader that resolved it just before a sw
 it; on POSIX files a reader already opened — faiss and Parquet are read whole, bm25s arrays mmapped — stay
 readable even after deletion, so the window that matters is only a reader's open).
 
-The flat layout written by earlier retrctl (IDX/index.json + files, no pointer) still opens: ``resolve`` treats it
-as a version living in IDX itself. The first update publishes versions/000001 and switches the pointer; the flat
-files are removed like any old version, once ``keep`` newer versions exist.
+The flat layout written by earlier retrctl (IDX/index.json + files, no pointer) still opens as a version living in
+IDX itself; its first update publishes versions/000001, and its files go like any old version's.
 
 An existing IDX is written only when it is recognisably a retrctl index (``check_target``): a pointer with the
 format marker, or a flat manifest of a known backend, and no file that retrctl did not put there; anything else
@@ -64,8 +62,7 @@ VERSIONS = "versions"
 LOCK = "index.lock"
 KEEP = 2
 BACKEND_NAMES = ("dense", "bm25")  # the flat layout's backends: it predates any other (new ones are versioned)
-# what the flat layout (retrctl before versions) held besides index.json
-LEGACY_FILES = frozenset({"index.faiss", "docids.parquet", "vectors.npy", "bm25s", "tokens.npy", "offsets.npy"})
+LEGACY_FILES = frozenset({"index.faiss", "docids.parquet", "vectors.npy", "bm25s", "tokens.npy", "offsets.npy"})  # the flat layout's
 
 _NUM = re.compile(r"^\d{6,}$")
 _TMP = re.compile(r"^\.(\d{6,})\.tmp-(\d+)$")
@@ -417,8 +414,7 @@ def new_version(directory, keep: int = KEEP):
 
 def publish_copy(source: Version, directory, manifest: dict, keep: int = KEEP) -> str:
     """Publish the files of the version ``source`` with ``manifest`` as a new version of ``directory`` (`index
-    --copy-from`); returns its name. The files are hard links where one file system holds both (a version's files
-    never change once written), else copies (records.link_tree)."""
+    --copy-from`); returns its name."""
     with new_version(directory, keep) as tmp:
         link_files(source, tmp)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
@@ -426,8 +422,8 @@ def publish_copy(source: Version, directory, manifest: dict, keep: int = KEEP) -
 
 
 def link_files(source: Version, directory: Path) -> None:
-    """The files of the version ``source``, its manifest apart, in ``directory`` (records.link_tree: hard links where
-    one file system holds both, else copies)."""
+    """The files of the version ``source``, its manifest apart, in ``directory``: hard links where one file system
+    holds both (a version's files never change once written), else copies (records.link_tree)."""
     for item in sorted(source.path.iterdir()):  # a flat-layout source keeps its files beside these
         if item.name not in (MANIFEST, LOCK, VERSIONS) and not _POINTER_TMP.match(item.name):
             records.link_tree(item, directory / item.name)
