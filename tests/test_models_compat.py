@@ -182,4 +182,10 @@ def test_saving_a_model_with_heads_again_writes_the_same_head_files(name, tmp_pa
         a, b = (tmp_path / "m" / rel).read_bytes(), (COMPAT / name / rel).read_bytes()
         if rel == "token_lookup/config.json":  # "seconds" says how long the table took
             a, b = ({k: v for k, v in json.loads(x).items() if k != "seconds"} for x in (a, b))
+        if rel == "token_lookup/table.npy":  # computed by a forward pass: another CPU's kernels round otherwise
+            new_table, old_table = np.load(tmp_path / "m" / rel), np.load(COMPAT / name / rel)
+            assert new_table.shape == old_table.shape and new_table.dtype == old_table.dtype == np.float32
+            # float32 sums in another order: a few units of 2^-24 per layer, relative to the table's scale
+            assert np.allclose(new_table, old_table, rtol=0, atol=1e-5 * np.abs(old_table).max()), rel
+            continue
         assert a == b, rel
