@@ -13,7 +13,7 @@ held-out slice of the same pseudo-data, so:
    (Wortsman et al. 2022, "Robust fine-tuning of zero-shot models", arXiv:2109.01903), each by nDCG@10 of a
    query's positives among a pool of documents (``pool``): the whole corpus when it has at most ``MAX_POOL``
    documents, else each held-out query's top hits from BM25 and from the base model over the whole corpus
-   (LARMOR's pooling). The teacher's negatives are not the pool: the trained model learnt to push exactly those
+   (LARMOR's pooling; searched here, or read from a pipeline's runs of them). The teacher's negatives are not the pool: the trained model learnt to push exactly those
    down, so a pool of them would tilt the test its way.
 3. The base is kept unless a candidate beats it with a paired t-test p below ``level`` divided by the number of
    candidates tried (Bonferroni): the margin that the held-out set's noise justifies. Among those that pass,
@@ -207,7 +207,8 @@ def describe(decision: dict) -> str:
 
 def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, dict], *, alphas: list[float],
            seed: int, batch_size: int = 32, level: float = 0.05, veto: Iterable[str] = (),
-           keep: str | Path | None = None, passage_index: str | Path | None = None, deliver: str = "pick") -> dict:
+           keep: str | Path | None = None, passage_index: str | Path | None = None, deliver: str = "pick",
+           pool_runs: list[dict] | None = None) -> dict:
     """Score the base, the trained model in ``model_dir`` and their interpolations on the held-out groups; write
     the pick's weights into ``model_dir`` (unless it is the trained model) and guard.json beside them. ``veto``:
     query ids whose held-out groups may refuse a candidate (``decide``). ``keep``: a directory that receives the
@@ -215,7 +216,10 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     passed, "trained" the trained model itself (for an ensemble with the base: the output-space counterpart of the
     interpolation that passed); the base when none passed. ``passage_index``: the candidates are query
     towers of that dense index (train --passage-index), each scored by its held-out queries searched among the
-    index's stored vectors (``score_stored``: the whole corpus, no passage encoded) instead of a pool it encodes."""
+    index's stored vectors (``score_stored``: the whole corpus, no passage encoded) instead of a pool it encodes.
+    ``pool_runs``: rankings of the held-out queries over the whole corpus (``{query_id: [(doc_id, score), …]}``) that
+    make the pool of a corpus above ``MAX_POOL`` instead of ``rankings`` (a pipeline's own BM25 and base-model runs:
+    the same pool without encoding the corpus again)."""
     import shutil
 
     import torch
@@ -232,18 +236,20 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     enc = Encoder.load(model_dir, device="cpu")
     trained = {k: v.detach().clone() for k, v in enc.state_dict().items()}
     base_state = Encoder.load(base_model, device="cpu").state_dict()
-    systems = []
+    systems, source = [], "corpus"
     if passage_index is not None:  # query towers over the index's stored vectors: the pool is the whole index
         from retrctl.indexes.dense import stored_vectors
 
         _, docids, vectors = stored_vectors(passage_index)
         docs = dict.fromkeys(docids)
-        measure = functools.partial(score_stored, stored=(docids, vectors))
+        measure, source = functools.partial(score_stored, stored=(docids, vectors)), "index"
     else:
-        if len(corpus) > MAX_POOL:  # pooled from BM25's and the base's top hits over the whole corpus
+        if len(corpus) > MAX_POOL and pool_runs:  # pooled from the given runs' top hits
+            systems, source = pool_runs, "the given runs' top hits"
+        elif len(corpus) > MAX_POOL:  # pooled from BM25's and the base's top hits over the whole corpus
             enc.load_state_dict(interpolate(base_state, trained, 0.0))
             with torch.inference_mode():
-                systems = rankings(corpus, queries, enc, batch_size)
+                systems, source = rankings(corpus, queries, enc, batch_size), "bm25+base top hits"
         docs = pool(dev, corpus, systems, MAX_POOL)
         measure = functools.partial(score, docs=docs)
     log.info("%d held-out queries (%d may veto), a pool of %d docs, candidates α = 0, %s",
@@ -256,8 +262,7 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
         log.info("α=%g %s %.4f", a, MEASURE, results[a].mean[MEASURE])
     decision = decide(results, level, veto)
     decision["delivered"] = 1.0 if deliver == "trained" and decision["pick"] > 0 else decision["pick"]
-    decision.update(alphas=alphas, pool_docs=len(docs), pool="index" if passage_index is not None else "bm25+base top hits" if systems else "corpus",
-                    base_model=str(base_model))
+    decision.update(alphas=alphas, pool_docs=len(docs), pool=source, base_model=str(base_model))
     if keep is not None:  # written beside, then renamed: a half-written copy is never mistaken for a model
         with records.atomic_dir(keep, resume=False) as tmp:
             shutil.copytree(model_dir, tmp, ignore=shutil.ignore_patterns("checkpoints", "teacher", "*.tmp"),

@@ -158,6 +158,8 @@ def _guarded(groups, docs, cfg: TrainConfig):
 
     if not docs:
         raise UsageError("--guard-shards needs --corpus: held-out queries are searched among corpus documents")
+    if cfg.guard_pool_runs and cfg.passage_index:
+        raise UsageError("--guard-pool-runs with --passage-index: the guard searches every vector of that index")
     kept, dev = guard.hold_out(records.read(groups, "group") if isinstance(groups, (str, Path)) else groups, cfg.guard_shards)
     log.info("guard holds out %d groups (positives in shard 0 of %d), %d trained on", len(dev), cfg.guard_shards, len(kept))
     if len(dev) < 2:
@@ -171,11 +173,31 @@ def _guarded(groups, docs, cfg: TrainConfig):
             raise UsageError(f"{cfg.guard_veto}: {len(veto)} of its queries have held-out groups, the veto needs at "
                              "least 2", flag="--guard-veto")
         log.info("guard: %d held-out groups of the queries in %s may veto", len(veto), cfg.guard_veto)
+    pool_runs = _pool_runs(cfg.guard_pool_runs, guard.scored(dev, veto))
     alphas = parse_alphas(cfg.guard_alphas)
     return kept, lambda model_dir: guard.select(model_dir, cfg.model, dev, docs, alphas=alphas, seed=cfg.seed,
-                                                batch_size=cfg.chunk_size, veto=veto,
+                                                batch_size=cfg.chunk_size, veto=veto, pool_runs=pool_runs,
                                                 keep=cfg.guard_keep or None, passage_index=cfg.passage_index or None,
                                                 deliver=cfg.guard_deliver)
+
+
+def _pool_runs(paths: str, scored: list[dict]) -> list[dict] | None:
+    """--guard-pool-runs read before training, each cut to the held-out queries the guard scores: a run that holds
+    none of them (another query set's) is refused now, not after the training."""
+    if not paths:
+        return None
+    wanted = {g["query_id"] for g in scored}
+    runs = []
+    for path in paths.split(","):
+        run = {q: hits for q, hits in records.read_run(path).items() if q in wanted}
+        if not run:
+            raise UsageError(f"{path}: none of the {len(wanted)} held-out queries the guard scores (ids like "
+                             f"{next(iter(sorted(wanted)))!r}) is in this run: give runs of the held-out queries",
+                             flag="--guard-pool-runs")
+        if len(run) < len(wanted):
+            log.warning("%s holds %d of the %d held-out queries the guard scores", path, len(run), len(wanted))
+        runs.append(run)
+    return runs
 
 
 # ---------------------------------------------------------------- command line

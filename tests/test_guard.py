@@ -293,3 +293,66 @@ def test_select_pools_a_corpus_larger_than_the_cap_from_bm25_and_the_base(tiny_b
     decision = guard.select(tmp_path / "trained", str(tiny_bert), groups(16), corpus(), alphas=[1.0], seed=0, batch_size=8)
     assert decision["pool"] == "bm25+base top hits" and decision["pool_docs"] == 25
     assert len(searched) == 1 and len(searched[0]) == decision["queries"]  # the held-out queries, over all 40 docs
+
+
+def _write_trec(path, run):
+    path.write_text("".join(f"{q} Q0 {d} {r} {s} t\n" for q, hits in run.items() for r, (d, s) in enumerate(hits, 1)))
+    return path
+
+
+def test_select_pools_from_given_runs_as_from_its_own_search(tiny_bert, tmp_path, monkeypatch):
+    from retrctl.models import Encoder
+
+    monkeypatch.setattr(guard, "MAX_POOL", 25)
+    docs, dev = corpus(), groups(16)
+    queries, _ = guard.queries_and_qrels(guard.scored(dev))
+    runs = guard.rankings(docs, queries, Encoder.load(tiny_bert, device="cpu"), 8)
+    decisions = []
+    for given in (None, runs):
+        perturbed(tiny_bert, tmp_path / "trained")
+        decisions.append(guard.select(tmp_path / "trained", str(tiny_bert), dev, docs, alphas=[1.0], seed=0,
+                                      batch_size=8, pool_runs=given))
+    searched, given = decisions
+    assert searched["pool"] == "bm25+base top hits" and given["pool"] == "the given runs' top hits"
+    assert given["pool_docs"] == searched["pool_docs"] == 25
+    for a, b in zip(searched["candidates"], given["candidates"], strict=True):  # the same pool, the same scores
+        assert a["alpha"] == b["alpha"] and a[guard.MEASURE] == pytest.approx(b[guard.MEASURE], abs=1e-6)
+    monkeypatch.setattr(guard, "rankings", lambda *a, **k: pytest.fail("the corpus was searched again"))
+    guard.select(tmp_path / "trained", str(tiny_bert), dev, docs, alphas=[1.0], seed=0, batch_size=8, pool_runs=runs)
+
+
+def test_train_reads_the_pool_runs_before_training(tiny_bert, tmp_path, runner, monkeypatch):
+    docs = corpus()
+    corpus_file = write_jsonl(tmp_path / "corpus.jsonl", [{"_id": d, **v} for d, v in docs.items()])
+    gs = groups(16)
+    _, dev = guard.hold_out(gs, 3)
+    held = [g["query_id"] for g in dev]
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in FAST.items()]
+    args = [write_jsonl(tmp_path / "groups.jsonl", gs), "--corpus", corpus_file, "--model", tiny_bert, "--max-steps", 1,
+            "--guard-shards", 3, *flags]
+    other = _write_trec(tmp_path / "other.trec", {"nope": [("d1", 1.0)]})
+    some = _write_trec(tmp_path / "some.trec", {q: [(d, 1.0 / (r + 1)) for r, d in enumerate(sorted(docs))]
+                                                for q in held[:-1]})
+    from retrctl.train import loop
+
+    monkeypatch.setattr(loop.Trainer, "fit", lambda *a, **k: pytest.fail("trained before reading the runs"))
+    r = runner("train", *args, "--guard-pool-runs", f"{some},{other}", "-o", tmp_path / "m")
+    assert r.exit_code == 2 and "other.trec" in r.output and "held-out" in r.output and not (tmp_path / "m").exists()
+    monkeypatch.undo()
+    monkeypatch.setattr(guard, "MAX_POOL", 25)
+    r = runner("train", *args, "--guard-pool-runs", str(some), "-o", tmp_path / "m")
+    assert r.exit_code == 0, r.output
+    assert f"holds {len(held) - 1} of the {len(held)} held-out queries" in r.stderr
+    assert json.loads((tmp_path / "m" / "guard.json").read_text())["pool"] == "the given runs' top hits"
+
+
+def test_guard_pool_runs_is_checked(tiny_bert, tmp_path, runner):
+    gs = groups(16)
+    groups_file = write_jsonl(tmp_path / "groups.jsonl", gs)
+    r = runner("train", groups_file, "--model", tiny_bert, "-o", tmp_path / "m", "--guard-pool-runs", "a.trec")
+    assert r.exit_code == 2 and "only applies with --guard-shards" in r.output and not (tmp_path / "m").exists()
+    corpus_file = write_jsonl(tmp_path / "corpus.jsonl", [{"_id": d, **v} for d, v in corpus().items()])
+    run = _write_trec(tmp_path / "a.trec", {g["query_id"]: [("d1", 1.0)] for g in guard.hold_out(gs, 3)[1]})
+    r = runner("train", groups_file, "--corpus", corpus_file, "--model", tiny_bert, "-o", tmp_path / "m",
+               "--guard-shards", 3, "--guard-pool-runs", run, "--passage-index", tmp_path / "idx")
+    assert r.exit_code == 2 and "every vector of that index" in r.output and not (tmp_path / "m").exists()
