@@ -9,7 +9,7 @@ collection, base dense, BM25, the base hybrid (the base model fused with BM25 at
 control a user would run instead), the adapted dense model, the delivered retriever, delivered − base dense and −
 base hybrid with their paired p (`retrctl eval --json`), the guard's pick with its held-out gain, the trained model's
 (α = 1) true change when AUDIT=1 kept it, alone and fused with BM25 as the recipe would have delivered it
-(its weight from its own held-out sweep), and the minutes; then the mean over the collections and the issue's
+(its weight from its own held-out sweep), and the minutes with the plan's estimate (WORK/NAME/plan.json); then the mean over the collections and the issue's
 acceptance counts: significantly below either control, above the better control at p < .05."""
 
 from __future__ import annotations
@@ -140,6 +140,7 @@ def collection_row(name: str, data: Path, work: Path) -> dict:
         "trained_hybrid": vs_hybrid["trained-hybrid"]["nDCG@10"] - ndcg["base-hybrid"] if audit else None,
         "trained_hybrid_p": vs_hybrid["trained-hybrid"]["p_value"]["nDCG@10"] if audit else None,
         "minutes": float(minutes.read_text()) if minutes.exists() else None,
+        "planned": json.loads(plan.read_text())["total_s"] / 60 if (plan := w / "plan.json").exists() else None,
     }
 
 
@@ -147,7 +148,7 @@ def table(rows: list[dict]) -> str:
     head = ("| collection | docs | base dense | BM25 | base hybrid | adapted dense | delivered | − base dense (p) "
             "| − base hybrid (p) | guard: pick, held-out gain (p) | guard: α = 1 held-out gain (p), veto "
             "| α = 1 on the held-out generated queries alone − base dense / − base hybrid (p), n | α = 1 − base dense (p) | α = 1 − base hybrid (p) "
-            "| α = 1 + BM25 − base hybrid (p) | minutes |")
+            "| α = 1 + BM25 − base hybrid (p) | minutes (planned) |")
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|"]
     for r in rows:
         g = r["generated"]
@@ -156,7 +157,8 @@ def table(rows: list[dict]) -> str:
              + f", {g['base']['queries']}")
             + f" | {r['trained_change']:+.4f} ({r['trained_p']:.2g}) | {r['trained_vs_hybrid']:+.4f} "
             f"({r['trained_vs_hybrid_p']:.2g}) | {r['trained_hybrid']:+.4f} ({r['trained_hybrid_p']:.2g})")
-        minutes = "–" if r["minutes"] is None else f"{r['minutes']:.0f}"
+        minutes = ("–" if r["minutes"] is None else f"{r['minutes']:.0f}") + (
+            "" if r["planned"] is None else f" ({r['planned']:.0f})")
         lines.append(
             f"| {r['collection']} | {r['docs']:,} | {r['base']:.4f} | {r['bm25']:.4f} | {r['base-hybrid']:.4f} "
             f"| {r['adapted']:.4f} | {r['delivered']:.4f} | {r['d_base']:+.4f} ({r['p_base']:.2g}) "

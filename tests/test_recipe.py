@@ -49,7 +49,7 @@ def test_recipe_delivers_without_qrels_and_evaluates_once_they_come(tiny_bert, t
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
     out = make(data, work, tiny_bert)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "recipe on notes: 40 docs" in out.stderr and "estimated on a 2-core CPU" in out.stderr
+    assert "recipe on notes: 40 docs" in out.stderr and "estimated on this machine: " in out.stderr
     assert f"no qrels in {data}" in out.stdout and not (work / "eval.txt").exists()
     guard = json.loads((work / "model" / "guard.json").read_text())
     assert guard["pick"] in (0.0, 0.5) and guard["queries"] >= 2

@@ -1,0 +1,125 @@
+"""The recipe's cost, printed before it runs: its model timed on a sample of the folder's own texts on this machine.
+
+    plan.py DATA --model M [--adapt full|query] [--steps 60] [--epochs 3] [--batch 16] [--shards 10]
+            [--guard-alphas 0.5] [--llm-docs N] [--dev-llm-docs N] [--qlm] [--ensemble] [--audit]
+            [--crop-words 32] [--record FILE]
+
+Encodes SAMPLE documents, SAMPLE of the folder's queries and SAMPLE document crops (a stable sample, after a
+warm-up batch) with the model, and scales each of the recipe's steps by the texts it encodes: the corpus encodes,
+the pseudo-queries and the folder's queries searched, the training steps (each BATCH queries and GROUP passages
+apiece, forward and backward: STEP_FACTOR encodes' time) and the guard's candidates over its pool. The LLM's
+generation is not timed (loading it costs more than the estimate is worth): LLM_DOC seconds a document, SmolLM2 in
+process on 2 cores. Prints one line to stderr: the total and its three largest parts, in minutes; ``--record``
+also writes every part's seconds to FILE as JSON (bench/recipe_suite.py prints them beside the minutes measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from retrctl import records
+from retrctl.hashing import sample
+
+SAMPLE = 48
+GROUP = {"full": 4, "query": 8}  # passages a training group holds (the Makefile's --train-group-size)
+STEP_FACTOR = 6.5  # a training step over its texts' inference encode (forward, backward, optimizer): SciFact, 12.2 s / 1.9 s
+LLM_DOC = 1.6  # seconds a generated query (prompt processing of its document, then generation)
+QLM_DOC = 8 / 3  # seconds of query likelihood a generated query's group (TEACHER=qlm)
+POOL = 2000  # the guard's pool cap (retrctl.guard.MAX_POOL)
+GUARD_QUERIES = 200  # held-out queries the guard scores at most (retrctl.guard.MAX_QUERIES)
+FIXED = 8.0  # seconds a retrctl command takes to start and load its model
+
+
+def per_text(encoder, texts: list[str], kind: str) -> float:
+    """Seconds an encode takes per text of ``texts`` (a warm-up batch first: the first call's setup is not timed)."""
+    if not texts:
+        return 0.0
+    encoder.encode(texts[:4], kind=kind, batch_size=32)
+    start = time.perf_counter()
+    encoder.encode(texts, kind=kind, batch_size=32)
+    return (time.perf_counter() - start) / len(texts)
+
+
+def crop(doc: dict, words: int) -> str:
+    return " ".join(records.passage_text(doc).split()[:words])
+
+
+def estimate(data: str, model: str, *, adapt: str = "full", steps: int = 60, epochs: int = 3, batch: int = 16,
+             shards: int = 10, alphas: int = 1, llm_docs: int = 0, dev_llm_docs: int = 0, qlm: bool = False,
+             ensemble: bool = False, audit: bool = False, crop_words: int = 32) -> tuple[float, dict[str, float]]:
+    """(seconds, {part: seconds}) the recipe is expected to take on ``data`` with ``model`` on this machine."""
+    from retrctl.models import Encoder
+
+    docs = list(records.read(data, "doc"))
+    queries = list(records.read(data, "query")) if _has(data, "query") else []
+    enc = Encoder.load(model, device="cpu")
+    t_doc = per_text(enc, [records.passage_text(d) for d in sample(docs, SAMPLE, 0, "docid")], "passage")
+    t_query = per_text(enc, [q["query_text"] for q in sample(queries, SAMPLE, 0, "query_id")], "query")
+    t_crop = per_text(enc, [crop(d, crop_words) for d in sample(docs, SAMPLE, 1, "docid")], "query")
+    n, generated = len(docs), llm_docs + dev_llm_docs
+    held_out = n // shards + dev_llm_docs  # the held-out crops and generated queries: the weights' sweeps
+    pseudo = n + generated  # every document's crop and the generated queries, searched by the base model
+    dense_lists = 2 if ensemble else 1  # an ensemble's search encodes each query with both of its models
+    parts = {"corpus encodes": n * t_doc * (1 if adapt == "query" else 2 + audit) + n * 0.005,
+             "pseudo-queries searched": (pseudo + held_out * (1 + dense_lists)) * t_crop,
+             "the folder's queries searched": len(queries) * t_query * (1 + 2 * dense_lists + audit)}
+    if adapt == "query":
+        groups = n * (shards - 1) // shards + generated
+        parts["training"] = epochs * -(-groups // batch) * STEP_FACTOR * batch * t_crop
+        parts["the guard"] = GUARD_QUERIES * (1 + alphas) * t_crop
+    else:
+        parts["training"] = steps * STEP_FACTOR * batch * (t_crop + GROUP["full"] * t_doc)
+        parts["the guard"] = (min(n, POOL) * t_doc + GUARD_QUERIES * t_crop) * (1 + alphas)
+    if generated:
+        parts["query generation"] = generated * (LLM_DOC + (QLM_DOC if qlm else 0))
+    parts["starting commands"] = 20 * FIXED
+    return sum(parts.values()), parts
+
+
+def _has(data: str, kind: str) -> bool:
+    try:
+        records.resolve(data, kind)
+    except records.RecordError:
+        return False
+    return True
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("data")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--adapt", choices=("full", "query"), default="full")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--shards", type=int, default=10)
+    ap.add_argument("--guard-alphas", default="0.5", help="the guard's candidates besides the base")
+    ap.add_argument("--llm-docs", type=int, default=0, help="training documents the LLM writes a query for (0: no LLM)")
+    ap.add_argument("--dev-llm-docs", type=int, default=0, help="held-out documents the LLM writes a query for")
+    ap.add_argument("--qlm", action="store_true", help="the LLM also scores the generated queries' groups")
+    ap.add_argument("--ensemble", action="store_true")
+    ap.add_argument("--audit", action="store_true")
+    ap.add_argument("--crop-words", type=int, default=32)
+    ap.add_argument("--record", help="write {part: seconds} and the total to this JSON file")
+    a = ap.parse_args(argv)
+    total, parts = estimate(a.data, a.model, adapt=a.adapt, steps=a.steps, epochs=a.epochs, batch=a.batch,
+                            shards=a.shards, alphas=len(a.guard_alphas.split(",")), llm_docs=a.llm_docs,
+                            dev_llm_docs=a.dev_llm_docs, qlm=a.qlm, ensemble=a.ensemble, audit=a.audit,
+                            crop_words=a.crop_words)
+    largest = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
+    print(f"estimated on this machine: {total / 60:.0f} min ("
+          + ", ".join(f"{k} {v / 60:.0f}" for k, v in largest)
+          + f"; {a.model} timed on {SAMPLE} of the folder's texts)", file=sys.stderr)
+    if a.record:
+        with records.atomic_path(a.record) as tmp:
+            Path(tmp).write_text(json.dumps({"total_s": round(total, 1),
+                                             "parts_s": {k: round(v, 1) for k, v in parts.items()}}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
