@@ -13,8 +13,8 @@ held-out slice of the same pseudo-data, so:
    (Wortsman et al. 2022, "Robust fine-tuning of zero-shot models", arXiv:2109.01903), each by nDCG@10 of a
    query's positives among a pool of documents (``pool``): the whole corpus when it has at most ``MAX_POOL``
    documents, else each held-out query's top hits from BM25 and from the base model over the whole corpus
-   (LARMOR's pooling; searched here, or read from a pipeline's runs of them). The teacher's negatives are not the pool: the trained model learnt to push exactly those
-   down, so a pool of them would tilt the test its way.
+   (LARMOR's pooling; searched here, or read from a pipeline's runs of them). The teacher's negatives are not the
+   pool: the trained model learnt to push exactly those down, so a pool of them would tilt the test its way.
 3. The base is kept unless a candidate beats it with a paired t-test p below ``level`` divided by the number of
    candidates tried (Bonferroni): the margin that the held-out set's noise justifies. Among those that pass,
    the best mean wins.
