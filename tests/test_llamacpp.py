@@ -174,7 +174,33 @@ def test_the_recipe_helper_runs_a_command_with_the_server_up_and_stops_it(tmp_pa
     assert url.startswith("http://127.0.0.1:") and (tmp_path / "server.log").stat().st_size > 0
     with pytest.raises(OSError):  # stopped once the command ended
         urllib.request.urlopen(url + "/models", timeout=5)
+    crash = ("import os, signal, sys, time, psutil; port = int(sys.argv[1].rsplit(':', 1)[1].split('/')[0]); "
+             "[os.kill(c.pid, signal.SIGSEGV) for c in psutil.net_connections('tcp') "
+             "if c.laddr.port == port and c.status == 'LISTEN']; time.sleep(2); sys.exit(2)")
+    crashed = subprocess.run([sys.executable, str(ROOT / "examples" / "beir" / "with_llm_server.py"), "--", sys.executable,
+                              "-c", crash, "{url}"], capture_output=True, text=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert crashed.returncode == 2  # the command's status, and why the server stopped answering it
+    assert "llama.cpp's server ended during the command (killed by SIGSEGV); its log" in crashed.stderr
     failed = subprocess.run([sys.executable, str(ROOT / "examples" / "beir" / "with_llm_server.py"), "--model",
                              str(tmp_path / "server.log"), "--", "true"], capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
     assert failed.returncode == 2 and "is not one" in failed.stderr  # not a GGUF file: one line, exit 2
+
+
+def test_a_server_that_ended_on_its_own_says_how():
+    srv = llamacpp.LlamaCppServer("smollm2")
+    assert srv.ended() is None  # never started
+    srv.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert srv.ended() is None  # running
+    finally:
+        srv.proc.kill()
+        srv.proc.wait()
+    assert srv.ended() == "killed by SIGKILL"
+    srv.proc = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"])
+    srv.proc.wait()
+    assert srv.ended() == "killed by SIGSEGV"  # what a crash in llama.cpp's kernels looks like
+    srv.proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    srv.proc.wait()
+    assert srv.ended() == "exited with status 3"

@@ -36,7 +36,11 @@ def main(argv=None) -> int:
         return 2
     try:
         print(f"with_llm_server.py: llama.cpp's server on {server.gguf.name} at {server.url}", file=sys.stderr)
-        return subprocess.call([part.replace("{url}", server.url) for part in command])
+        status = subprocess.call([part.replace("{url}", server.url) for part in command])
+        if server.ended():  # the command's own error says only that the server stopped answering
+            print(f"with_llm_server.py: llama.cpp's server ended during the command ({server.ended()}); its log "
+                  f"({server.log_path}) ends:\n{server.log_tail()}", file=sys.stderr)
+        return status
     finally:
         server.stop()
 

@@ -83,8 +83,7 @@ class LlamaCppServer:
         deadline = time.monotonic() + self.ready_timeout
         while not self.ready():
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                why = f"exited with status {self.proc.returncode}" if self.proc.poll() is not None else \
-                      f"not ready after {self.ready_timeout:.0f}s"
+                why = self.ended() or f"not ready after {self.ready_timeout:.0f}s"
                 self.stop()
                 raise RuntimeError(f"llama.cpp's server on {self.gguf.name} {why}; its log ({self.log_path}) ends:\n"
                                    + self.log_tail())
@@ -92,6 +91,13 @@ class LlamaCppServer:
         log.info("llama.cpp's server on %s is ready at %s (pid %d, log %s)", self.gguf.name, self.url, self.proc.pid,
                  self.log_path)
         return self
+
+    def ended(self) -> str | None:
+        """How the server ended on its own ("killed by SIGSEGV", "exited with status 1"); None while it runs."""
+        code = None if self.proc is None else self.proc.poll()
+        if code is None:
+            return None
+        return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
 
     def ready(self) -> bool:
         try:
