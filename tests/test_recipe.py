@@ -50,6 +50,9 @@ def test_recipe_delivers_without_qrels_and_evaluates_once_they_come(tiny_bert, t
     out = make(data, work, tiny_bert)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "recipe on notes: 40 docs" in out.stderr and "estimated on this machine: " in out.stderr
+    plan = json.loads((work / "plan.json").read_text())  # every part timed or counted, the training step timed
+    assert plan["total_s"] == pytest.approx(sum(plan["parts_s"].values()), abs=0.5) and plan["parts_s"]["training"] > 0
+    assert set(plan["parts_s"]) >= {"corpus encodes", "pseudo-queries searched", "training", "the guard"}
     assert f"no qrels in {data}" in out.stdout and not (work / "eval.txt").exists()
     guard = json.loads((work / "model" / "guard.json").read_text())
     assert guard["pick"] in (0.0, 0.5) and guard["queries"] >= 2

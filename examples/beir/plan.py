@@ -6,10 +6,11 @@
 
 Encodes SAMPLE documents, SAMPLE of the folder's queries and SAMPLE document crops (a stable sample, after a
 warm-up batch) with the model, and scales each of the recipe's steps by the texts it encodes: the corpus encodes,
-the pseudo-queries and the folder's queries searched, the training steps (each BATCH queries and GROUP passages
-apiece, forward and backward: STEP_FACTOR encodes' time) and the guard's candidates over its pool. The LLM's
-generation is not timed (loading it costs more than the estimate is worth): LLM_DOC seconds a document, SmolLM2 in
-process on 2 cores. Prints one line to stderr: the total and its three largest parts, in minutes; ``--record``
+the pseudo-queries and the folder's queries searched and the guard's candidates over its pool. ADAPT=full's training
+step is timed itself: STEPS_TIMED steps of `retrctl train` with the recipe's settings on groups of the folder's own
+documents (the first runs at the maximum length, as the recipe's first does). ADAPT=query's step, a batch of queries
+forward and backward, is STEP_FACTOR times their encode. The LLM's generation is not timed (loading it costs more
+than the estimate is worth): LLM_DOC seconds a document, SmolLM2 in process on 2 cores. Prints one line to stderr: the total and its three largest parts, in minutes; ``--record``
 also writes every part's seconds to FILE as JSON (bench/recipe_suite.py prints them beside the minutes measured).
 """
 
@@ -26,7 +27,8 @@ from retrctl.hashing import sample
 
 SAMPLE = 48
 GROUP = {"full": 4, "query": 8}  # passages a training group holds (the Makefile's --train-group-size)
-STEP_FACTOR = 6.5  # a training step over its texts' inference encode (forward, backward, optimizer): SciFact, 12.2 s / 1.9 s
+STEP_FACTOR = 6.5  # a query-side step over its queries' inference encode (forward, backward, the optimizer)
+STEPS_TIMED = 3
 LLM_DOC = 1.6  # seconds a generated query (prompt processing of its document, then generation)
 QLM_DOC = 8 / 3  # seconds of query likelihood a generated query's group (TEACHER=qlm)
 POOL = 2000  # the guard's pool cap (retrctl.guard.MAX_POOL)
@@ -46,6 +48,36 @@ def per_text(encoder, texts: list[str], kind: str) -> float:
 
 def crop(doc: dict, words: int) -> str:
     return " ".join(records.passage_text(doc).split()[:words])
+
+
+def step_times(model: str, docs: list[dict], *, batch: int, group: int, crop_words: int) -> tuple[float, float]:
+    """(the first step's seconds, each later step's) of the recipe's full training on this machine: STEPS_TIMED
+    steps of ``retrctl train`` with its settings on ``batch`` groups of sampled documents (a crop of each as the
+    query, ``group`` - 1 others as negatives, seeded scores: the teacher's values do not change the cost)."""
+    import logging
+    import random
+    import tempfile
+
+    from stages.train import train
+
+    picked = list(sample(docs, batch * group, 2, "docid"))  # each group's documents distinct where there are enough
+    rng = random.Random(0)
+    groups = []
+    for i in range(batch):
+        pos = picked[i % len(picked)]["docid"]
+        negs = [picked[(batch + i * (group - 1) + j) % len(picked)]["docid"] for j in range(group - 1)]
+        negs = [n for n in negs if n != pos]
+        groups.append({"query_id": f"q{i}", "query_text": crop(picked[i % len(picked)], crop_words),
+                       "positive_document_ids": [pos], "positive_scores": [1.0], "negative_document_ids": negs,
+                       "negative_scores": [rng.random() for _ in negs]})
+    corpus = {d["docid"]: {"title": d["title"], "text": d["text"]} for d in picked}
+    logging.getLogger("retrctl").setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp:
+        train(groups, output=Path(tmp) / "m", corpus=corpus, model=model, max_steps=STEPS_TIMED,
+              batch_size=batch, train_group_size=group, temperature=0.05, lr=1e-5, distill_loss="margin-mse",
+              distill_weight=1, contrastive_weight=0, teacher_temperature=0.05, seed=1)
+        elapsed = [json.loads(line)["elapsed_s"] for line in (Path(tmp) / "m" / "metrics.jsonl").read_text().splitlines()]
+    return elapsed[0], (elapsed[-1] - elapsed[0]) / (len(elapsed) - 1)
 
 
 def estimate(data: str, model: str, *, adapt: str = "full", steps: int = 60, epochs: int = 3, batch: int = 16,
@@ -72,7 +104,8 @@ def estimate(data: str, model: str, *, adapt: str = "full", steps: int = 60, epo
         parts["training"] = epochs * -(-groups // batch) * STEP_FACTOR * batch * t_crop
         parts["the guard"] = GUARD_QUERIES * (1 + alphas) * t_crop
     else:
-        parts["training"] = steps * STEP_FACTOR * batch * (t_crop + GROUP["full"] * t_doc)
+        first, later = step_times(model, docs, batch=batch, group=GROUP["full"], crop_words=crop_words)
+        parts["training"] = first + (steps - 1) * later
         parts["the guard"] = (min(n, POOL) * t_doc + GUARD_QUERIES * t_crop) * (1 + alphas)
     if generated:
         parts["query generation"] = generated * (LLM_DOC + (QLM_DOC if qlm else 0))
