@@ -10,8 +10,9 @@ the pseudo-queries and the folder's queries searched and the guard's candidates 
 step is timed itself: STEPS_TIMED steps of `retrctl train` with the recipe's settings on groups of the folder's own
 documents (the first runs at the maximum length, as the recipe's first does). ADAPT=query's step, a batch of queries
 forward and backward, is STEP_FACTOR times their encode. The LLM's generation is not timed (loading it costs more
-than the estimate is worth): LLM_DOC seconds a document, SmolLM2 in process on 2 cores. Prints one line to stderr: the total and its three largest parts, in minutes; ``--record``
-also writes every part's seconds to FILE as JSON (bench/recipe_suite.py prints them beside the minutes measured).
+than the estimate is worth): LLM_DOC seconds a document, SmolLM2 in process on 2 cores. Prints one line to stderr:
+the total and its three largest parts, in minutes; ``--record`` also writes every part's seconds to FILE as JSON
+(bench/recipe_suite.py prints them beside the minutes measured).
 """
 
 from __future__ import annotations
@@ -23,18 +24,17 @@ import time
 from pathlib import Path
 
 from retrctl import records
+from retrctl.guard import MAX_POOL, MAX_QUERIES
 from retrctl.hashing import sample
 
 SAMPLE = 48
-GROUP = {"full": 4, "query": 8}  # passages a training group holds (the Makefile's --train-group-size)
+GROUP = 4  # passages a full training step's group holds (the Makefile's --train-group-size)
 # ADAPT=query's step over its queries' encode: a full step's ratio on SciFact (12.2 s against 1.9 s of encoding its
 # texts, Intel 2-core box); the query side's own ratio is not measured
 STEP_FACTOR = 6.5
 STEPS_TIMED = 3
 LLM_DOC = 1.6  # seconds a generated query (prompt processing of its document, then generation)
 QLM_DOC = 8 / 3  # seconds of query likelihood a generated query's group (TEACHER=qlm)
-POOL = 2000  # the guard's pool cap (retrctl.guard.MAX_POOL)
-GUARD_QUERIES = 200  # held-out queries the guard scores at most (retrctl.guard.MAX_QUERIES)
 FIXED = 8.0  # seconds a retrctl command takes to start and load its model
 
 
@@ -104,11 +104,11 @@ def estimate(data: str, model: str, *, adapt: str = "full", steps: int = 60, epo
     if adapt == "query":
         groups = n * (shards - 1) // shards + generated
         parts["training"] = epochs * -(-groups // batch) * STEP_FACTOR * batch * t_crop
-        parts["the guard"] = GUARD_QUERIES * (1 + alphas) * t_crop
+        parts["the guard"] = MAX_QUERIES * (1 + alphas) * t_crop
     else:
-        first, later = step_times(model, docs, batch=batch, group=GROUP["full"], crop_words=crop_words)
+        first, later = step_times(model, docs, batch=batch, group=GROUP, crop_words=crop_words)
         parts["training"] = first + (steps - 1) * later
-        parts["the guard"] = (min(n, POOL) * t_doc + GUARD_QUERIES * t_crop) * (1 + alphas)
+        parts["the guard"] = (min(n, MAX_POOL) * t_doc + MAX_QUERIES * t_crop) * (1 + alphas)
     if generated:
         parts["query generation"] = generated * (LLM_DOC + (QLM_DOC if qlm else 0))
     parts["starting commands"] = 20 * FIXED
