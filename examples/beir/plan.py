@@ -1,14 +1,15 @@
 """The recipe's cost, printed before it runs: its model timed on a sample of the folder's own texts on this machine.
 
-    plan.py DATA --model M [--adapt full|query] [--steps 60] [--epochs 3] [--batch 16] [--shards 10]
+    plan.py DATA --model M --train-flags FLAGS [--adapt full|query] [--epochs 3] [--batch 16] [--shards 10]
             [--guard-alphas 0.5] [--llm-docs N] [--dev-llm-docs N] [--qlm] [--ensemble] [--audit]
             [--crop-words 32] [--record FILE]
 
 Encodes SAMPLE documents, SAMPLE of the folder's queries and SAMPLE document crops (a stable sample, after a
 warm-up batch) with the model, and scales each of the recipe's steps by the texts it encodes: the corpus encodes,
 the pseudo-queries and the folder's queries searched and the guard's candidates over its pool. ADAPT=full's training
-step is timed itself: STEPS_TIMED steps of `retrctl train` with the recipe's settings on groups of the folder's own
-documents (the first runs at the maximum length, as the recipe's first does). ADAPT=query's step, a batch of queries
+step is timed itself: STEPS_TIMED steps of `retrctl train` with the recipe's own training flags (FLAGS, the Makefile's:
+its --max-steps and --train-group-size included) on groups of the folder's own documents (the first runs at the
+maximum length, as the recipe's first does). ADAPT=query's step, a batch of queries
 forward and backward, is STEP_FACTOR times their encode. The LLM's generation is not timed (loading it costs more
 than the estimate is worth): LLM_DOC seconds a document, SmolLM2 in process on 2 cores. Prints one line to stderr:
 the total and its three largest parts, in minutes; ``--record`` also writes every part's seconds to FILE as JSON
@@ -19,7 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +32,6 @@ from retrctl.guard import MAX_POOL, MAX_QUERIES
 from retrctl.hashing import sample
 
 SAMPLE = 48
-GROUP = 4  # passages a full training step's group holds (the Makefile's --train-group-size)
 # ADAPT=query's step over its queries' encode: a full step's ratio on SciFact (12.2 s against 1.9 s of encoding its
 # texts, Intel 2-core box); the query side's own ratio is not measured
 STEP_FACTOR = 6.5
@@ -52,37 +55,51 @@ def crop(doc: dict, words: int) -> str:
     return " ".join(records.passage_text(doc).split()[:words])
 
 
-def step_times(model: str, docs: list[dict], *, batch: int, group: int, crop_words: int) -> tuple[float, float]:
+def train_settings(flags: str) -> tuple[int, int]:
+    """(--max-steps, --train-group-size) among the recipe's training flags."""
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--max-steps", type=int, required=True)
+    ap.add_argument("--train-group-size", type=int, required=True)
+    known, _ = ap.parse_known_args(shlex.split(flags))
+    return known.max_steps, known.train_group_size
+
+
+def step_times(model: str, docs: list[dict], flags: str, *, batch: int, crop_words: int) -> tuple[float, float]:
     """(the first step's seconds, each later step's) of the recipe's full training on this machine: STEPS_TIMED
-    steps of ``retrctl train`` with its settings on ``batch`` groups of sampled documents (a crop of each as the
-    query, ``group`` - 1 others as negatives, seeded scores: the teacher's values do not change the cost)."""
-    import logging
+    steps of ``retrctl train`` with its ``flags`` on ``batch`` groups of sampled documents (a crop of each as the
+    query, the group's others as negatives, seeded scores: the teacher's values do not change the cost)."""
     import random
-    import tempfile
 
-    from stages.train import train
-
+    _, group = train_settings(flags)
     picked = list(sample(docs, batch * group, 2, "docid"))  # each group's documents distinct where there are enough
     rng = random.Random(0)
-    groups = []
-    for i in range(batch):
-        pos = picked[i % len(picked)]["docid"]
-        negs = [picked[(batch + i * (group - 1) + j) % len(picked)]["docid"] for j in range(group - 1)]
-        negs = [n for n in negs if n != pos]
-        groups.append({"query_id": f"q{i}", "query_text": crop(picked[i % len(picked)], crop_words),
-                       "positive_document_ids": [pos], "positive_scores": [1.0], "negative_document_ids": negs,
-                       "negative_scores": [rng.random() for _ in negs]})
-    corpus = {d["docid"]: {"title": d["title"], "text": d["text"]} for d in picked}
-    logging.getLogger("retrctl").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
-        train(groups, output=Path(tmp) / "m", corpus=corpus, model=model, max_steps=STEPS_TIMED,
-              batch_size=batch, train_group_size=group, temperature=0.05, lr=1e-5, distill_loss="margin-mse",
-              distill_weight=1, contrastive_weight=0, teacher_temperature=0.05, seed=1)
-        elapsed = [json.loads(line)["elapsed_s"] for line in (Path(tmp) / "m" / "metrics.jsonl").read_text().splitlines()]
+        with open(Path(tmp) / "groups.jsonl", "w") as out:
+            for i in range(batch):
+                pos = picked[i % len(picked)]["docid"]
+                negs = [picked[(batch + i * (group - 1) + j) % len(picked)]["docid"] for j in range(group - 1)]
+                negs = [n for n in negs if n != pos]
+                out.write(json.dumps({"query_id": f"q{i}", "query_text": crop(picked[i % len(picked)], crop_words),
+                                      "positive_document_ids": [pos], "positive_scores": [1.0],
+                                      "negative_document_ids": negs,
+                                      "negative_scores": [rng.random() for _ in negs]}) + "\n")
+        with open(Path(tmp) / "corpus.jsonl", "w") as out:
+            for d in picked:
+                out.write(json.dumps({"_id": d["docid"], "title": d["title"], "text": d["text"]}) + "\n")
+        # the recipe's flags, then this run's own: click keeps an option's last value
+        cmd = [sys.executable, "-m", "retrctl", "train", str(Path(tmp) / "groups.jsonl"), "--corpus",
+               str(Path(tmp) / "corpus.jsonl"), "--model", model, "--train-batch-size", str(batch), "--seed", "1",
+               *shlex.split(flags), "--max-steps", str(STEPS_TIMED), "-o", str(Path(tmp) / "m")]
+        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode:
+            sys.stderr.write(done.stderr[-2000:])
+            raise SystemExit(f"plan.py: the timed training steps failed (exit {done.returncode}): {shlex.join(cmd)}")
+        metrics = (Path(tmp) / "m" / "metrics.jsonl").read_text().splitlines()
+        elapsed = [json.loads(line)["elapsed_s"] for line in metrics]
     return elapsed[0], (elapsed[-1] - elapsed[0]) / (len(elapsed) - 1)
 
 
-def estimate(data: str, model: str, *, adapt: str = "full", steps: int = 60, epochs: int = 3, batch: int = 16,
+def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", epochs: int = 3, batch: int = 16,
              shards: int = 10, alphas: int = 1, llm_docs: int = 0, dev_llm_docs: int = 0, qlm: bool = False,
              ensemble: bool = False, audit: bool = False, crop_words: int = 32) -> tuple[float, dict[str, float]]:
     """(seconds, {part: seconds}) the recipe is expected to take on ``data`` with ``model`` on this machine."""
@@ -106,7 +123,8 @@ def estimate(data: str, model: str, *, adapt: str = "full", steps: int = 60, epo
         parts["training"] = epochs * -(-groups // batch) * STEP_FACTOR * batch * t_crop
         parts["the guard"] = MAX_QUERIES * (1 + alphas) * t_crop
     else:
-        first, later = step_times(model, docs, batch=batch, group=GROUP, crop_words=crop_words)
+        steps, _ = train_settings(train_flags)
+        first, later = step_times(model, docs, train_flags, batch=batch, crop_words=crop_words)
         parts["training"] = first + (steps - 1) * later
         parts["the guard"] = (min(n, MAX_POOL) * t_doc + MAX_QUERIES * t_crop) * (1 + alphas)
     if generated:
@@ -128,7 +146,8 @@ def main(argv=None) -> int:
     ap.add_argument("data")
     ap.add_argument("--model", required=True)
     ap.add_argument("--adapt", choices=("full", "query"), default="full")
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--train-flags", required=True,
+                    help="the recipe's full training flags (--max-steps and --train-group-size among them)")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--shards", type=int, default=10)
@@ -141,7 +160,7 @@ def main(argv=None) -> int:
     ap.add_argument("--crop-words", type=int, default=32)
     ap.add_argument("--record", help="write {part: seconds} and the total to this JSON file")
     a = ap.parse_args(argv)
-    total, parts = estimate(a.data, a.model, adapt=a.adapt, steps=a.steps, epochs=a.epochs, batch=a.batch,
+    total, parts = estimate(a.data, a.model, a.train_flags, adapt=a.adapt, epochs=a.epochs, batch=a.batch,
                             shards=a.shards, alphas=len(a.guard_alphas.split(",")), llm_docs=a.llm_docs,
                             dev_llm_docs=a.dev_llm_docs, qlm=a.qlm, ensemble=a.ensemble, audit=a.audit,
                             crop_words=a.crop_words)
