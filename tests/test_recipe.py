@@ -44,10 +44,22 @@ def make(data: Path, work: Path, model: Path, *targets: str, llm: str = "none") 
     return run_group(args, env, timeout=900)
 
 
+def delivered_ensemble(work: Path) -> list[dict]:
+    """The manifests of the delivered index's two dense lists, its shape checked: they are fused 1:1 (idx-adapted),
+    and that ensemble and BM25 fused."""
+    adapted, delivered = resolve(work / "idx-adapted"), resolve(work / "delivered")
+    assert adapted.manifest["backend"] == delivered.manifest["backend"] == "fused"
+    assert adapted.manifest["search_defaults"] == {"weights": [0.5, 0.5]}
+    members = [json.loads((delivered.path / "members" / m / "index.json").read_text())
+               for m in delivered.manifest["settings"]["members"]]
+    assert [m["backend"] for m in members] == ["fused", "bm25"]
+    return [json.loads((delivered.path / "members" / "0" / "members" / m / "index.json").read_text()) for m in ("0", "1")]
+
+
 # ~22 processes that each import torch: ~1 min of CPU (~70 s on the idle 2 cores, ~3 min on a busy box)
 def test_recipe_delivers_without_qrels_and_evaluates_once_they_come(tiny_bert, tmp_path):
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
-    out = make(data, work, tiny_bert)
+    out = make(data, work, tiny_bert, "ADAPT=full")  # ENSEMBLE=0, its default with ADAPT=full: the adapted model alone
     assert out.returncode == 0, out.stderr[-3000:]
     assert "recipe on notes: 40 docs" in out.stderr and "estimated on this machine: " in out.stderr
     plan = json.loads((work / "plan.json").read_text())  # every part timed or counted, the training step timed
@@ -75,7 +87,7 @@ def test_recipe_delivers_without_qrels_and_evaluates_once_they_come(tiny_bert, t
     (data / "qrels").mkdir()  # judgements arrive: only the table is made, nothing retrained or re-encoded
     (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n"
                                              + "".join(f"q{t}\td{t}\t1\n" for t in range(8)))
-    again = make(data, work, tiny_bert)
+    again = make(data, work, tiny_bert, "ADAPT=full")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "retrctl train" not in again.stderr and "retrctl index" not in again.stderr
     table = (work / "eval.txt").read_text()
@@ -111,7 +123,7 @@ def test_recipe_with_the_llm_as_teacher_scores_the_generated_queries(tiny_bert, 
 @pytest.mark.slow  # the recipe again, ADAPT=query: ~2 min on the idle 2 cores
 def test_recipe_adapting_the_query_side_encodes_the_corpus_once(tiny_bert, tmp_path):
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
-    out = make(data, work, tiny_bert, "ADAPT=query", "EPOCHS=2", "AUDIT=1")
+    out = make(data, work, tiny_bert, "ADAPT=query", "ENSEMBLE=0", "EPOCHS=2", "AUDIT=1")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "the query side for 2 epochs" in out.stderr and "1 corpus encode" in out.stderr
     encodes = [ln for ln in out.stdout.splitlines() if " index " in ln and "--model" in ln]
@@ -139,19 +151,13 @@ def test_recipe_ensemble_delivers_the_base_and_the_guards_model_fused_with_bm25(
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
     (data / "qrels").mkdir()
     (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{t}\td{t}\t1\n" for t in range(8)))
-    out = make(data, work, tiny_bert, "ENSEMBLE=1", "AUDIT=1")
+    out = make(data, work, tiny_bert, "ADAPT=full", "ENSEMBLE=1", "AUDIT=1")
     assert out.returncode == 0, out.stderr[-3000:]
     guard = json.loads((work / "model" / "guard.json").read_text())
     assert "--guard-deliver trained" in out.stdout and guard["delivered"] == (1.0 if guard["pick"] > 0 else 0.0)
-    adapted, delivered = resolve(work / "idx-adapted"), resolve(work / "delivered")
-    assert adapted.manifest["backend"] == delivered.manifest["backend"] == "fused"
-    assert adapted.manifest["search_defaults"] == {"weights": [0.5, 0.5]}
-    members = [json.loads((delivered.path / "members" / m / "index.json").read_text())
-               for m in delivered.manifest["settings"]["members"]]
-    assert [m["backend"] for m in members] == ["fused", "bm25"]
-    inner = [json.loads((delivered.path / "members" / "0" / "members" / m / "index.json").read_text())["encoder"]["model"]
-             for m in ("0", "1")]
+    inner = [m["encoder"]["model"] for m in delivered_ensemble(work)]
     assert inner[0] == str(tiny_bert) and Path(inner[1]).resolve() == (work / "model").resolve()
+    delivered = resolve(work / "delivered")
     weights, _ = weights_from(work / "sweep-adapted.jsonl")
     assert delivered.manifest["search_defaults"] == {"weights": weights, "fusion": "linear", "norm": "minmax"}
     # the delivered search is `fuse` of the ensemble's and BM25's runs at that weight
@@ -167,11 +173,12 @@ def test_recipe_ensemble_delivers_the_base_and_the_guards_model_fused_with_bm25(
     assert "delivered.trec" in (work / "eval.txt").read_text()
 
 
-# the recipe again, ADAPT=query ENSEMBLE=1: ~20 processes, ~70 s on the idle 2 cores
-def test_recipe_query_ensemble_fuses_the_base_and_the_trained_tower_over_one_encode(tiny_bert, tmp_path):
+# the recipe again with its defaults (ADAPT=query ENSEMBLE=1): ~20 processes, ~70 s on the idle 2 cores
+def test_recipe_by_default_fuses_the_base_and_the_trained_tower_over_one_encode(tiny_bert, tmp_path):
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
-    out = make(data, work, tiny_bert, "ADAPT=query", "ENSEMBLE=1", "EPOCHS=2")
+    out = make(data, work, tiny_bert, "EPOCHS=2")
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "the query side for 2 epochs" in out.stderr
     encodes = [ln for ln in out.stdout.splitlines() if " index " in ln and "--model" in ln]
     assert len(encodes) == 1 and "--heads" not in encodes[0]  # idx-base, dense alone: BM25 is its own index
     assert "--guard-keep" in out.stdout and "--guard-deliver" not in out.stdout  # the tower kept whatever the guard says
@@ -183,17 +190,16 @@ def test_recipe_query_ensemble_fuses_the_base_and_the_trained_tower_over_one_enc
     _, ids, vectors = stored_vectors(work / "idx-trained")
     _, base_ids, base_vectors = stored_vectors(work / "idx-base")
     assert ids == base_ids and (vectors == base_vectors).all()  # the tower searches the base's own vectors
-    adapted, delivered = resolve(work / "idx-adapted"), resolve(work / "delivered")
-    assert adapted.manifest["backend"] == delivered.manifest["backend"] == "fused"
-    assert adapted.manifest["search_defaults"] == {"weights": [0.5, 0.5]}
-    members = [json.loads((delivered.path / "members" / m / "index.json").read_text())
-               for m in delivered.manifest["settings"]["members"]]
-    assert [m["backend"] for m in members] == ["fused", "bm25"]
-    inner = [json.loads((delivered.path / "members" / "0" / "members" / m / "index.json").read_text())
-             for m in ("0", "1")]
+    inner = delivered_ensemble(work)
     assert "query_model" not in inner[0] and Path(inner[1]["query_model"]["model"]) == (work / "trained").resolve()
     for run in ("base", "adapted", "delivered"):
         assert {r.split()[0] for r in (work / f"{run}.trec").read_text().splitlines()} == {f"q{t}" for t in range(8)}
+    (data / "qrels").mkdir()  # judgements arrive: only the table is made
+    (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{t}\td{t}\t1\n" for t in range(8)))
+    again = make(data, work, tiny_bert, "EPOCHS=2")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert " train " not in again.stdout and " index " not in again.stdout and " eval " in again.stdout
+    assert "delivered.trec" in (work / "eval.txt").read_text()
 
 
 def test_recipe_checks_its_teacher_before_anything_runs(tiny_bert, tmp_path):

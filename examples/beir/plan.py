@@ -32,9 +32,9 @@ from retrctl.guard import MAX_POOL, MAX_QUERIES
 from retrctl.hashing import sample
 
 SAMPLE = 48
-# ADAPT=query's step over its queries' encode: a full step's ratio on SciFact (12.2 s against 1.9 s of encoding its
-# texts, Intel 2-core box); the query side's own ratio is not measured
-STEP_FACTOR = 6.5
+# ADAPT=query's step over its queries' encode: measured on the six dev collections' query-side training (the Intel
+# 2-core box: 0.33 to 0.60 of a first guess of 6.5, mean 0.48); it varies with the queries' lengths
+STEP_FACTOR = 3.1
 STEPS_TIMED = 3
 LLM_DOC = 1.6  # seconds a generated query (prompt processing of its document, then generation)
 QLM_DOC = 8 / 3  # seconds of query likelihood a generated query's group (TEACHER=qlm)
