@@ -12,7 +12,7 @@ and the trained model (α = 1), and sets the two sets side by side:
   nDCG@10 of the base model and BM25 fused at it, 0.5 beside;
 - veto: α = 1 − the base model on each set (mean nDCG@10 and eval's paired p), beside the same on the test queries.
 
-    python bench/recipe_suite.py W ADAPT=query AUDIT=1 && python bench/held_out_size.py W [W2 …] --work H --docs 200
+    python bench/recipe_suite.py W ADAPT=query ENSEMBLE=0 AUDIT=1 && python bench/held_out_size.py W [W2 …] --work H --docs 200
 """
 
 from __future__ import annotations

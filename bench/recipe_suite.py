@@ -1,6 +1,6 @@
 """The zero-label recipe over the dev collections, one table: what the learned part adds beyond both controls.
 
-    python bench/recipe_suite.py WORK [--only NAME …] [MAKEVAR=VALUE …]      # e.g. ADAPT=query AUDIT=1
+    python bench/recipe_suite.py WORK [--only NAME …] [MAKEVAR=VALUE …]      # e.g. ADAPT=full AUDIT=1
 
 Runs `make -C examples/beir DATA=<collection> W=WORK/<name> MAKEVARS…` for each collection in turn (one real-model
 job at a time: it holds /tmp/retrctl-bench.lock), times it into WORK/<name>.minutes, and resumes: a collection whose

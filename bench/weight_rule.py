@@ -12,7 +12,7 @@ significantly below the base model alone (p < 0.05), and the mean over the colle
 chosen on (the best mean among the weights no collection is significantly below the base model at). Reads each
 collection's dev-base/dev-bm25 (held-out) and base/bm25 (test) runs; writes sweeps and fused runs under --work.
 
-    python bench/recipe_suite.py W ADAPT=query AUDIT=1 && python bench/weight_rule.py W [W2 …] --work WR
+    python bench/recipe_suite.py W ADAPT=query ENSEMBLE=0 AUDIT=1 && python bench/weight_rule.py W [W2 …] --work WR
 """
 
 from __future__ import annotations
