@@ -64,28 +64,26 @@ def train_settings(flags: str) -> tuple[int, int]:
     return known.max_steps, known.train_group_size
 
 
-def step_times(model: str, docs: list[dict], flags: str, *, batch: int, crop_words: int) -> tuple[float, float]:
+def step_times(model: str, docs: list[dict], flags: str, *, batch: int, group: int,
+               crop_words: int) -> tuple[float, float]:
     """(the first step's seconds, each later step's) of the recipe's full training on this machine: STEPS_TIMED
-    steps of ``retrctl train`` with its ``flags`` on ``batch`` groups of sampled documents (a crop of each as the
-    query, the group's others as negatives, seeded scores: the teacher's values do not change the cost)."""
+    steps of ``retrctl train`` with its ``flags`` on ``batch`` groups of ``group`` sampled documents (a crop of the
+    first as the query, the others as negatives, seeded scores: the teacher's values do not change the cost)."""
     import random
 
-    _, group = train_settings(flags)
     picked = list(sample(docs, batch * group, 2, "docid"))  # each group's documents distinct where there are enough
     rng = random.Random(0)
+    groups = []
+    for i in range(batch):
+        pos = picked[i % len(picked)]["docid"]
+        negs = [picked[(batch + i * (group - 1) + j) % len(picked)]["docid"] for j in range(group - 1)]
+        negs = [n for n in negs if n != pos]
+        groups.append({"query_id": f"q{i}", "query_text": crop(picked[i % len(picked)], crop_words),
+                       "positive_document_ids": [pos], "positive_scores": [1.0], "negative_document_ids": negs,
+                       "negative_scores": [rng.random() for _ in negs]})
     with tempfile.TemporaryDirectory() as tmp:
-        with open(Path(tmp) / "groups.jsonl", "w") as out:
-            for i in range(batch):
-                pos = picked[i % len(picked)]["docid"]
-                negs = [picked[(batch + i * (group - 1) + j) % len(picked)]["docid"] for j in range(group - 1)]
-                negs = [n for n in negs if n != pos]
-                out.write(json.dumps({"query_id": f"q{i}", "query_text": crop(picked[i % len(picked)], crop_words),
-                                      "positive_document_ids": [pos], "positive_scores": [1.0],
-                                      "negative_document_ids": negs,
-                                      "negative_scores": [rng.random() for _ in negs]}) + "\n")
-        with open(Path(tmp) / "corpus.jsonl", "w") as out:
-            for d in picked:
-                out.write(json.dumps({"_id": d["docid"], "title": d["title"], "text": d["text"]}) + "\n")
+        records.write(groups, Path(tmp) / "groups.jsonl")
+        records.write(picked, Path(tmp) / "corpus.jsonl")
         # the recipe's flags, then this run's own: click keeps an option's last value
         cmd = [sys.executable, "-m", "retrctl", "train", str(Path(tmp) / "groups.jsonl"), "--corpus",
                str(Path(tmp) / "corpus.jsonl"), "--model", model, "--train-batch-size", str(batch), "--seed", "1",
@@ -123,8 +121,8 @@ def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", ep
         parts["training"] = epochs * -(-groups // batch) * STEP_FACTOR * batch * t_crop
         parts["the guard"] = MAX_QUERIES * (1 + alphas) * t_crop
     else:
-        steps, _ = train_settings(train_flags)
-        first, later = step_times(model, docs, train_flags, batch=batch, crop_words=crop_words)
+        steps, group = train_settings(train_flags)
+        first, later = step_times(model, docs, train_flags, batch=batch, group=group, crop_words=crop_words)
         parts["training"] = first + (steps - 1) * later
         parts["the guard"] = (min(n, MAX_POOL) * t_doc + MAX_QUERIES * t_crop) * (1 + alphas)
     if generated:
