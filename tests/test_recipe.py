@@ -202,6 +202,25 @@ def test_recipe_by_default_fuses_the_base_and_the_trained_tower_over_one_encode(
     assert "delivered.trec" in (work / "eval.txt").read_text()
 
 
+# the recipe again, ADAPT=both: ~25 processes, ~90 s on the idle 2 cores
+def test_recipe_both_fuses_the_trained_tower_and_the_whole_models_pick(tiny_bert, tmp_path):
+    data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
+    out = make(data, work, tiny_bert, "ADAPT=both", "EPOCHS=2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    trainings = [ln for ln in out.stdout.splitlines() if " train " in ln]
+    assert len(trainings) == 2 and sum("--passage-index" in ln for ln in trainings) == 1
+    assert "--guard-deliver" not in out.stdout  # the whole model's guard delivers its own pick
+    from retrctl.indexes.dense import stored_vectors
+
+    _, ids, vectors = stored_vectors(work / "idx-tower")
+    _, base_ids, base_vectors = stored_vectors(work / "idx-base")
+    assert ids == base_ids and (vectors == base_vectors).all()  # the tower searches the base's own vectors
+    tower, tuned = delivered_ensemble(work)
+    assert Path(tower["query_model"]["model"]) == (work / "tower").resolve()
+    assert Path(tuned["encoder"]["model"]).resolve() == (work / "model").resolve() and "query_model" not in tuned
+    assert json.loads((work / "tower-guard" / "guard.json").read_text())["queries"] >= 2
+
+
 def test_recipe_checks_its_teacher_before_anything_runs(tiny_bert, tmp_path):
     data = folder(tmp_path / "notes", 4)
     for teacher, llm, message in (("bm25", "smollm2", "TEACHER=bm25: fusion or qlm"),
@@ -209,8 +228,10 @@ def test_recipe_checks_its_teacher_before_anything_runs(tiny_bert, tmp_path):
         out = make(data, tmp_path / "w", tiny_bert, f"TEACHER={teacher}", llm=llm)
         assert out.returncode != 0 and message in out.stderr
         assert not (tmp_path / "w").exists()
+    out = make(data, tmp_path / "w", tiny_bert, "ADAPT=both", "ENSEMBLE=0")
+    assert out.returncode != 0 and "ADAPT=both delivers an ensemble" in out.stderr and not (tmp_path / "w").exists()
     out = make(data, tmp_path / "w", tiny_bert, "ADAPT=queries")
-    assert out.returncode != 0 and "ADAPT=queries: full or query" in out.stderr and not (tmp_path / "w").exists()
+    assert out.returncode != 0 and "ADAPT=queries: query, full or both" in out.stderr and not (tmp_path / "w").exists()
 
 
 def test_recipe_refuses_a_one_document_corpus(tiny_bert, tmp_path):

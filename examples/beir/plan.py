@@ -1,6 +1,6 @@
 """The recipe's cost, printed before it runs: its model timed on a sample of the folder's own texts on this machine.
 
-    plan.py DATA --model M --train-flags FLAGS [--adapt full|query] [--epochs 3] [--batch 16] [--shards 10]
+    plan.py DATA --model M --train-flags FLAGS [--adapt full|query|both] [--epochs 3] [--batch 16] [--shards 10]
             [--guard-alphas 0.5] [--llm-docs N] [--dev-llm-docs N] [--qlm] [--ensemble] [--audit]
             [--crop-words 32] [--record FILE]
 
@@ -10,7 +10,7 @@ the pseudo-queries and the folder's queries searched and the guard's candidates 
 step is timed itself: STEPS_TIMED steps of `retrctl train` with the recipe's own training flags (FLAGS, the Makefile's:
 its --max-steps and --train-group-size included) on groups of the folder's own documents (the first runs at the
 maximum length, as the recipe's first does). ADAPT=query's step, a batch of queries
-forward and backward, is STEP_FACTOR times their encode. The LLM's generation is not timed (loading it costs more
+forward and backward, is STEP_FACTOR times their encode; ADAPT=both runs both trainings. The LLM's generation is not timed (loading it costs more
 than the estimate is worth): LLM_DOC seconds a document, SmolLM2 in process on 2 cores. Prints one line to stderr:
 the total and its three largest parts, in minutes; ``--record`` also writes every part's seconds to FILE as JSON
 (bench/recipe_suite.py prints them beside the minutes measured).
@@ -116,15 +116,16 @@ def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", ep
     parts = {"corpus encodes": n * t_doc * (1 if adapt == "query" else 2 + audit) + n * 0.005,
              "pseudo-queries searched": (pseudo + held_out * (1 + dense_lists)) * t_crop,
              "the folder's queries searched": len(queries) * t_query * (1 + 2 * dense_lists + audit)}
-    if adapt == "query":
+    parts["training"] = parts["the guard"] = 0.0
+    if adapt in ("query", "both"):
         groups = n * (shards - 1) // shards + generated
-        parts["training"] = epochs * -(-groups // batch) * STEP_FACTOR * batch * t_crop
-        parts["the guard"] = MAX_QUERIES * (1 + alphas) * t_crop
-    else:
+        parts["training"] += epochs * -(-groups // batch) * STEP_FACTOR * batch * t_crop
+        parts["the guard"] += MAX_QUERIES * (1 + alphas) * t_crop
+    if adapt in ("full", "both"):
         steps, group = train_settings(train_flags)
         first, later = step_times(model, docs, train_flags, batch=batch, group=group, crop_words=crop_words)
-        parts["training"] = first + (steps - 1) * later
-        parts["the guard"] = (min(n, MAX_POOL) * t_doc + MAX_QUERIES * t_crop) * (1 + alphas)
+        parts["training"] += first + (steps - 1) * later
+        parts["the guard"] += (min(n, MAX_POOL) * t_doc + MAX_QUERIES * t_crop) * (1 + alphas)
     if generated:
         parts["query generation"] = generated * (LLM_DOC + (QLM_DOC if qlm else 0))
     parts["starting commands"] = 20 * FIXED
@@ -143,7 +144,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("data")
     ap.add_argument("--model", required=True)
-    ap.add_argument("--adapt", choices=("full", "query"), default="full")
+    ap.add_argument("--adapt", choices=("full", "query", "both"), default="full")
     ap.add_argument("--train-flags", required=True,
                     help="the recipe's full training flags (--max-steps and --train-group-size among them)")
     ap.add_argument("--epochs", type=int, default=3)
