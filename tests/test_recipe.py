@@ -173,10 +173,10 @@ def test_recipe_ensemble_delivers_the_base_and_the_guards_model_fused_with_bm25(
     assert "delivered.trec" in (work / "eval.txt").read_text()
 
 
-# the recipe again with its defaults (ADAPT=query ENSEMBLE=1): ~20 processes, ~70 s on the idle 2 cores
-def test_recipe_by_default_fuses_the_base_and_the_trained_tower_over_one_encode(tiny_bert, tmp_path):
+# the recipe again, ADAPT=query (ENSEMBLE=1, its default there): ~20 processes, ~70 s on the idle 2 cores
+def test_recipe_query_side_fuses_the_base_and_the_trained_tower_over_one_encode(tiny_bert, tmp_path):
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
-    out = make(data, work, tiny_bert, "EPOCHS=2")
+    out = make(data, work, tiny_bert, "ADAPT=query", "EPOCHS=2")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "the query side for 2 epochs" in out.stderr
     encodes = [ln for ln in out.stdout.splitlines() if " index " in ln and "--model" in ln]
@@ -196,17 +196,18 @@ def test_recipe_by_default_fuses_the_base_and_the_trained_tower_over_one_encode(
         assert {r.split()[0] for r in (work / f"{run}.trec").read_text().splitlines()} == {f"q{t}" for t in range(8)}
     (data / "qrels").mkdir()  # judgements arrive: only the table is made
     (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{t}\td{t}\t1\n" for t in range(8)))
-    again = make(data, work, tiny_bert, "EPOCHS=2")
+    again = make(data, work, tiny_bert, "ADAPT=query", "EPOCHS=2")
     assert again.returncode == 0, again.stderr[-3000:]
     assert " train " not in again.stdout and " index " not in again.stdout and " eval " in again.stdout
     assert "delivered.trec" in (work / "eval.txt").read_text()
 
 
-# the recipe again, ADAPT=both: ~25 processes, ~90 s on the idle 2 cores
-def test_recipe_both_fuses_the_trained_tower_and_the_whole_models_pick(tiny_bert, tmp_path):
+# the recipe again with its defaults (ADAPT=both): ~25 processes, ~80 s on the idle 2 cores
+def test_recipe_by_default_fuses_the_trained_tower_and_the_whole_models_pick(tiny_bert, tmp_path):
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
-    out = make(data, work, tiny_bert, "ADAPT=both", "EPOCHS=2")
+    out = make(data, work, tiny_bert, "EPOCHS=2")
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "2 whole-model steps and the query side for 2 epochs" in out.stderr
     trainings = [ln for ln in out.stdout.splitlines() if " train " in ln]
     assert len(trainings) == 2 and sum("--passage-index" in ln for ln in trainings) == 1
     assert "--guard-deliver" not in out.stdout  # the whole model's guard delivers its own pick
