@@ -9,9 +9,9 @@ warm-up batch) with the model, and scales each of the recipe's steps by the text
 the pseudo-queries and the folder's queries searched and the guard's candidates over its pool. ADAPT=full's training
 step is timed itself: STEPS_TIMED steps of `retrctl train` with the recipe's own training flags (FLAGS, the Makefile's:
 its --max-steps and --train-group-size included) on groups of the folder's own documents (the first runs at the
-maximum length, as the recipe's first does). ADAPT=query's step, a batch of queries
-forward and backward, is STEP_FACTOR times their encode; ADAPT=both runs both trainings. The LLM's generation is not timed (loading it costs more
-than the estimate is worth): LLM_DOC seconds a document, SmolLM2 in process on 2 cores. Prints one line to stderr:
+maximum length, as the recipe's first does). ADAPT=query's step, a batch of queries forward and backward, is
+STEP_FACTOR times their encode; ADAPT=both runs both trainings. The LLM's generation is not timed (loading it costs
+more than the estimate is worth): LLM_DOC seconds a document, SmolLM2 in process on 2 cores. Prints one line to stderr:
 the total and its three largest parts, in minutes; ``--record`` also writes every part's seconds to FILE as JSON
 (bench/recipe_suite.py prints them beside the minutes measured).
 """
