@@ -56,6 +56,15 @@ def delivered_ensemble(work: Path) -> list[dict]:
     return [json.loads((delivered.path / "members" / "0" / "members" / m / "index.json").read_text()) for m in ("0", "1")]
 
 
+def holds_the_base_vectors(index: Path) -> bool:
+    """Whether ``index`` (a copy of idx-base with a query tower recorded) holds the base index's own vectors."""
+    from retrctl.indexes.dense import stored_vectors
+
+    _, ids, vectors = stored_vectors(index)
+    _, base_ids, base_vectors = stored_vectors(index.parent / "idx-base")
+    return ids == base_ids and bool((vectors == base_vectors).all())
+
+
 # ~22 processes that each import torch: ~1 min of CPU (~70 s on the idle 2 cores, ~3 min on a busy box)
 def test_recipe_delivers_without_qrels_and_evaluates_once_they_come(tiny_bert, tmp_path):
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
@@ -135,11 +144,7 @@ def test_recipe_adapting_the_query_side_encodes_the_corpus_once(tiny_bert, tmp_p
     assert delivered["query_model"]["model"] == str((work / "model").resolve())
     assert delivered["settings"]["heads"] == ["dense", "bm25"] and delivered["search_defaults"]["weights"]
     assert "query_model" not in base  # idx-base itself is untouched
-    from retrctl.indexes.dense import stored_vectors
-
-    _, ids, vectors = stored_vectors(work / "delivered")
-    _, base_ids, base_vectors = stored_vectors(work / "idx-base")
-    assert ids == base_ids and (vectors == base_vectors).all()  # the delivered index holds the base's vectors
+    assert holds_the_base_vectors(work / "delivered")
     for run in ("base", "adapted", "delivered", "trained"):
         assert {r.split()[0] for r in (work / f"{run}.trec").read_text().splitlines()} == {f"q{t}" for t in range(8)}
     for run in ("base", "adapted", "trained"):  # the dense runs search the dense head alone, beside the BM25 head
@@ -185,11 +190,7 @@ def test_recipe_query_side_fuses_the_base_and_the_trained_tower_over_one_encode(
     assert json.loads((work / "model" / "guard.json").read_text())["queries"] >= 2
     trained = json.loads((work / "idx-trained" / "index.json").read_text())
     assert trained["query_model"]["model"] == str((work / "trained").resolve())
-    from retrctl.indexes.dense import stored_vectors
-
-    _, ids, vectors = stored_vectors(work / "idx-trained")
-    _, base_ids, base_vectors = stored_vectors(work / "idx-base")
-    assert ids == base_ids and (vectors == base_vectors).all()  # the tower searches the base's own vectors
+    assert holds_the_base_vectors(work / "idx-trained")  # the tower searches the base's own vectors
     inner = delivered_ensemble(work)
     assert "query_model" not in inner[0] and Path(inner[1]["query_model"]["model"]) == (work / "trained").resolve()
     for run in ("base", "adapted", "delivered"):
@@ -211,11 +212,7 @@ def test_recipe_by_default_fuses_the_trained_tower_and_the_whole_models_pick(tin
     trainings = [ln for ln in out.stdout.splitlines() if " train " in ln]
     assert len(trainings) == 2 and sum("--passage-index" in ln for ln in trainings) == 1
     assert "--guard-deliver" not in out.stdout  # the whole model's guard delivers its own pick
-    from retrctl.indexes.dense import stored_vectors
-
-    _, ids, vectors = stored_vectors(work / "idx-tower")
-    _, base_ids, base_vectors = stored_vectors(work / "idx-base")
-    assert ids == base_ids and (vectors == base_vectors).all()  # the tower searches the base's own vectors
+    assert holds_the_base_vectors(work / "idx-tower")
     tower, tuned = delivered_ensemble(work)
     assert Path(tower["query_model"]["model"]) == (work / "tower").resolve()
     assert Path(tuned["encoder"]["model"]).resolve() == (work / "model").resolve() and "query_model" not in tuned
