@@ -134,7 +134,7 @@ def test_recipe_adapting_the_query_side_encodes_the_corpus_once(tiny_bert, tmp_p
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
     out = make(data, work, tiny_bert, "ADAPT=query", "ENSEMBLE=0", "EPOCHS=2", "AUDIT=1")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "the query side for 2 epochs" in out.stderr and "1 corpus encode" in out.stderr
+    assert "the query side for 2 epochs" in out.stderr
     encodes = [ln for ln in out.stdout.splitlines() if " index " in ln and "--model" in ln]
     assert len(encodes) == 1 and "--heads dense,bm25" in encodes[0]  # idx-base, the only corpus encode
     config = json.loads((work / "model" / "train_config.json").read_text())
