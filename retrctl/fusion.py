@@ -30,8 +30,9 @@ A doc missing from a list (explicit, because each tool guesses differently: Amen
 
 The method defaults to ``linear`` with ``minmax`` (``METHOD``, ``NORM``, ``RRF_K``: the one default of every
 caller). Weights default to 1 for every run (RRF as published; linear = CombSUM); one weight w for two runs is
-(w, 1 − w), the pair ``eval --sweep`` tries. ``weights_from`` reads the best weights of a sweep (``eval --sweep
---json``), as ranx's ``optimize_fusion`` returns the best parameters for its ``fuse(params=…)``; a sweep with a
+(w, 1 − w), the pair ``eval --sweep`` tries; over more runs the sweep shares w equally among all but the last
+(``swept_weights``: several dense lists against one sparse list). ``weights_from`` reads the best weights of a
+sweep (``eval --sweep --json``), as ranx's ``optimize_fusion`` returns the best parameters for its ``fuse(params=…)``; a sweep with a
 prior weight (``--sweep-prior``) leaves it only for a row that beats it in eval's paired t-test. ``depth`` keeps
 each list's top ``depth`` before anything else (Pyserini's fusion ``--depth``); ``hits`` cuts the fused list.
 The fused list is in trec_eval's order, so a fused run written and read back ranks the same.
@@ -96,6 +97,17 @@ def complement(weights: list[float], n_runs: int) -> list[float]:
     return [w, round(1 - w, 10)]
 
 
+def swept_weights(w: float, n_runs: int) -> list[float]:
+    """The weights of ``eval --sweep``'s row w over ``n_runs`` runs: w shared equally among all runs but the last,
+    1 − w on the last ((w, 1 − w) for two runs), rounded to 10 places as the grid is."""
+    return [round(w / (n_runs - 1), 10)] * (n_runs - 1) + [round(1 - w, 10)]
+
+
+def swept_w(weights: list[float]) -> float:
+    """A sweep row's w (the weight all runs but the last share), from its weights."""
+    return round(1 - weights[-1], 10)
+
+
 # a sweep row's fusion settings (eval --sweep --json: "settings") -> the fusion flags they are the values of
 SWEPT = {"fusion": "fusion_method", "norm": "norm", "rrf_k": "rrf_k", "depth": "depth"}
 
@@ -122,11 +134,11 @@ def weights_from(path, measure: str = "nDCG@10") -> tuple[list[float], dict]:
         raise RecordError(path, message="no sweep rows (expected the output of `retrctl eval --sweep --json`)")
     prior = rows[0][1].get("prior")
     if prior is not None:
-        at_prior = [r for _, r in rows if _number(prior) and r["weights"][0] == prior]
+        at_prior = [r for _, r in rows if _number(prior) and swept_w(r["weights"]) == prior]
         if not at_prior:
             raise RecordError(path, rows[0][0], "prior", f"{prior!r} is not the weight of any row")
         rows = [(line, r) for line, r in rows if r is at_prior[0] or measure in (r.get("significant") or ())]
-    best = max(rows, key=lambda lr: (lr[1][measure], -abs(lr[1]["weights"][0] - 0.5), -lr[0]))[1]
+    best = max(rows, key=lambda lr: (lr[1][measure], -abs(swept_w(lr[1]["weights"]) - 0.5), -lr[0]))[1]
     swept = best.get("settings") if isinstance(best.get("settings"), dict) else {}
     return [float(w) for w in best["weights"]], {flag: swept[k] for k, flag in SWEPT.items() if k in swept}
 

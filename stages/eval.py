@@ -32,7 +32,9 @@ Weight sweep (the weight of a hybrid moves nDCG a lot): ``retrctl eval RUN_A RUN
 (weight w on RUN_A, 1 - w on RUN_B, as Pyserini's interpolation α·s1 + (1-α)·s2) with retrctl.fusion, as
 ``retrctl fuse --weights w,1-w`` would (its default 1000 hits per query), and prints one row per weight: ``w_a
 w_b <measures> queries`` (``--json``: one object per weight with ``"weights"``; no significance marks, every row
-is a setting of one fusion, not a run to compare with the first).
+is a setting of one fusion, not a run to compare with the first). Three or more runs (several dense lists and one
+sparse, say) share w equally among all but the last, 1 - w on the last: ``w_a w_b w_c …``, one weight per run, so
+``fuse --weights-from`` and ``index --fuse --weights-from`` over the same runs in the same order take the row as is.
 
 Across collections, as BEIR reports it (Thakur et al. 2021, "BEIR: A Heterogeneous Benchmark for Zero-shot
 Evaluation of Information Retrieval Models", NeurIPS Datasets and Benchmarks, arXiv:2104.08663): ``--qrels
@@ -93,23 +95,25 @@ def eval(runs: Iterable[tuple[str, dict]], qrels: dict, *, measures=metrics.DEFA
 FUSE_HITS = 1000  # retrctl fuse's default --hits: a sweep row equals evaluating that fused run
 
 
-def fused_runs(run_a: dict, run_b: dict, grid: list[float], *, fusion_method: str, rrf_k: float, norm: str,
+def fused_runs(runs: list[dict], grid: list[float], *, fusion_method: str, rrf_k: float, norm: str,
                depth: int | None) -> Iterator[tuple[float, dict]]:
-    """(w, the two runs fused with weights (w, 1 - w)) for each grid weight, made one at a time."""
+    """(w, the runs fused with weights ``fusion.swept_weights(w, len(runs))``: (w, 1 - w) for two) for each grid
+    weight, made one at a time."""
     for w in grid:
-        yield w, fusion.fuse([run_a, run_b], fusion_method, rrf_k, [w, round(1 - w, 10)], norm, depth, FUSE_HITS)
+        yield w, fusion.fuse(runs, fusion_method, rrf_k, fusion.swept_weights(w, len(runs)), norm, depth, FUSE_HITS)
 
 
-def sweep(run_a: dict, run_b: dict, qrels: dict, grid: list[float], *, fusion_method: str = fusion.METHOD,
+def sweep(runs: list[dict], qrels: dict, grid: list[float], *, fusion_method: str = fusion.METHOD,
           rrf_k: float = fusion.RRF_K, norm: str = fusion.NORM, depth: int | None = None, prior: float | None = None,
           **opts) -> list[dict]:
-    """One row per grid weight w: ``eval`` of the two runs fused with weights (w, 1 - w), plus ``"weights"``.
-    With ``prior`` (a grid weight) every row also names it and the others carry ``p_value`` and ``significant``
-    (paired t-test against the prior's row at ``alpha``): what ``fuse --weights-from`` needs to leave the prior only
-    on evidence. Fused runs are made one at a time, as eval consumes them."""
+    """One row per grid weight w: ``eval`` of the runs fused with weights (w, 1 - w), over three or more runs w
+    shared equally among all but the last, plus ``"weights"``. With ``prior`` (a grid weight) every row also names
+    it and the others carry ``p_value`` and ``significant`` (paired t-test against the prior's row at ``alpha``):
+    what ``fuse --weights-from`` needs to leave the prior only on evidence. Fused runs are made one at a time, as
+    eval consumes them."""
     order = grid if prior is None else [prior, *(w for w in grid if w != prior)]
-    fused = ((f"{fusion_method}:{w:g},{round(1 - w, 10):g}", run) for w, run in
-             fused_runs(run_a, run_b, order, fusion_method=fusion_method, rrf_k=rrf_k, norm=norm, depth=depth))
+    fused = ((f"{fusion_method}:" + ",".join(f"{x:g}" for x in fusion.swept_weights(w, len(runs))), run) for w, run in
+             fused_runs(runs, order, fusion_method=fusion_method, rrf_k=rrf_k, norm=norm, depth=depth))
     by_weight = dict(zip(order, eval(fused, qrels, **opts), strict=True))
     rows = []
     for w in grid:
@@ -120,15 +124,20 @@ def sweep(run_a: dict, run_b: dict, qrels: dict, grid: list[float], *, fusion_me
         else:
             row.setdefault("significant", [])
             row["prior"] = prior
-        row["weights"] = [w, round(1 - w, 10)]
+        row["weights"] = fusion.swept_weights(w, len(runs))
         rows.append(row)
     return rows
+
+
+def weight_columns(n_runs: int) -> list[str]:
+    """A sweep table's weight columns, one per run fused: w_a, w_b, …"""
+    return [f"w_{chr(ord('a') + i)}" for i in range(n_runs)]
 
 
 def _sweep_table(rows: list[dict], names: list[str], header: str) -> str:
     """One tab-separated row per weight; with a prior, each measure's p against the prior's row ('-' on that row)."""
     tested = "prior" in rows[0]
-    out = [header, "\t".join(["w_a", "w_b", *names, *(f"p_{m}" for m in names if tested), "queries"])]
+    out = [header, "\t".join([*weight_columns(len(rows[0]["weights"])), *names, *(f"p_{m}" for m in names if tested), "queries"])]
     for row in rows:
         ps = [f"{row['p_value'][m]:.2g}" if "p_value" in row else "-" for m in names] if tested else []
         out.append("\t".join([*(f"{w:g}" for w in row["weights"]), *(f"{row[m]:.4f}" for m in names), *ps,
@@ -239,7 +248,7 @@ def _across(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plo
             else:
                 loaded[system] = run
         if grid is not None:
-            for w, fused in fused_runs(*(loaded[s] for s in systems), grid, **fusion_settings):
+            for w, fused in fused_runs([loaded[s] for s in systems], grid, **fusion_settings):
                 res = metrics.evaluate(fused, judged, specs, ignore_self=ignore_self)
                 results.setdefault((f"{w:.10g}", f"{round(1 - w, 10):.10g}"), {})[name] = res
             _log_counts({"run": f"fusion on {name}", "counts": res.counts}, ignore_self)  # the same queries at every weight
@@ -282,18 +291,18 @@ def _across(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plo
 
 def _single_table(rows: list[dict], names: list[str], collection: str, weights: list[float] | None) -> across_collections.Table:
     """One collection's rows (runs, or a sweep's weights) as a table without tests, for --csv and --plot."""
-    labels = [(row["run"],) if weights is None else (f"{w:.10g}", f"{round(1 - w, 10):.10g}") for row, w in
-              zip(rows, weights or [None] * len(rows), strict=True)]
+    labels = [(row["run"],) if weights is None else tuple(f"{x:.10g}" for x in row["weights"]) for row in rows]
     results = {label: {collection: metrics.Result(names, {m: row[m] for m in names}, {}, row["counts"])}
                for label, row in zip(labels, rows, strict=True)}
-    return across_collections.compare(results, row_header=("run",) if weights is None else ("w_a", "w_b"), alpha=None)
+    header = ("run",) if weights is None else tuple(weight_columns(len(rows[0]["weights"])))
+    return across_collections.compare(results, row_header=header, alpha=None)
 
 
 def _single_csv(rows: list[dict], names: list[str]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     weights = "weights" in rows[0]
-    writer.writerow([*(["w_a", "w_b"] if weights else ["run"]), *names, "queries", *([] if weights else ["significant"])])
+    writer.writerow([*(weight_columns(len(rows[0]["weights"])) if weights else ["run"]), *names, "queries", *([] if weights else ["significant"])])
     for row in rows:
         label = [f"{w:.10g}" for w in row["weights"]] if weights else [row["run"]]
         marks = [] if weights else [";".join(row.get("significant", []))]
@@ -316,8 +325,8 @@ def _single_csv(rows: list[dict], names: list[str]) -> str:
 @click.option("--capped-recall", is_flag=True, help="BEIR's capped recall: R@k as hits@k / min(k, #relevant), named R_cap@k.")
 @click.option("--ignore-self/--keep-self", "self_flag", default=None,
               help="Drop retrieved docs whose id equals the query id (default: on for ArguAna/Quora qrels, else off).")
-@click.option("--sweep", "sweep_grid", help="Fuse the two runs at weights w, 1-w for w in LO:HI:STEP (e.g. 0:1:0.1); one "
-              "row per weight; the fusion flags apply to it only.")
+@click.option("--sweep", "sweep_grid", help="Fuse the two runs at weights w, 1-w for w in LO:HI:STEP (e.g. 0:1:0.1; "
+              "over more runs w is shared by all but the last); one row per weight; the fusion flags apply to it only.")
 @click.option("--sweep-prior", type=click.FloatRange(0, 1), help="A weight of the --sweep grid that the other rows "
               "are tested against (paired t-test at --alpha): `fuse --weights-from` keeps it unless a row beats it "
               "significantly.")
@@ -351,8 +360,8 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plo
             grid = fusion.parse_grid(sweep_grid)
         except ValueError as e:
             raise UsageError(str(e), flag="--sweep") from None
-        if len(runs) != 2 and not across:
-            raise UsageError(f"--sweep fuses exactly 2 runs, got {len(runs)}")
+        if len(runs) < 2 and not across:
+            raise UsageError(f"--sweep fuses 2 or more runs, got {len(runs)}")
         if opts["per_query"] or (ctx.get_parameter_source("alpha").name == "COMMANDLINE" and sweep_prior is None):
             raise UsageError("--sweep prints one row per weight: --per-query does not apply, nor --alpha without "
                              "--sweep-prior")
@@ -378,9 +387,8 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plo
     header = (f"# qrels: {qrels_file}  ignore_self: {'on' if ignore_self else 'off'}  capped_recall: "
               f"{'on' if opts['capped_recall'] else 'off'}")
     if grid is not None:
-        run_a, run_b = (records.read_run(p, input_format) for p in runs)
         opts = {k: v for k, v in opts.items() if k != "per_query" and (k != "alpha" or sweep_prior is not None)}
-        rows = sweep(run_a, run_b, judged, grid, fusion_method=fusion_method, rrf_k=rrf_k, norm=norm, depth=depth,
+        rows = sweep([records.read_run(p, input_format) for p in runs], judged, grid, fusion_method=fusion_method, rrf_k=rrf_k, norm=norm, depth=depth,
                      prior=sweep_prior, ignore_self=ignore_self, **opts)
         settings = {"qrels": qrels_file, "ignore_self": ignore_self, "capped_recall": opts["capped_recall"], "runs": list(runs),
                     "fusion": fusion_method, **({"rrf_k": rrf_k} if fusion_method == "rrf" else {"norm": norm}),
@@ -389,10 +397,11 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plo
                        if sweep_prior is not None else {})}
         _log_counts(rows[0], ignore_self)  # the same queries at every weight
         fused_with = f"rrf k={rrf_k:g}" if fusion_method == "rrf" else f"linear norm={norm}"
-        header += f"  sweep: {fused_with}, w_a on {runs[0]}, w_b on {runs[1]}"
+        header += f"  sweep: {fused_with}, " + ", ".join(f"{c} on {r}" for c, r in zip(weight_columns(len(runs)), runs, strict=True))
         if plot:
+            shared = f"w_a (weight on {runs[0]}" if len(runs) == 2 else f"w (weight shared by {', '.join(runs[:-1])}"
             across_collections.plot(_single_table(rows, names, collection, grid), plot, title=f"sweep on {collection}",
-                                    x=grid, x_label=f"w_a (weight on {runs[0]}; {runs[1]} gets 1 - w_a)")
+                                    x=grid, x_label=f"{shared}; {runs[-1]} gets 1 - w)")
         with records.open_output(output) as f:
             if as_json:
                 f.writelines(records.dumps({**row, "settings": settings}) + "\n" for row in rows)

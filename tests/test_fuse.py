@@ -304,7 +304,7 @@ def test_sweep_json_and_bad_sweeps_exit_2(runner, tmp_path):
         res = runner("eval", a, b, "--qrels", qrels, *args)
         assert res.exit_code == 2 and words in res.output, (args, res.output)
     res = runner("eval", a, "--qrels", qrels, "--sweep", "0:1:0.5")
-    assert res.exit_code == 2 and "exactly 2 runs" in res.output
+    assert res.exit_code == 2 and "2 or more runs" in res.output
     res = runner("eval", a, b, "--qrels", qrels, "--fusion", "linear", "--depth", "5")
     assert res.exit_code == 2 and "--fusion, --depth only apply with --sweep" in res.output, res.output
 
@@ -320,6 +320,37 @@ def test_cli_refuses_to_overwrite_an_input_run_and_reads_stdin(runner, tmp_path)
     assert res.exit_code == 0, res.output
     assert records.read_run(b)["q3"] == [("z", 0.1)]
     assert res.stdout.splitlines()[0].split()[:3] == ["q1", "Q0", "c"]
+
+
+C = {"q1": [("b", 4.0), ("d", 1.0)], "q2": [("x", 2.0), ("a", 1.0)]}
+
+
+def test_a_sweep_over_three_runs_shares_w_among_all_but_the_last_and_fuse_takes_its_row(runner, tmp_path):
+    a, b, c = (write_trec(tmp_path / f"{n}.trec", r) for n, r in (("a", A), ("c", C), ("b", B)))
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text(QRELS)
+    sweep = tmp_path / "sweep.jsonl"
+    res = runner("eval", a, c, b, "--qrels", qrels, "--sweep", "0:1:0.25", "--sweep-prior", "0.5", "--json", "-o", sweep)
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(r) for r in sweep.read_text().splitlines()]
+    assert [r["weights"] for r in rows] == [[0.0, 0.0, 1.0], [0.125, 0.125, 0.75], [0.25, 0.25, 0.5],
+                                            [0.375, 0.375, 0.25], [0.5, 0.5, 0.0]]
+    assert not any(r["significant"] for r in rows)  # three queries: no row beats the prior's, which is kept
+    assert fusion.weights_from(sweep)[0] == [0.25, 0.25, 0.5]
+    for r in rows:  # each row is `fuse` of the three runs at its weights, evaluated
+        fused = tmp_path / "f.trec"
+        assert runner("fuse", a, c, b, "--weights", ",".join(f"{x:g}" for x in r["weights"]), "-o", fused).exit_code == 0
+        alone = json.loads(runner("eval", fused, "--qrels", qrels, "-m", "nDCG@10", "--json").stdout)
+        assert r["nDCG@10"] == pytest.approx(alone["nDCG@10"], abs=1e-12)
+    table = runner("eval", a, c, b, "--qrels", qrels, "--sweep", "0:1:0.5").stdout.splitlines()
+    assert table[1].split("\t")[:3] == ["w_a", "w_b", "w_c"] and f"w_c on {b}" in table[0]
+    chosen, given = tmp_path / "chosen.trec", tmp_path / "given.trec"
+    assert runner("fuse", a, c, b, "--weights-from", sweep, "-o", chosen).exit_code == 0
+    best = fusion.weights_from(sweep)[0]
+    assert runner("fuse", a, c, b, "--weights", ",".join(f"{x:g}" for x in best), "-o", given).exit_code == 0
+    assert chosen.read_text() == given.read_text()
+    res = runner("fuse", a, b, "--weights-from", sweep, "-o", tmp_path / "two.trec")
+    assert res.exit_code == 2 and "3 weights for 2 runs" in res.output, res.output
 
 
 def _sweep(runner, tmp_path, *flags):
