@@ -72,8 +72,8 @@ def holds_the_base_vectors(index: Path) -> bool:
     return ids == base_ids and bool((vectors == base_vectors).all())
 
 
-# ~22 processes that each import torch: ~1 min of CPU (~70 s on the idle 2 cores, ~3 min on a busy box)
-def test_recipe_delivers_without_qrels_and_evaluates_once_they_come(tiny_bert, tmp_path):
+@pytest.mark.slow  # the recipe, ADAPT=full: ~22 processes that each import torch, 70 s to 3 min on the 2 cores
+def test_recipe_full_delivers_without_qrels_and_evaluates_once_they_come(tiny_bert, tmp_path):
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
     out = make(data, work, tiny_bert, "ADAPT=full")  # ENSEMBLE=0, its default with ADAPT=full: the adapted model alone
     assert out.returncode == 0, out.stderr[-3000:]
@@ -214,12 +214,25 @@ def test_recipe_query_side_fuses_the_base_and_the_trained_tower_over_one_encode(
     assert "delivered.trec" in (work / "eval.txt").read_text()
 
 
-# the recipe again with its defaults (ADAPT=both): ~27 processes, 80 s to 5 min on the 2 cores (idle to busy)
+# the recipe with its defaults (ADAPT=both), the one run of it in CI: ~30 processes that each import torch, 90 s to 5
+# min on the 2 cores (idle to busy)
 def test_recipe_by_default_fuses_the_trained_tower_and_the_whole_models_pick(tiny_bert, tmp_path):
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
     out = make(data, work, tiny_bert, "EPOCHS=2")
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "recipe on notes: 40 docs" in out.stderr and "estimated on this machine: " in out.stderr
     assert "2 whole-model steps and the query side for 2 epochs" in out.stderr
+    plan = json.loads((work / "plan.json").read_text())  # every part timed or counted, the training step timed
+    assert plan["total_s"] == pytest.approx(sum(plan["parts_s"].values()), abs=0.5) and plan["parts_s"]["training"] > 0
+    assert set(plan["parts_s"]) >= {"corpus encodes", "pseudo-queries searched", "training", "the guard"}
+    assert f"no qrels in {data}" in out.stdout and not (work / "eval.txt").exists()
+    guard = json.loads((work / "model" / "guard.json").read_text())
+    assert guard["pick"] in (0.0, 0.5) and guard["queries"] >= 2
+    assert [c["alpha"] for c in guard["candidates"]] == [0.0, 0.5]  # GUARD_ALPHAS: the halfway model, not α = 1
+    groups = [json.loads(r) for r in (work / "groups.jsonl").read_text().splitlines()]
+    assert guard["queries"] == len(hold_out(groups, 2)[1])  # GUARD_SHARDS=2: every held-out group, no other
+    sweep = [json.loads(r) for r in (work / "sweep-adapted.jsonl").read_text().splitlines()]
+    assert {r["prior"] for r in sweep} == {0.7}  # DENSE_WEIGHT, kept unless a weight beats it significantly
     trainings = [ln for ln in out.stdout.splitlines() if " train " in ln]
     assert len(trainings) == 2 and sum("--passage-index" in ln for ln in trainings) == 1
     assert "--guard-deliver" not in out.stdout  # the whole model's guard delivers its own pick
@@ -237,13 +250,27 @@ def test_recipe_by_default_fuses_the_trained_tower_and_the_whole_models_pick(tin
     subprocess.run([*retrctl, "fuse", tmp_path / "tower.trec", tmp_path / "tuned.trec", work / "bm25.trec", "--weights",
                     ",".join(map(str, weights)), "--hits", "100", "-o", tmp_path / "fused.trec"], check=True, capture_output=True)
     assert ranked(tmp_path / "fused.trec") == ranked(work / "delivered.trec")
+    for run in ("base", "bm25", "base-hybrid", "adapted", "delivered"):
+        assert set(ranked(work / f"{run}.trec")) == {f"q{t}" for t in range(8)}, run
+
+    (data / "qrels").mkdir()  # judgements arrive: only the table is made, nothing retrained or re-encoded
+    (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n"
+                                             + "".join(f"q{t}\td{t}\t1\n" for t in range(8)))
+    again = make(data, work, tiny_bert, "EPOCHS=2")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert " train " not in again.stdout and " index " not in again.stdout and " eval " in again.stdout
+    table = (work / "eval.txt").read_text()
+    for run in ("base.trec", "bm25.trec", "base-hybrid.trec", "adapted.trec", "delivered.trec"):
+        assert run in table
+    assert table.splitlines()[-1].startswith("guard: ")
 
 
-def test_recipe_ensembles_of_one_training_fuse_the_base_and_the_trained_list_with_bm25(tiny_bert, tmp_path):
-    """ENSEMBLE=1 with one training, as make would run it (make -n: the default's ensemble runs above, these two
+def test_recipe_with_one_training_delivers_as_make_would_run_it(tiny_bert, tmp_path):
+    """ENSEMBLE=1 with one training, as make would run it (make -n: the default's ensemble runs above, these
     end to end in the slow tests): ADAPT=query's second list is the trained tower over the base's vectors (kept
     whatever the guard says), ADAPT=full's the guard's delivered model (the trained one where an interpolation
-    passes); the lists and BM25's are swept and delivered as one fusion."""
+    passes); the lists and BM25's are swept and delivered as one fusion. ENSEMBLE=0: one index of the adapted
+    model's dense head and BM25, published with the swept weight."""
     data, work = folder(tmp_path / "notes", 4), tmp_path / "w"
     for adapt, second, train_flag in (("query", "trained", f"--guard-keep {work}/trained"),
                                       ("full", "tuned", "--guard-deliver trained")):
@@ -256,6 +283,12 @@ def test_recipe_ensembles_of_one_training_fuse_the_base_and_the_trained_list_wit
         lists = " ".join(f"{work}/idx-{m}" for m in ("base", second, "bm25"))
         assert any(f"index --fuse {lists} --weights-from {work}/sweep-adapted.jsonl" in ln for ln in commands), adapt
         assert f"index --fuse {work}/idx-base {work}/idx-{second} --weights 0.5,0.5" not in out.stdout  # the 1:1 ensemble is not on its path
+    out = make(data, work, tiny_bert, "-n", str(work / "delivered"), "ADAPT=full", "ENSEMBLE=0")  # the adapted model alone
+    assert out.returncode == 0, out.stderr[-3000:]
+    commands = out.stdout.replace("\\\n", " ").splitlines()
+    assert any(f"eval {work}/dev-adapted.trec {work}/dev-bm25.trec --qrels" in ln for ln in commands)
+    assert any(f"index --copy-from {work}/idx-adapted --weights-from {work}/sweep-adapted.jsonl" in ln for ln in commands)
+    assert any(f"--model {work}/model --heads dense,bm25 -o {work}/idx-adapted" in ln for ln in commands)
 
 
 def test_recipe_checks_its_teacher_before_anything_runs(tiny_bert, tmp_path):
