@@ -36,6 +36,12 @@ def folder(path: Path, docs: int) -> Path:
     return path
 
 
+def judge(data: Path) -> None:
+    """Qrels for the folder: each topic's query judges the document of the same number relevant."""
+    (data / "qrels").mkdir()
+    (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{t}\td{t}\t1\n" for t in range(8)))
+
+
 def make(data: Path, work: Path, model: Path, *targets: str, llm: str = "none") -> subprocess.CompletedProcess:
     """The recipe's Makefile; targets may hold variables (NAME=VALUE) as well."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -63,6 +69,34 @@ def delivered_ensemble(work: Path) -> list[dict]:
     return members[:2]
 
 
+def planned_and_guarded(out: subprocess.CompletedProcess, data: Path, work: Path) -> None:
+    """A recipe run on the 40-document folder without qrels: its plan printed and recorded, every part timed or
+    counted; no table; the whole model's guard weighed the base and the halfway model on every held-out group."""
+    assert "recipe on notes: 40 docs" in out.stderr and "estimated on this machine: " in out.stderr
+    plan = json.loads((work / "plan.json").read_text())  # every part timed or counted, the training step timed
+    assert plan["total_s"] == pytest.approx(sum(plan["parts_s"].values()), abs=0.5) and plan["parts_s"]["training"] > 0
+    assert set(plan["parts_s"]) >= {"corpus encodes", "pseudo-queries searched", "training", "the guard"}
+    assert f"no qrels in {data}" in out.stdout and not (work / "eval.txt").exists()
+    guard = json.loads((work / "model" / "guard.json").read_text())
+    assert guard["pick"] in (0.0, 0.5) and guard["queries"] >= 2
+    assert [c["alpha"] for c in guard["candidates"]] == [0.0, 0.5]  # GUARD_ALPHAS: the halfway model, not α = 1
+    groups = [json.loads(r) for r in (work / "groups.jsonl").read_text().splitlines()]
+    assert guard["queries"] == len(hold_out(groups, 2)[1])  # GUARD_SHARDS=2: every held-out group, no other
+
+
+def judgements_arrive(data: Path, work: Path, model: Path, *variables: str) -> None:
+    """Qrels added to a folder the recipe has run on: the same make makes only the table, nothing retrained or
+    re-encoded."""
+    judge(data)
+    again = make(data, work, model, *variables)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert " train " not in again.stdout and " index " not in again.stdout and " eval " in again.stdout
+    table = (work / "eval.txt").read_text()
+    for run in ("base.trec", "bm25.trec", "base-hybrid.trec", "adapted.trec", "delivered.trec"):
+        assert run in table
+    assert table.splitlines()[-1].startswith("guard: ")
+
+
 def holds_the_base_vectors(index: Path) -> bool:
     """Whether ``index`` (a copy of idx-base with a query tower recorded) holds the base index's own vectors."""
     from retrctl.indexes.dense import stored_vectors
@@ -77,16 +111,7 @@ def test_recipe_full_delivers_without_qrels_and_evaluates_once_they_come(tiny_be
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
     out = make(data, work, tiny_bert, "ADAPT=full")  # ENSEMBLE=0, its default with ADAPT=full: the adapted model alone
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "recipe on notes: 40 docs" in out.stderr and "estimated on this machine: " in out.stderr
-    plan = json.loads((work / "plan.json").read_text())  # every part timed or counted, the training step timed
-    assert plan["total_s"] == pytest.approx(sum(plan["parts_s"].values()), abs=0.5) and plan["parts_s"]["training"] > 0
-    assert set(plan["parts_s"]) >= {"corpus encodes", "pseudo-queries searched", "training", "the guard"}
-    assert f"no qrels in {data}" in out.stdout and not (work / "eval.txt").exists()
-    guard = json.loads((work / "model" / "guard.json").read_text())
-    assert guard["pick"] in (0.0, 0.5) and guard["queries"] >= 2
-    assert [c["alpha"] for c in guard["candidates"]] == [0.0, 0.5]  # GUARD_ALPHAS: the halfway model, not α = 1
-    groups = [json.loads(r) for r in (work / "groups.jsonl").read_text().splitlines()]
-    assert guard["queries"] == len(hold_out(groups, 2)[1])  # GUARD_SHARDS=2: every held-out group, no other
+    planned_and_guarded(out, data, work)
     delivered, adapted = resolve(work / "delivered"), resolve(work / "idx-adapted")
     weights, _ = weights_from(work / "sweep-adapted.jsonl")
     sweep = [json.loads(r) for r in (work / "sweep-adapted.jsonl").read_text().splitlines()]
@@ -100,16 +125,7 @@ def test_recipe_full_delivers_without_qrels_and_evaluates_once_they_come(tiny_be
         rows = (work / f"{run}.trec").read_text().splitlines()
         assert {r.split()[0] for r in rows} == {f"q{t}" for t in range(8)}, run
 
-    (data / "qrels").mkdir()  # judgements arrive: only the table is made, nothing retrained or re-encoded
-    (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n"
-                                             + "".join(f"q{t}\td{t}\t1\n" for t in range(8)))
-    again = make(data, work, tiny_bert, "ADAPT=full")
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "retrctl train" not in again.stderr and "retrctl index" not in again.stderr
-    table = (work / "eval.txt").read_text()
-    for run in ("base.trec", "bm25.trec", "base-hybrid.trec", "adapted.trec", "delivered.trec"):
-        assert run in table
-    assert table.splitlines()[-1].startswith("guard: ")
+    judgements_arrive(data, work, tiny_bert, "ADAPT=full")
 
 
 @pytest.mark.slow  # the recipe with an LLM: qgen and query likelihood on a tiny random Llama, ~3 min
@@ -170,8 +186,7 @@ def ranked(run: Path) -> dict[str, list[str]]:
 @pytest.mark.slow  # the recipe again, ADAPT=full ENSEMBLE=1 AUDIT=1: ~25 processes, 80 s to 5 min on the 2 cores
 def test_recipe_ensemble_delivers_the_base_and_the_guards_model_fused_with_bm25(tiny_bert, tmp_path):
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
-    (data / "qrels").mkdir()
-    (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{t}\td{t}\t1\n" for t in range(8)))
+    judge(data)
     out = make(data, work, tiny_bert, "ADAPT=full", "ENSEMBLE=1", "AUDIT=1")
     assert out.returncode == 0, out.stderr[-3000:]
     guard = json.loads((work / "model" / "guard.json").read_text())
@@ -206,12 +221,7 @@ def test_recipe_query_side_fuses_the_base_and_the_trained_tower_over_one_encode(
     assert "query_model" not in inner[0] and Path(inner[1]["query_model"]["model"]) == (work / "trained").resolve()
     for run in ("base", "adapted", "delivered"):
         assert {r.split()[0] for r in (work / f"{run}.trec").read_text().splitlines()} == {f"q{t}" for t in range(8)}
-    (data / "qrels").mkdir()  # judgements arrive: only the table is made
-    (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{t}\td{t}\t1\n" for t in range(8)))
-    again = make(data, work, tiny_bert, "ADAPT=query", "EPOCHS=2")
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert " train " not in again.stdout and " index " not in again.stdout and " eval " in again.stdout
-    assert "delivered.trec" in (work / "eval.txt").read_text()
+    judgements_arrive(data, work, tiny_bert, "ADAPT=query", "EPOCHS=2")
 
 
 # the recipe with its defaults (ADAPT=both), the one run of it in CI: ~30 processes that each import torch, 90 s to 5
@@ -220,17 +230,8 @@ def test_recipe_by_default_fuses_the_trained_tower_and_the_whole_models_pick(tin
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
     out = make(data, work, tiny_bert, "EPOCHS=2")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "recipe on notes: 40 docs" in out.stderr and "estimated on this machine: " in out.stderr
     assert "2 whole-model steps and the query side for 2 epochs" in out.stderr
-    plan = json.loads((work / "plan.json").read_text())  # every part timed or counted, the training step timed
-    assert plan["total_s"] == pytest.approx(sum(plan["parts_s"].values()), abs=0.5) and plan["parts_s"]["training"] > 0
-    assert set(plan["parts_s"]) >= {"corpus encodes", "pseudo-queries searched", "training", "the guard"}
-    assert f"no qrels in {data}" in out.stdout and not (work / "eval.txt").exists()
-    guard = json.loads((work / "model" / "guard.json").read_text())
-    assert guard["pick"] in (0.0, 0.5) and guard["queries"] >= 2
-    assert [c["alpha"] for c in guard["candidates"]] == [0.0, 0.5]  # GUARD_ALPHAS: the halfway model, not α = 1
-    groups = [json.loads(r) for r in (work / "groups.jsonl").read_text().splitlines()]
-    assert guard["queries"] == len(hold_out(groups, 2)[1])  # GUARD_SHARDS=2: every held-out group, no other
+    planned_and_guarded(out, data, work)
     sweep = [json.loads(r) for r in (work / "sweep-adapted.jsonl").read_text().splitlines()]
     assert {r["prior"] for r in sweep} == {0.7}  # DENSE_WEIGHT, kept unless a weight beats it significantly
     trainings = [ln for ln in out.stdout.splitlines() if " train " in ln]
@@ -253,16 +254,7 @@ def test_recipe_by_default_fuses_the_trained_tower_and_the_whole_models_pick(tin
     for run in ("base", "bm25", "base-hybrid", "adapted", "delivered"):
         assert set(ranked(work / f"{run}.trec")) == {f"q{t}" for t in range(8)}, run
 
-    (data / "qrels").mkdir()  # judgements arrive: only the table is made, nothing retrained or re-encoded
-    (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n"
-                                             + "".join(f"q{t}\td{t}\t1\n" for t in range(8)))
-    again = make(data, work, tiny_bert, "EPOCHS=2")
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert " train " not in again.stdout and " index " not in again.stdout and " eval " in again.stdout
-    table = (work / "eval.txt").read_text()
-    for run in ("base.trec", "bm25.trec", "base-hybrid.trec", "adapted.trec", "delivered.trec"):
-        assert run in table
-    assert table.splitlines()[-1].startswith("guard: ")
+    judgements_arrive(data, work, tiny_bert, "EPOCHS=2")
 
 
 def test_recipe_with_one_training_delivers_as_make_would_run_it(tiny_bert, tmp_path):
