@@ -32,8 +32,9 @@ The method defaults to ``linear`` with ``minmax`` (``METHOD``, ``NORM``, ``RRF_K
 caller). Weights default to 1 for every run (RRF as published; linear = CombSUM); one weight w for two runs is
 (w, 1 − w), the pair ``eval --sweep`` tries; over more runs the sweep shares w equally among all but the last
 (``swept_weights``: several dense lists against one sparse list). ``weights_from`` reads the best weights of a
-sweep (``eval --sweep --json``), as ranx's ``optimize_fusion`` returns the best parameters for its ``fuse(params=…)``; a sweep with a
-prior weight (``--sweep-prior``) leaves it only for a row that beats it in eval's paired t-test. ``depth`` keeps
+sweep (``eval --sweep --json``), as ranx's ``optimize_fusion`` returns the best parameters for its
+``fuse(params=…)``; a sweep with a prior weight (``--sweep-prior``) leaves it only for a row that beats it in
+eval's paired t-test. ``depth`` keeps
 each list's top ``depth`` before anything else (Pyserini's fusion ``--depth``); ``hits`` cuts the fused list.
 The fused list is in trec_eval's order, so a fused run written and read back ranks the same.
 

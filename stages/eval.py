@@ -112,8 +112,8 @@ def sweep(runs: list[dict], qrels: dict, grid: list[float], *, fusion_method: st
     what ``fuse --weights-from`` needs to leave the prior only on evidence. Fused runs are made one at a time, as
     eval consumes them."""
     order = grid if prior is None else [prior, *(w for w in grid if w != prior)]
-    fused = ((f"{fusion_method}:" + ",".join(f"{x:g}" for x in fusion.swept_weights(w, len(runs))), run) for w, run in
-             fused_runs(runs, order, fusion_method=fusion_method, rrf_k=rrf_k, norm=norm, depth=depth))
+    fused = ((f"{fusion_method}:" + ",".join(f"{x:g}" for x in fusion.swept_weights(w, len(runs))), run)
+             for w, run in fused_runs(runs, order, fusion_method=fusion_method, rrf_k=rrf_k, norm=norm, depth=depth))
     by_weight = dict(zip(order, eval(fused, qrels, **opts), strict=True))
     rows = []
     for w in grid:
@@ -137,7 +137,8 @@ def weight_columns(n_runs: int) -> list[str]:
 def _sweep_table(rows: list[dict], names: list[str], header: str) -> str:
     """One tab-separated row per weight; with a prior, each measure's p against the prior's row ('-' on that row)."""
     tested = "prior" in rows[0]
-    out = [header, "\t".join([*weight_columns(len(rows[0]["weights"])), *names, *(f"p_{m}" for m in names if tested), "queries"])]
+    columns = [*weight_columns(len(rows[0]["weights"])), *names, *(f"p_{m}" for m in names if tested), "queries"]
+    out = [header, "\t".join(columns)]
     for row in rows:
         ps = [f"{row['p_value'][m]:.2g}" if "p_value" in row else "-" for m in names] if tested else []
         out.append("\t".join([*(f"{w:g}" for w in row["weights"]), *(f"{row[m]:.4f}" for m in names), *ps,
@@ -302,7 +303,8 @@ def _single_csv(rows: list[dict], names: list[str]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     weights = "weights" in rows[0]
-    writer.writerow([*(weight_columns(len(rows[0]["weights"])) if weights else ["run"]), *names, "queries", *([] if weights else ["significant"])])
+    label = weight_columns(len(rows[0]["weights"])) if weights else ["run"]
+    writer.writerow([*label, *names, "queries", *([] if weights else ["significant"])])
     for row in rows:
         label = [f"{w:.10g}" for w in row["weights"]] if weights else [row["run"]]
         marks = [] if weights else [";".join(row.get("significant", []))]
@@ -388,8 +390,8 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plo
               f"{'on' if opts['capped_recall'] else 'off'}")
     if grid is not None:
         opts = {k: v for k, v in opts.items() if k != "per_query" and (k != "alpha" or sweep_prior is not None)}
-        rows = sweep([records.read_run(p, input_format) for p in runs], judged, grid, fusion_method=fusion_method, rrf_k=rrf_k, norm=norm, depth=depth,
-                     prior=sweep_prior, ignore_self=ignore_self, **opts)
+        rows = sweep([records.read_run(p, input_format) for p in runs], judged, grid, fusion_method=fusion_method,
+                     rrf_k=rrf_k, norm=norm, depth=depth, prior=sweep_prior, ignore_self=ignore_self, **opts)
         settings = {"qrels": qrels_file, "ignore_self": ignore_self, "capped_recall": opts["capped_recall"], "runs": list(runs),
                     "fusion": fusion_method, **({"rrf_k": rrf_k} if fusion_method == "rrf" else {"norm": norm}),
                     "depth": depth, "hits": FUSE_HITS,
@@ -397,7 +399,8 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plo
                        if sweep_prior is not None else {})}
         _log_counts(rows[0], ignore_self)  # the same queries at every weight
         fused_with = f"rrf k={rrf_k:g}" if fusion_method == "rrf" else f"linear norm={norm}"
-        header += f"  sweep: {fused_with}, " + ", ".join(f"{c} on {r}" for c, r in zip(weight_columns(len(runs)), runs, strict=True))
+        on = zip(weight_columns(len(runs)), runs, strict=True)
+        header += f"  sweep: {fused_with}, " + ", ".join(f"{c} on {r}" for c, r in on)
         if plot:
             shared = f"w_a (weight on {runs[0]}" if len(runs) == 2 else f"w (weight shared by {', '.join(runs[:-1])}"
             across_collections.plot(_single_table(rows, names, collection, grid), plot, title=f"sweep on {collection}",

@@ -133,7 +133,7 @@ def test_recipe_with_the_llm_as_teacher_scores_the_generated_queries(tiny_bert, 
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
     out = make(data, work, tiny_bert, "TEACHER=qlm", "QGEN_DOCS=4", "DEV_QGEN_DOCS=5", llm=str(tiny_llama))
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "teacher qlm" in out.stderr and "query likelihood" in out.stderr
+    assert "teacher qlm" in out.stderr and "rerank" in out.stdout and "--mode qlm" in out.stdout
     generated = {json.loads(r)["query_id"] for f in ("qgen", "dev-qgen") for r in (work / f"{f}.jsonl").read_text().splitlines()}
     groups = [json.loads(r) for r in (work / "groups.jsonl").read_text().splitlines()]
     scored = {g["query_id"]: g for g in groups if g["query_id"] in generated}
