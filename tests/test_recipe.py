@@ -183,6 +183,20 @@ def ranked(run: Path) -> dict[str, list[str]]:
     return out
 
 
+def delivered_is_fuse_of(work: Path, data: Path, tmp_path: Path, lists: tuple[str, ...]) -> bool:
+    """Whether searching the delivered index ranks as `fuse` of its lists' runs (idx-NAME for each NAME searched
+    alone, in its order) at the weights of the sweep's chosen row."""
+    weights, _ = weights_from(work / "sweep-adapted.jsonl")
+    retrctl = [sys.executable, "-m", "retrctl"]
+    runs = [tmp_path / f"{name}.trec" for name in lists]
+    for name, run in zip(lists, runs, strict=True):
+        subprocess.run([*retrctl, "search", work / f"idx-{name}", data, "--hits", "100", "-o", run], check=True,
+                       capture_output=True)
+    subprocess.run([*retrctl, "fuse", *runs, "--weights", ",".join(map(str, weights)), "--hits", "100",
+                    "-o", tmp_path / "fused.trec"], check=True, capture_output=True)
+    return ranked(tmp_path / "fused.trec") == ranked(work / "delivered.trec")
+
+
 @pytest.mark.slow  # the recipe again, ADAPT=full ENSEMBLE=1 AUDIT=1: ~25 processes, 80 s to 5 min on the 2 cores
 def test_recipe_ensemble_delivers_the_base_and_the_guards_model_fused_with_bm25(tiny_bert, tmp_path):
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
@@ -193,14 +207,7 @@ def test_recipe_ensemble_delivers_the_base_and_the_guards_model_fused_with_bm25(
     assert "--guard-deliver trained" in out.stdout and guard["delivered"] == (1.0 if guard["pick"] > 0 else 0.0)
     inner = [m["encoder"]["model"] for m in delivered_ensemble(work)]
     assert inner[0] == str(tiny_bert) and Path(inner[1]).resolve() == (work / "model").resolve()
-    weights, _ = weights_from(work / "sweep-adapted.jsonl")
-    # the delivered search is `fuse` of the base's, the guard's model's and BM25's runs at those weights
-    fused, tuned = tmp_path / "fused.trec", tmp_path / "tuned.trec"
-    retrctl = [sys.executable, "-m", "retrctl"]
-    subprocess.run([*retrctl, "search", work / "idx-tuned", data, "--hits", "100", "-o", tuned], check=True, capture_output=True)
-    subprocess.run([*retrctl, "fuse", work / "base.trec", tuned, work / "bm25.trec", "--weights",
-                    ",".join(map(str, weights)), "--hits", "100", "-o", fused], check=True, capture_output=True)
-    assert ranked(fused) == ranked(work / "delivered.trec")
+    assert delivered_is_fuse_of(work, data, tmp_path, ("base", "tuned", "bm25"))
     assert "delivered.trec" in (work / "eval.txt").read_text()
 
 
@@ -242,15 +249,7 @@ def test_recipe_by_default_fuses_the_trained_tower_and_the_whole_models_pick(tin
     assert Path(tower["query_model"]["model"]) == (work / "tower").resolve()
     assert Path(tuned["encoder"]["model"]).resolve() == (work / "model").resolve() and "query_model" not in tuned
     assert json.loads((work / "tower-guard" / "guard.json").read_text())["queries"] >= 2
-    # the delivered search is `fuse` of the tower's, the whole model's and BM25's runs at the sweep's weights
-    weights, _ = weights_from(work / "sweep-adapted.jsonl")
-    retrctl = [sys.executable, "-m", "retrctl"]
-    for name in ("tower", "tuned"):
-        subprocess.run([*retrctl, "search", work / f"idx-{name}", data, "--hits", "100", "-o", tmp_path / f"{name}.trec"],
-                       check=True, capture_output=True)
-    subprocess.run([*retrctl, "fuse", tmp_path / "tower.trec", tmp_path / "tuned.trec", work / "bm25.trec", "--weights",
-                    ",".join(map(str, weights)), "--hits", "100", "-o", tmp_path / "fused.trec"], check=True, capture_output=True)
-    assert ranked(tmp_path / "fused.trec") == ranked(work / "delivered.trec")
+    assert delivered_is_fuse_of(work, data, tmp_path, ("tower", "tuned", "bm25"))
     for run in ("base", "bm25", "base-hybrid", "adapted", "delivered"):
         assert set(ranked(work / f"{run}.trec")) == {f"q{t}" for t in range(8)}, run
 
