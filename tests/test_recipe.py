@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -254,6 +255,11 @@ def test_recipe_by_default_fuses_the_trained_tower_and_the_whole_models_pick(tin
         assert set(ranked(work / f"{run}.trec")) == {f"q{t}" for t in range(8)}, run
 
     judgements_arrive(data, work, tiny_bert, "EPOCHS=2")
+    shutil.rmtree(work / "model")  # deleted by hand: made again, and everything made from it with it
+    commands = make(data, work, tiny_bert, "EPOCHS=2", "-n").stdout.replace("\\\n", " ")
+    assert f"-o {work}/model" in commands and f"--model {work}/model -o {work}/idx-tuned" in commands
+    assert f"--weights-from {work}/sweep-adapted.jsonl --fusion linear --norm minmax -o {work}/delivered" in commands
+    assert f"-o {work}/delivered.trec" in commands and f"> {work}/eval.txt" in commands
 
 
 def test_recipe_with_one_training_delivers_as_make_would_run_it(tiny_bert, tmp_path):
