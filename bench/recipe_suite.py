@@ -1,6 +1,6 @@
 """The zero-label recipe over the dev collections, one table: what the learned part adds beyond both controls.
 
-    python bench/recipe_suite.py WORK [--only NAME …] [MAKEVAR=VALUE …]      # e.g. ADAPT=full AUDIT=1
+    python bench/recipe_suite.py WORK [--only NAME …] [--against OTHER] [MAKEVAR=VALUE …]   # e.g. ADAPT=full AUDIT=1
 
 Runs `make -C examples/beir DATA=<collection> W=WORK/<name> MAKEVARS…` for each collection in turn (one real-model
 job at a time: it holds /tmp/retrctl-bench.lock), times it into WORK/<name>.minutes, and resumes: a collection whose
@@ -9,8 +9,9 @@ collection, base dense, BM25, the base hybrid (the base model fused with BM25 at
 control a user would run instead), the adapted dense model, the delivered retriever, delivered − base dense and −
 base hybrid with their paired p (`retrctl eval --json`), the guard's pick with its held-out gain, the trained model's
 (α = 1) true change when AUDIT=1 kept it, alone and fused with BM25 as the recipe would have delivered it
-(its weight from its own held-out sweep), and the minutes with the plan's estimate (WORK/NAME/plan.json); then the mean over the collections and the issue's
-acceptance counts: significantly below either control, above the better control at p < .05."""
+(its weight from its own held-out sweep), the minutes with the plan's estimate (WORK/NAME/plan.json), and with
+--against another suite's WORK the delivered run against that suite's, paired; then the mean over the collections
+and the issue's acceptance counts: significantly below either control, above the better control at p < .05."""
 
 from __future__ import annotations
 
@@ -111,7 +112,14 @@ def held_out_generated(w: Path) -> dict | None:
     return out
 
 
-def collection_row(name: str, data: Path, work: Path) -> dict:
+def versus(run: Path, other: Path, data: Path) -> tuple[float, float]:
+    """nDCG@10 of ``run`` − ``other``'s on ``data``'s queries, and the paired p."""
+    out = retrctl("eval", other, run, "--qrels", data, "-m", "nDCG@10", "--json", "--quiet", log=False).stdout
+    theirs, ours = (json.loads(line) for line in out.splitlines() if line.strip())
+    return ours["nDCG@10"] - theirs["nDCG@10"], ours["p_value"]["nDCG@10"]
+
+
+def collection_row(name: str, data: Path, work: Path, against: Path | None = None) -> dict:
     w = work / name
     audit = (w / "trained.trec").exists()
     if audit:
@@ -141,6 +149,7 @@ def collection_row(name: str, data: Path, work: Path) -> dict:
         "trained_hybrid_p": vs_hybrid["trained-hybrid"]["p_value"]["nDCG@10"] if audit else None,
         "minutes": float(minutes.read_text()) if minutes.exists() else None,
         "planned": json.loads(plan.read_text())["total_s"] / 60 if (plan := w / "plan.json").exists() else None,
+        "against": versus(w / "delivered.trec", against / name / "delivered.trec", data) if against else None,
     }
 
 
@@ -150,6 +159,9 @@ def table(rows: list[dict]) -> str:
             "| α = 1 on the held-out generated queries alone − base dense / − base hybrid (p), n | α = 1 − base dense (p) | α = 1 − base hybrid (p) "
             "| α = 1 + BM25 − base hybrid (p) | minutes (planned) |")
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|"]
+    against = all(r["against"] is not None for r in rows)
+    if against:
+        lines = [lines[0] + " delivered − the other suite's (p) |", lines[1] + "---:|"]
     for r in rows:
         g = r["generated"]
         trained = "– | – | – | –" if r["trained_change"] is None else (
@@ -159,6 +171,7 @@ def table(rows: list[dict]) -> str:
             f"({r['trained_vs_hybrid_p']:.2g}) | {r['trained_hybrid']:+.4f} ({r['trained_hybrid_p']:.2g})")
         minutes = ("–" if r["minutes"] is None else f"{r['minutes']:.0f}") + (
             "" if r["planned"] is None else f" ({r['planned']:.0f})")
+        versus_other = "" if r["against"] is None else " {:+.4f} ({:.2g}) |".format(*r["against"])
         lines.append(
             f"| {r['collection']} | {r['docs']:,} | {r['base']:.4f} | {r['bm25']:.4f} | {r['base-hybrid']:.4f} "
             f"| {r['adapted']:.4f} | {r['delivered']:.4f} | {r['d_base']:+.4f} ({r['p_base']:.2g}) "
@@ -166,14 +179,14 @@ def table(rows: list[dict]) -> str:
             f"({r['pick_p']:.2g}) | {'not a candidate' if r['full_gain'] is None else format(r['full_gain'], '+.4f')} "
             f"({'–' if r['full_p'] is None else format(r['full_p'], '.2g')}); veto "
             f"{'–' if r['full_veto'] is None else format(r['full_veto'], '+.4f')}; {r['guard_queries']} queries "
-            f"| {trained} | {minutes} |")
+            f"| {trained} | {minutes} |{versus_other}")
     n = len(rows)
     mean = {k: sum(r[k] for r in rows) / n for k in ("base", "bm25", "base-hybrid", "adapted", "delivered",
                                                       "d_base", "d_hybrid")}
     d_better = sum(r["delivered"] - max(r["base"], r["base-hybrid"]) for r in rows) / n
     lines.append(f"| mean of {n} | | {mean['base']:.4f} | {mean['bm25']:.4f} | {mean['base-hybrid']:.4f} "
                  f"| {mean['adapted']:.4f} | {mean['delivered']:.4f} | {mean['d_base']:+.4f} | {mean['d_hybrid']:+.4f} "
-                 f"| | | | | | | |")
+                 f"| | | | | | | |" + (f" {sum(r['against'][0] for r in rows) / n:+.4f} |" if against else ""))
     below = [r["collection"] for r in rows if (r["d_base"] < 0 and r["p_base"] < LEVEL)
              or (r["d_hybrid"] < 0 and r["p_hybrid"] < LEVEL)]
     above = [r["collection"] for r in rows
@@ -190,6 +203,7 @@ def main() -> None:
     ap.add_argument("makevars", nargs="*", help="MAKEVAR=VALUE passed to the recipe's make")
     ap.add_argument("--only", action="append", choices=list(COLLECTIONS), help="run these collections only")
     ap.add_argument("--table-only", action="store_true", help="print the table of the collections already run")
+    ap.add_argument("--against", type=Path, help="another suite's WORK: each delivered run against its, paired")
     a = ap.parse_intermixed_args()  # MAKEVAR=VALUE before or after the options
     work = a.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -201,7 +215,8 @@ def main() -> None:
             fcntl.flock(lock, fcntl.LOCK_EX)
             for name in names:
                 run_recipe(name, folder(name, work), work, a.makevars)
-    rows = [collection_row(n, folder(n, work), work) for n in names if (work / n / "eval.txt").exists()]
+    against = a.against.resolve() if a.against else None
+    rows = [collection_row(n, folder(n, work), work, against) for n in names if (work / n / "eval.txt").exists()]
     made_with = settings.read_text().strip() if settings.exists() else " ".join(a.makevars)
     print(f"# recipe suite, {made_with or 'defaults'}, {time.strftime('%Y-%m-%d')}, "
           f"{os.cpu_count()} CPUs")

@@ -238,7 +238,7 @@ def test_recipe_by_default_fuses_the_trained_tower_and_the_whole_models_pick(tin
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
     out = make(data, work, tiny_bert, "EPOCHS=2")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "2 whole-model steps and the query side for 2 epochs" in out.stderr
+    assert f"2 whole-model steps ({native_dtype()}) and the query side for 2 epochs" in out.stderr
     planned_and_guarded(out, data, work)
     sweep = [json.loads(r) for r in (work / "sweep-adapted.jsonl").read_text().splitlines()]
     assert {r["prior"] for r in sweep} == {0.7}  # DENSE_WEIGHT, kept unless a weight beats it significantly
@@ -324,3 +324,25 @@ def test_recipe_calibrates_the_teacher_only_when_asked(tiny_bert, tmp_path):
         train = [ln for ln in out.stdout.splitlines() if " train " in ln or "--teacher-temperature" in ln]
         assert train and any("--teacher-temperature 0.05" in ln for ln in train)
         assert any("--calibrate-teacher" in ln for ln in train) is calibrated
+
+
+def native_dtype() -> str:
+    """The whole model's training dtype the recipe picks here: bf16 where the CPU computes it natively."""
+    cpu = Path("/proc/cpuinfo")
+    return "bf16" if cpu.exists() and {"avx512_bf16", "amx_bf16"} & set(cpu.read_text().split()) else "fp32"
+
+
+def test_recipe_runs_the_whole_models_steps_fused_and_in_bf16_where_the_cpu_computes_it(tiny_bert, tmp_path):
+    """The whole model's steps run without attention dropout (CPU attention's fused kernel), in bf16 mixed precision
+    where /proc/cpuinfo shows AVX512-BF16 or AMX and fp32 elsewhere, or as TRAIN_DTYPE says; the query tower's steps
+    keep the model's dropout and fp32 (neither flag)."""
+    data, work = folder(tmp_path / "notes", 4), tmp_path / "w"
+    for given, dtype in (((), native_dtype()), (("TRAIN_DTYPE=fp32",), "fp32"), (("TRAIN_DTYPE=bf16",), "bf16")):
+        out = make(data, work, tiny_bert, "-n", str(work / "model"), str(work / "tower"), "LLM=none", *given)
+        assert out.returncode == 0, out.stderr[-3000:]
+        train = [ln for ln in out.stdout.replace("\\\n", " ").splitlines() if " train " in ln]
+        whole = [ln for ln in train if "--passage-index" not in ln]
+        tower = [ln for ln in train if "--passage-index" in ln]
+        assert len(whole) == len(tower) == 1, train
+        assert f"--attention-dropout 0 --dtype {dtype}" in whole[0], (given, whole[0])
+        assert "--dtype" not in tower[0] and "--attention-dropout" not in tower[0]
