@@ -13,11 +13,13 @@ attention from its fused kernel to the math path; bf16 autocast is fast only whe
 from __future__ import annotations
 
 import argparse
-import json
-import tempfile
+import sys
 from pathlib import Path
 
-from _run import machine, retrctl
+from _run import ROOT, machine
+
+sys.path.insert(0, str(ROOT / "examples" / "beir"))
+from plan import timed_steps  # noqa: E402  (the recipe's cost plan times its steps the same way)
 
 FLAGS = ("--model", "minilm", "--train-batch-size", 16, "--train-group-size", 4, "--temperature", 0.05, "--lr", 1e-5,
          "--distill-loss", "margin-mse", "--distill-weight", 1, "--contrastive-weight", 0, "--teacher-temperature",
@@ -27,12 +29,8 @@ SETTINGS = (("the model's (0.1)", None, "fp32"), ("0", 0, "fp32"), ("0", 0, "bf1
 
 def step_seconds(groups: Path, corpus: Path, steps: int, dropout: float | None, dtype: str) -> tuple[float, float]:
     """(the first step's seconds, the mean of the later ones) of ``steps`` training steps with these settings."""
-    with tempfile.TemporaryDirectory() as tmp:
-        extra = () if dropout is None else ("--attention-dropout", dropout)
-        retrctl("train", groups, "--corpus", corpus, *FLAGS, "--max-steps", steps, "--dtype", dtype, *extra,
-                "-o", Path(tmp) / "m")
-        elapsed = [json.loads(line)["elapsed_s"] for line in (Path(tmp) / "m" / "metrics.jsonl").read_text().splitlines()]
-    return elapsed[0], (elapsed[-1] - elapsed[0]) / (len(elapsed) - 1)
+    extra = () if dropout is None else ("--attention-dropout", dropout)
+    return timed_steps(groups, corpus, [*FLAGS, "--dtype", dtype, *extra], steps)
 
 
 def main() -> None:

@@ -51,6 +51,11 @@ def make(data: Path, work: Path, model: Path, *targets: str, llm: str = "none") 
     return run_group(args, env, timeout=900)
 
 
+def commands(out: subprocess.CompletedProcess) -> list[str]:
+    """The commands make printed, each command's continued lines joined."""
+    return out.stdout.replace("\\\n", " ").splitlines()
+
+
 def delivered_ensemble(work: Path) -> list[dict]:
     """The manifests of the delivered index's two dense lists, its shape checked: the two lists and BM25's are one
     fusion at the weights of the sweep's chosen row (the dense weight shared equally, the sweep made over the same
@@ -256,10 +261,10 @@ def test_recipe_by_default_fuses_the_trained_tower_and_the_whole_models_pick(tin
 
     judgements_arrive(data, work, tiny_bert, "EPOCHS=2")
     shutil.rmtree(work / "model")  # deleted by hand: made again, and everything made from it with it
-    commands = make(data, work, tiny_bert, "EPOCHS=2", "-n").stdout.replace("\\\n", " ")
-    assert f"-o {work}/model" in commands and f"--model {work}/model -o {work}/idx-tuned" in commands
-    assert f"--weights-from {work}/sweep-adapted.jsonl --fusion linear --norm minmax -o {work}/delivered" in commands
-    assert f"-o {work}/delivered.trec" in commands and f"> {work}/eval.txt" in commands
+    remade = "\n".join(commands(make(data, work, tiny_bert, "EPOCHS=2", "-n")))
+    assert f"-o {work}/model" in remade and f"--model {work}/model -o {work}/idx-tuned" in remade
+    assert f"--weights-from {work}/sweep-adapted.jsonl --fusion linear --norm minmax -o {work}/delivered" in remade
+    assert f"-o {work}/delivered.trec" in remade and f"> {work}/eval.txt" in remade
 
 
 def test_recipe_with_one_training_delivers_as_make_would_run_it(tiny_bert, tmp_path):
@@ -273,19 +278,19 @@ def test_recipe_with_one_training_delivers_as_make_would_run_it(tiny_bert, tmp_p
                                       ("full", "tuned", "--guard-deliver trained")):
         out = make(data, work, tiny_bert, "-n", str(work / "delivered"), f"ADAPT={adapt}", "ENSEMBLE=1")
         assert out.returncode == 0, out.stderr[-3000:]
-        commands = out.stdout.replace("\\\n", " ").splitlines()  # a command's continued lines joined
-        assert any(" train " in ln and train_flag in ln for ln in commands), adapt
+        printed = commands(out)
+        assert any(" train " in ln and train_flag in ln for ln in printed), adapt
         runs = " ".join(f"{work}/dev-{m}.trec" for m in ("base", second, "bm25"))
-        assert any(f"eval {runs} --qrels {work}/dev.jsonl --sweep 0:1:0.1 --sweep-prior 0.7" in ln for ln in commands), adapt
+        assert any(f"eval {runs} --qrels {work}/dev.jsonl --sweep 0:1:0.1 --sweep-prior 0.7" in ln for ln in printed), adapt
         lists = " ".join(f"{work}/idx-{m}" for m in ("base", second, "bm25"))
-        assert any(f"index --fuse {lists} --weights-from {work}/sweep-adapted.jsonl" in ln for ln in commands), adapt
+        assert any(f"index --fuse {lists} --weights-from {work}/sweep-adapted.jsonl" in ln for ln in printed), adapt
         assert f"index --fuse {work}/idx-base {work}/idx-{second} --weights 0.5,0.5" not in out.stdout  # the 1:1 ensemble is not on its path
     out = make(data, work, tiny_bert, "-n", str(work / "delivered"), "ADAPT=full", "ENSEMBLE=0")  # the adapted model alone
     assert out.returncode == 0, out.stderr[-3000:]
-    commands = out.stdout.replace("\\\n", " ").splitlines()
-    assert any(f"eval {work}/dev-adapted.trec {work}/dev-bm25.trec --qrels" in ln for ln in commands)
-    assert any(f"index --copy-from {work}/idx-adapted --weights-from {work}/sweep-adapted.jsonl" in ln for ln in commands)
-    assert any(f"--model {work}/model --heads dense,bm25 -o {work}/idx-adapted" in ln for ln in commands)
+    printed = commands(out)
+    assert any(f"eval {work}/dev-adapted.trec {work}/dev-bm25.trec --qrels" in ln for ln in printed)
+    assert any(f"index --copy-from {work}/idx-adapted --weights-from {work}/sweep-adapted.jsonl" in ln for ln in printed)
+    assert any(f"--model {work}/model --heads dense,bm25 -o {work}/idx-adapted" in ln for ln in printed)
 
 
 def test_recipe_checks_its_teacher_before_anything_runs(tiny_bert, tmp_path):
@@ -340,7 +345,7 @@ def test_recipe_runs_the_whole_models_steps_fused_and_in_bf16_where_the_cpu_comp
     for given, dtype in (((), native_dtype()), (("TRAIN_DTYPE=fp32",), "fp32"), (("TRAIN_DTYPE=bf16",), "bf16")):
         out = make(data, work, tiny_bert, "-n", str(work / "model"), str(work / "tower"), "LLM=none", *given)
         assert out.returncode == 0, out.stderr[-3000:]
-        train = [ln for ln in out.stdout.replace("\\\n", " ").splitlines() if " train " in ln]
+        train = [ln for ln in commands(out) if " train " in ln]
         whole = [ln for ln in train if "--passage-index" not in ln]
         tower = [ln for ln in train if "--passage-index" in ln]
         assert len(whole) == len(tower) == 1, train

@@ -84,10 +84,17 @@ def step_times(model: str, docs: list[dict], flags: str, *, batch: int, group: i
     with tempfile.TemporaryDirectory() as tmp:
         records.write(groups, Path(tmp) / "groups.jsonl")
         records.write(picked, Path(tmp) / "corpus.jsonl")
-        # the recipe's flags, then this run's own: click keeps an option's last value
-        cmd = [sys.executable, "-m", "retrctl", "train", str(Path(tmp) / "groups.jsonl"), "--corpus",
-               str(Path(tmp) / "corpus.jsonl"), "--model", model, "--train-batch-size", str(batch), "--seed", "1",
-               *shlex.split(flags), "--max-steps", str(STEPS_TIMED), "-o", str(Path(tmp) / "m")]
+        return timed_steps(Path(tmp) / "groups.jsonl", Path(tmp) / "corpus.jsonl",
+                           ["--model", model, "--train-batch-size", str(batch), "--seed", "1", *shlex.split(flags)],
+                           STEPS_TIMED)
+
+
+def timed_steps(groups: Path, corpus: Path, flags: list[str], steps: int) -> tuple[float, float]:
+    """(the first step's seconds, the mean of the later ones) of ``steps`` steps of ``retrctl train`` on ``groups``
+    with ``flags`` (its --max-steps overridden: click keeps an option's last value), from the run's metrics.jsonl."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "retrctl", "train", str(groups), "--corpus", str(corpus), *map(str, flags),
+               "--max-steps", str(steps), "-o", str(Path(tmp) / "m")]
         done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if done.returncode:
             sys.stderr.write(done.stderr[-2000:])
