@@ -8,13 +8,16 @@
 #                                    # lacks); all ignored by .git/info/exclude
 #   bash bench/gpu_rows.sh stash     # there, one call per part but the last, carrying .kitN: copies it to $KIT
 #   bash bench/gpu_rows.sh recipe    # there, the last call, carrying the last .kitN and .whl: the recipe rows
+#   bash bench/gpu_rows.sh queries   # (or recipe in two calls) the last call but one: the kit and the queries ...
+#   bash bench/gpu_rows.sh train     # ... and the next call on the same warm machine: the Makefile on them
 #   bash bench/gpu_rows.sh run       # (instead of recipe) the LLM rates and the heal rows
 #
-# recipe: issue 47's full-size rows. The zero-label recipe (examples/beir, ADAPT=full, AUDIT=1) on SciFact and
+# recipe: issue 47's full-size rows. The zero-label recipe (examples/beir, its defaults, AUDIT=1) on SciFact and
 # ArguAna at once, with queries generated for every document that fits QGEN_SECONDS (qgen on CUDA, batches of
 # QGEN_BATCH, split by the recipe's own guard shard: shard 0's are the held-out queries, the rest train) and
-# RECIPE_STEPS steps of the recipe's batch, against the CPU's 100 + 50 generated queries and 60 steps. Outputs per
-# collection: NAME.log (qgen's and make's stderr), NAME-eval.txt (the recipe's table and the guard), times.txt.
+# RECIPE_STEPS whole-model steps of the recipe's batch, against the CPU's 100 + 50 generated queries and 60 steps.
+# Outputs per collection: NAME.log (qgen's and make's stderr), NAME-eval.txt (the recipe's table and the guard),
+# times.txt.
 #
 # run: (1) qgen documents per minute and query-likelihood pairs per second, in-process transformers on the CPU
 # (the baseline of the ratios), on CUDA in fp32 and in bf16 (bench/llm_server.py, the same prompts and GGUF);
@@ -35,6 +38,7 @@ RECIPE_STEPS=${RECIPE_STEPS:-1000}
 QGEN_BATCH=${QGEN_BATCH:-128}
 QGEN_PROBE=${QGEN_PROBE:-256}
 QGEN_SECONDS=${QGEN_SECONDS:-150}
+QGEN_PROBE_SECONDS=${QGEN_PROBE_SECONDS:-120}
 PY=${PY:-python3}
 PART=60M # a part, with the ~3 MB working tree, inside the 64 MiB a call carries
 
@@ -55,22 +59,35 @@ unpack() {
         >>"$OUT/device.txt"
 }
 
-# one collection's recipe at full size: qgen over every document, split by the guard's shard, then the Makefile
-recipe_one() {
+# the environment of a call after the one that unpacked the kit (the same warm machine keeps $KIT and /tmp/site)
+reuse() {
+    mkdir -p "$OUT"
+    export PYTHONPATH=/tmp/site:$KIT:$PWD PYTHONUNBUFFERED=1
+    command -v make >/dev/null || export PATH=$PATH:$KIT/bin
+}
+
+# one collection's queries: qgen's rate measured on QGEN_PROBE documents, then as many as fit QGEN_SECONDS (every
+# document when they fit; the second call resumes the first's: --sample takes the smallest hashes, the probe's
+# documents among them), split by the guard's shard: shard 0's are the held-out queries, the rest train. A main
+# run past twice its planned time is stopped and the probe's queries kept (its checkpoint holds them all).
+queries_one() {
     local name=$1 data=${DATA_DIR:-$KIT/data}/$1 w=$KIT/recipe/$1 log=$OUT/$1.log start=$SECONDS
     mkdir -p "$w"
-    # qgen's rate measured on QGEN_PROBE documents, then as many as fit QGEN_SECONDS (every document when they fit):
-    # the second call resumes the first's (--sample takes the smallest hashes: the probe's documents are among them)
     local docs t n
     docs=$(grep -c . "$data/corpus.jsonl")
-    "$PY" -m retrctl qgen "$data" --llm smollm2 --per-doc 1 --seed 1 --batch-size "$QGEN_BATCH" \
-        --sample "$QGEN_PROBE" -o "$w/qgen-all.jsonl" 2>>"$log"
+    timeout "$QGEN_PROBE_SECONDS" "$PY" -m retrctl qgen "$data" --llm smollm2 --per-doc 1 --seed 1 \
+        --batch-size "$QGEN_BATCH" --sample "$QGEN_PROBE" -o "$w/qgen-all.jsonl" 2>>"$log" \
+        || { echo "$name qgen probe: not done in $QGEN_PROBE_SECONDS s" >>"$OUT/times.txt"; return; }
     t=$((SECONDS - start))
     n=$(( QGEN_PROBE + QGEN_PROBE * QGEN_SECONDS / (t > 0 ? t : 1) ))
     n=$(( n < docs ? n : docs ))
-    echo "$name qgen probe: $QGEN_PROBE docs in $t s; generating for $n of $docs docs" >>"$OUT/times.txt"
-    "$PY" -m retrctl qgen "$data" --llm smollm2 --per-doc 1 --seed 1 --batch-size "$QGEN_BATCH" \
-        --sample "$n" -o "$w/qgen-all.jsonl" 2>>"$log"
+    echo "$name qgen probe: $QGEN_PROBE docs in $t s (the model's load included); generating for $n of $docs docs" >>"$OUT/times.txt"
+    timeout $((2 * QGEN_SECONDS)) "$PY" -m retrctl qgen "$data" --llm smollm2 --per-doc 1 --seed 1 \
+        --batch-size "$QGEN_BATCH" --sample "$n" -o "$w/qgen-all.jsonl" 2>>"$log" || {
+        echo "$name qgen: $n docs not done in $((2 * QGEN_SECONDS)) s; the probe's $QGEN_PROBE kept" >>"$OUT/times.txt"
+        "$PY" -m retrctl qgen "$data" --llm smollm2 --per-doc 1 --seed 1 --batch-size "$QGEN_BATCH" \
+            --sample "$QGEN_PROBE" -o "$w/qgen-all.jsonl" 2>>"$log"
+    }
     "$PY" - "$w" <<'PY'
 import json, sys
 from retrctl.hashing import shard_of
@@ -79,10 +96,33 @@ with open(f"{w}/qgen-all.jsonl") as f, open(f"{w}/qgen.jsonl", "w") as t, open(f
     for line in f:
         (d if shard_of(json.loads(line)["source_docid"], 10) == 0 else t).write(line)
 PY
-    echo "$name qgen $((SECONDS - start)) s: $(wc -l <"$w/qgen.jsonl") training, $(wc -l <"$w/dev-qgen.jsonl") held-out queries of $docs docs" >>"$OUT/times.txt"
+    # neither file where one is empty: the Makefile then generates its own 100 + 50
+    [ -s "$w/qgen.jsonl" ] && [ -s "$w/dev-qgen.jsonl" ] || rm -f "$w/qgen.jsonl" "$w/dev-qgen.jsonl"
+    echo "$name qgen $((SECONDS - start)) s: $(cat "$w/qgen.jsonl" 2>/dev/null | wc -l) training, $(cat "$w/dev-qgen.jsonl" 2>/dev/null | wc -l) held-out queries of $docs docs" >>"$OUT/times.txt"
+}
+
+# one collection's recipe on those queries (the Makefile's own qgen where they are missing), RECIPE_STEPS steps
+train_one() {
+    local name=$1 data=${DATA_DIR:-$KIT/data}/$1 w=$KIT/recipe/$1 log=$OUT/$1.log start=$SECONDS
+    mkdir -p "$w"
     make -C examples/beir DATA="$data" W="$w" PY="$PY" STEPS="$RECIPE_STEPS" AUDIT=1 >>"$log" 2>&1 || echo "$name: make failed" >>"$OUT/times.txt"
     echo "$name recipe $((SECONDS - start)) s" >>"$OUT/times.txt"
     cp "$w/eval.txt" "$OUT/$name-eval.txt" 2>/dev/null || true
+}
+
+# each collection's phase at once: the CPU cores split between them (torch's CPU work would otherwise
+# oversubscribe them)
+each_set() {
+    set -- $RECIPE_SETS
+    export OMP_NUM_THREADS=$(( $(nproc) / $# > 0 ? $(nproc) / $# : 1 ))
+    for name in "$@"; do "$phase" "$name" & done
+    wait
+}
+
+queries() {
+    # the GGUF converted once before two processes would both convert it
+    "$PY" -c "from retrctl.models.loading import gguf_to_hf, locate_shipped; gguf_to_hf(locate_shipped('smollm2'))"
+    phase=queries_one each_set
 }
 
 case ${1:-} in
@@ -115,15 +155,15 @@ stash)
     ls -la "$KIT"
     ;;
 recipe)
-    unpack
-    # the GGUF converted once before two processes would both convert it
-    "$PY" -c "from retrctl.models.loading import gguf_to_hf, locate_shipped; gguf_to_hf(locate_shipped('smollm2'))"
-    # the collections run at once: the CPU cores split between them (torch's CPU work, sampling noise included,
-    # would otherwise oversubscribe them)
-    set -- $RECIPE_SETS
-    export OMP_NUM_THREADS=$(( $(nproc) / $# > 0 ? $(nproc) / $# : 1 ))
-    for name in "$@"; do recipe_one "$name" & done
-    wait
+    unpack && queries && phase=train_one each_set
+    ;;
+queries)
+    unpack && queries
+    ;;
+train)
+    # each work dir's file times (when each target finished) also when a timeout stops the call
+    trap 'for n in $RECIPE_SETS; do ls -l --time-style=+%T "$KIT/recipe/$n" >"$OUT/$n-files.txt" 2>&1; done' EXIT
+    reuse && phase=train_one each_set
     ;;
 run)
     unpack
@@ -137,7 +177,7 @@ run)
         bash bench/heal_gpu.sh >"$OUT/heal.md" 2>"$OUT/heal.log"
     ;;
 *)
-    echo "usage: bash bench/gpu_rows.sh kit|stash|recipe|run" >&2
+    echo "usage: bash bench/gpu_rows.sh kit|stash|recipe|queries|train|run" >&2
     exit 2
     ;;
 esac
