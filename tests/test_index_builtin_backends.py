@@ -1,6 +1,10 @@
 """The built-in backends (faiss dense, BM25) through the engine: build-save-load-search round trips, incremental updates equal fresh builds, ties, shards."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -201,6 +205,26 @@ def test_bm25_scores_equal_plain_bm25s():
         got = dict(ours.search([q], len(DOCS))[q["query_id"]])
         for i, d in enumerate(DOCS):
             assert got.get(d["docid"], 0.0) == pytest.approx(float(want[i]), abs=1e-6)
+
+
+def test_bm25_search_leaves_an_installed_jax_unloaded(tmp_path):
+    """bm25s imports JAX where it is installed and runs a top-k with it (on a GPU, JAX then takes three quarters of
+    its memory); a BM25 build and search must not, and `import jax` still works afterwards."""
+    fake = tmp_path / "jax"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("import os\nopen(os.environ['JAX_MARK'], 'a').write('imported\\n')\n")
+    (fake / "lax.py").write_text("def top_k(x, k):\n    return x, x\n")
+    mark = tmp_path / "mark"
+    code = ("import sys\nfrom conftest import DOCS, QUERIES\nfrom retrctl.indexes import BM25Index\n"
+            "idx = BM25Index()\nidx.build(DOCS)\nassert idx.search(QUERIES[:1], 3)\n"
+            "import bm25s.selection\nassert not bm25s.selection.JAX_IS_AVAILABLE\nassert 'jax' not in sys.modules\n"
+            "import jax\nprint(jax.__file__)\n")
+    env = {**os.environ, "JAX_MARK": str(mark),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(fake / "__init__.py")
+    assert mark.read_text() == "imported\n"  # by the test's own import only
 
 
 @pytest.mark.parametrize("method", ["lucene", "robertson", "atire", "bm25l", "bm25+"])

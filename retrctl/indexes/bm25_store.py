@@ -30,6 +30,7 @@ import contextlib
 import itertools
 import json
 import logging
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,7 +44,17 @@ FILES = {"bm25s": "bm25s", "tokens": "tokens.npy", "offsets": "offsets.npy"}
 
 
 def _bm25s():
-    """bm25s, imported on first use; it sets its logger to DEBUG at import, which we undo (stderr is for our logs)."""
+    """bm25s, imported on first use, without two of its import's effects: it sets its logger to DEBUG (stderr is for
+    our logs), and where JAX is installed it imports JAX and runs a top-k with it, which on a GPU machine makes JAX
+    take three quarters of the GPU's memory (its default preallocation) for a selection retrctl never calls: the
+    store scores with ``get_scores_from_ids`` and selects with numpy. So bm25s is imported with ``jax`` blocked
+    (its selection then falls back to numpy), unless JAX is loaded already; ``jax`` imports as before afterwards."""
+    if "bm25s" not in sys.modules and "jax" not in sys.modules:
+        sys.modules["jax"] = None  # `import jax` raises ImportError, which bm25s catches
+        try:
+            import bm25s
+        finally:
+            del sys.modules["jax"]
     import bm25s
 
     logging.getLogger("bm25s").setLevel(max(logging.getLogger().getEffectiveLevel(), logging.WARNING))
@@ -60,6 +71,7 @@ def score_matrix(tokens: np.ndarray, offsets: np.ndarray, n_vocab: int, *, k1: f
     straight into the final arrays): peak memory is the token array plus the matrix itself.
     Returns (scores dict for ``BM25.scores``, non-occurrence array for bm25l/bm25+ or None).
     """
+    _bm25s()
     from bm25s.scoring import _build_nonoccurrence_array, _select_idf_scorer, _select_tfc_scorer
 
     n = len(offsets) - 1
