@@ -35,6 +35,7 @@ LLM_DOCS=${LLM_DOCS:-24}
 LLM_PAIRS=${LLM_PAIRS:-16}
 RECIPE_SETS=${RECIPE_SETS:-scifact arguana}
 RECIPE_STEPS=${RECIPE_STEPS:-1000}
+RECIPE_JOBS=${RECIPE_JOBS:-3} # make -j: a collection's independent targets side by side
 QGEN_BATCH=${QGEN_BATCH:-128}
 QGEN_PROBE=${QGEN_PROBE:-256}
 QGEN_SECONDS=${QGEN_SECONDS:-150}
@@ -105,7 +106,7 @@ PY
 train_one() {
     local name=$1 data=${DATA_DIR:-$KIT/data}/$1 w=$KIT/recipe/$1 log=$OUT/$1.log start=$SECONDS
     mkdir -p "$w"
-    make -C examples/beir DATA="$data" W="$w" PY="$PY" STEPS="$RECIPE_STEPS" AUDIT=1 >>"$log" 2>&1 || echo "$name: make failed" >>"$OUT/times.txt"
+    make -C examples/beir -j "$RECIPE_JOBS" DATA="$data" W="$w" PY="$PY" STEPS="$RECIPE_STEPS" AUDIT=1 >>"$log" 2>&1 || echo "$name: make failed" >>"$OUT/times.txt"
     echo "$name recipe $((SECONDS - start)) s" >>"$OUT/times.txt"
     cp "$w/eval.txt" "$OUT/$name-eval.txt" 2>/dev/null || true
 }

@@ -241,7 +241,7 @@ def test_recipe_query_side_fuses_the_base_and_the_trained_tower_over_one_encode(
 # min on the 2 cores (idle to busy)
 def test_recipe_by_default_fuses_the_trained_tower_and_the_whole_models_pick(tiny_bert, tmp_path):
     data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
-    out = make(data, work, tiny_bert, "EPOCHS=2")
+    out = make(data, work, tiny_bert, "EPOCHS=2", "-j2")  # independent targets side by side: the same delivery
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"2 whole-model steps ({native_dtype()}) and the query side for 2 epochs" in out.stderr
     planned_and_guarded(out, data, work)
@@ -297,8 +297,8 @@ def test_recipe_checks_its_teacher_before_anything_runs(tiny_bert, tmp_path):
     data = folder(tmp_path / "notes", 4)
     for teacher, llm, message in (("bm25", "smollm2", "TEACHER=bm25: fusion or qlm"),
                                   ("qlm", "none", "TEACHER=qlm needs an LLM")):
-        out = make(data, tmp_path / "w", tiny_bert, f"TEACHER={teacher}", llm=llm)
-        assert out.returncode != 0 and message in out.stderr
+        out = make(data, tmp_path / "w", tiny_bert, f"TEACHER={teacher}", "-j4", llm=llm)  # also under make -j
+        assert out.returncode == 2 and message in out.stderr
         assert not (tmp_path / "w").exists()
     out = make(data, tmp_path / "w", tiny_bert, "ADAPT=both", "ENSEMBLE=0")
     assert out.returncode != 0 and "ADAPT=both delivers an ensemble" in out.stderr and not (tmp_path / "w").exists()
@@ -308,8 +308,8 @@ def test_recipe_checks_its_teacher_before_anything_runs(tiny_bert, tmp_path):
 
 def test_recipe_refuses_a_one_document_corpus(tiny_bert, tmp_path):
     data, work = folder(tmp_path / "one", 1), tmp_path / "w"
-    out = make(data, work, tiny_bert)
-    assert out.returncode != 0 and "corpus.jsonl: 1 documents; the recipe needs at least 2" in out.stderr
+    out = make(data, work, tiny_bert, "-j4")
+    assert out.returncode == 2 and "corpus.jsonl: 1 documents; the recipe needs at least 2" in out.stderr
     assert not work.exists()
 
 
