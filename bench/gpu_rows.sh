@@ -4,10 +4,10 @@
 # xz stream cut in parts, one part a call, in calls in a row on the same warm machine:
 #
 #   bash bench/gpu_rows.sh kit       # here: .kit1/, .kit2/, ... (the stream's parts: the shipped SmolLM2 GGUF and
-#                                    # MiniLM, SciFact and ArguAna) and .whl/ (the cp312 wheels the device image
-#                                    # lacks); all ignored by .git/info/exclude
+#                                    # MiniLM, SciFact and ArguAna, the cp312 wheels the device image lacks); add
+#                                    # /.kit*/ to .git/info/exclude, or the parts travel with every call
 #   bash bench/gpu_rows.sh stash     # there, one call per part but the last, carrying .kitN: copies it to $KIT
-#   bash bench/gpu_rows.sh recipe    # there, the last call, carrying the last .kitN and .whl: the recipe rows
+#   bash bench/gpu_rows.sh recipe    # there, the last call, carrying the last .kitN: the recipe rows
 #   bash bench/gpu_rows.sh queries   # (or recipe in two calls) the last call but one: the kit and the queries ...
 #   bash bench/gpu_rows.sh train     # ... and the next call on the same warm machine: the Makefile on them
 #   bash bench/gpu_rows.sh run       # (instead of recipe) the LLM rates and the heal rows
