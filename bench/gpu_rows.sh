@@ -75,19 +75,21 @@ queries_one() {
     local name=$1 data=${DATA_DIR:-$KIT/data}/$1 w=$KIT/recipe/$1 log=$OUT/$1.log start=$SECONDS
     mkdir -p "$w"
     local docs t n
+    # qgen for the N documents of smallest hash within S seconds (0: no limit), resuming the output's checkpoint
+    qgen_sample() {
+        timeout "$2" "$PY" -m retrctl qgen "$data" --llm smollm2 --per-doc 1 --seed 1 --batch-size "$QGEN_BATCH" \
+            --sample "$1" -o "$w/qgen-all.jsonl" 2>>"$log"
+    }
     docs=$(grep -c . "$data/corpus.jsonl")
-    timeout "$QGEN_PROBE_SECONDS" "$PY" -m retrctl qgen "$data" --llm smollm2 --per-doc 1 --seed 1 \
-        --batch-size "$QGEN_BATCH" --sample "$QGEN_PROBE" -o "$w/qgen-all.jsonl" 2>>"$log" \
+    qgen_sample "$QGEN_PROBE" "$QGEN_PROBE_SECONDS" \
         || { echo "$name qgen probe: not done in $QGEN_PROBE_SECONDS s" >>"$OUT/times.txt"; return; }
     t=$((SECONDS - start))
     n=$(( QGEN_PROBE + QGEN_PROBE * QGEN_SECONDS / (t > 0 ? t : 1) ))
     n=$(( n < docs ? n : docs ))
     echo "$name qgen probe: $QGEN_PROBE docs in $t s (the model's load included); generating for $n of $docs docs" >>"$OUT/times.txt"
-    timeout $((2 * QGEN_SECONDS)) "$PY" -m retrctl qgen "$data" --llm smollm2 --per-doc 1 --seed 1 \
-        --batch-size "$QGEN_BATCH" --sample "$n" -o "$w/qgen-all.jsonl" 2>>"$log" || {
+    qgen_sample "$n" $((2 * QGEN_SECONDS)) || {
         echo "$name qgen: $n docs not done in $((2 * QGEN_SECONDS)) s; the probe's $QGEN_PROBE kept" >>"$OUT/times.txt"
-        "$PY" -m retrctl qgen "$data" --llm smollm2 --per-doc 1 --seed 1 --batch-size "$QGEN_BATCH" \
-            --sample "$QGEN_PROBE" -o "$w/qgen-all.jsonl" 2>>"$log"
+        qgen_sample "$QGEN_PROBE" 0
     }
     "$PY" - "$w" <<'PY'
 import json, sys
