@@ -3,8 +3,9 @@ without it, in fp32 and in bf16 mixed precision.
 
     python bench/step_time.py W/groups.jsonl --corpus DATA [--steps 9]      # W: a recipe work dir
 
-Runs `retrctl train` on the first groups of a recipe's groups.jsonl with the recipe's whole-model flags (MarginMSE,
-16 groups of 4 passages a step, examples/beir/Makefile's DISTILL_FLAGS), once per setting, and prints the first
+Runs `retrctl train` on the first groups of a recipe's groups.jsonl with the recipe's whole-model flags, read from
+examples/beir/Makefile (MODEL, BATCH, FULL_FLAGS, DISTILL_FLAGS, SEED), the dropout and dtype of each setting given
+after them (click keeps an option's last value), once per setting, and prints the first
 step's seconds (padded to the maximum lengths) and the mean of the later ones, from the run's metrics.jsonl, with
 each setting's speed against the model's own dropout in fp32. Dropout on the attention probabilities sends CPU
 attention from its fused kernel to the math path; bf16 autocast is fast only where the CPU computes bf16 natively
@@ -13,6 +14,8 @@ attention from its fused kernel to the math path; bf16 autocast is fast only whe
 from __future__ import annotations
 
 import argparse
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,16 +24,22 @@ from _run import ROOT, machine
 sys.path.insert(0, str(ROOT / "examples" / "beir"))
 from plan import timed_steps  # noqa: E402  (the recipe's cost plan times its steps the same way)
 
-FLAGS = ("--model", "minilm", "--train-batch-size", 16, "--train-group-size", 4, "--temperature", 0.05, "--lr", 1e-5,
-         "--distill-loss", "margin-mse", "--distill-weight", 1, "--contrastive-weight", 0, "--teacher-temperature",
-         0.05, "--seed", 1)
-SETTINGS = (("the model's (0.1)", None, "fp32"), ("0", 0, "fp32"), ("0", 0, "bf16"), ("the model's (0.1)", None, "bf16"))
+# (label, attention dropout, dtype): MiniLM's own attention dropout is BERT's 0.1
+SETTINGS = (("the model's (0.1)", 0.1, "fp32"), ("0", 0, "fp32"), ("0", 0, "bf16"), ("the model's (0.1)", 0.1, "bf16"))
 
 
-def step_seconds(groups: Path, corpus: Path, steps: int, dropout: float | None, dtype: str) -> tuple[float, float]:
+def recipe_flags(corpus: Path) -> list[str]:
+    """The recipe's whole-model `retrctl train` flags for ``corpus``, as examples/beir/Makefile writes them."""
+    show = "train-flags: ; @echo --model $(MODEL) --train-batch-size $(BATCH) $(FULL_FLAGS) $(DISTILL_FLAGS) --seed $(SEED)"
+    out = subprocess.run(["make", "-s", "--no-print-directory", "-C", str(ROOT / "examples" / "beir"), f"DATA={corpus}",
+                          f"PY={sys.executable}", f"--eval={show}", "train-flags"], check=True, capture_output=True, text=True)
+    return shlex.split(out.stdout)
+
+
+def step_seconds(groups: Path, corpus: Path, flags: list[str], steps: int, dropout: float,
+                 dtype: str) -> tuple[float, float]:
     """(the first step's seconds, the mean of the later ones) of ``steps`` training steps with these settings."""
-    extra = () if dropout is None else ("--attention-dropout", dropout)
-    return timed_steps(groups, corpus, [*FLAGS, "--dtype", dtype, *extra], steps)
+    return timed_steps(groups, corpus, [*flags, "--attention-dropout", dropout, "--dtype", dtype], steps)
 
 
 def main() -> None:
@@ -39,7 +48,8 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=9)
     a = ap.parse_args()
-    rows = [(label, dtype, *step_seconds(a.groups, a.corpus, a.steps, dropout, dtype))
+    flags = recipe_flags(a.corpus)
+    rows = [(label, dtype, *step_seconds(a.groups, a.corpus, flags, a.steps, dropout, dtype))
             for label, dropout, dtype in SETTINGS]
     reference = rows[0][3]
     print(f"# {a.steps} steps of 16 groups × 4 passages on the first groups of {a.groups}; {machine()}")
