@@ -351,3 +351,19 @@ def test_recipe_runs_the_whole_models_steps_fused_and_in_bf16_where_the_cpu_comp
         assert len(whole) == len(tower) == 1, train
         assert f"--attention-dropout 0 --dtype {dtype}" in whole[0], (given, whole[0])
         assert "--dtype" not in tower[0] and "--attention-dropout" not in tower[0]
+
+
+def test_plan_counts_no_more_generated_queries_than_the_shards_hold(tiny_bert, tmp_path, monkeypatch):
+    """qgen samples QGEN_DOCS of shard 1's documents and DEV_QGEN_DOCS of shard 0's: with two shards of a 40-document
+    folder, 100 and 50 asked for are the folder's 40 documents, and the plan counts 40 generations, not 150."""
+    monkeypatch.syspath_prepend(str(ROOT / "examples" / "beir"))
+    from plan import LLM_DOC
+
+    data = folder(tmp_path / "notes", 40)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    subprocess.run([sys.executable, str(ROOT / "examples" / "beir" / "plan.py"), str(data), "--model", str(tiny_bert),
+                    "--adapt", "query", "--train-flags", "--max-steps 2 --train-group-size 4", "--shards", "2",
+                    "--llm-docs", "100", "--dev-llm-docs", "50", "--record", str(tmp_path / "plan.json")],
+                   env=env, check=True, capture_output=True, timeout=300)
+    parts = json.loads((tmp_path / "plan.json").read_text())["parts_s"]
+    assert parts["query generation"] == pytest.approx(40 * LLM_DOC)

@@ -11,9 +11,9 @@ step is timed itself: STEPS_TIMED steps of `retrctl train` with the recipe's own
 its --max-steps and --train-group-size included) on groups of the folder's own documents (the first runs at the
 maximum length, as the recipe's first does). ADAPT=query's step, a batch of queries forward and backward, is
 STEP_FACTOR times their encode; ADAPT=both runs both trainings. The LLM's generation is not timed (loading it costs
-more than the estimate is worth): LLM_DOC seconds a document, SmolLM2 in process on 2 cores. Prints one line to stderr:
-the total and its three largest parts, in minutes; ``--record`` also writes every part's seconds to FILE as JSON
-(bench/recipe_suite.py prints them beside the minutes measured).
+more than the estimate is worth): LLM_DOC seconds a document qgen samples (at most the documents of its shard), SmolLM2
+in process on 2 cores. Prints one line to stderr: the total and its three largest parts, in minutes; ``--record``
+also writes every part's seconds to FILE as JSON (bench/recipe_suite.py prints them beside the minutes measured).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from retrctl import records
 from retrctl.guard import MAX_POOL, MAX_QUERIES
-from retrctl.hashing import sample
+from retrctl.hashing import in_shard, sample
 
 SAMPLE = 48
 # ADAPT=query's step over its queries' encode: measured on the six dev collections' query-side training (the Intel
@@ -116,6 +116,9 @@ def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", ep
     t_doc = per_text(enc, [records.passage_text(d) for d in sample(docs, SAMPLE, 0, "docid")], "passage")
     t_query = per_text(enc, [q["query_text"] for q in sample(queries, SAMPLE, 0, "query_id")], "query")
     t_crop = per_text(enc, [crop(d, crop_words) for d in sample(docs, SAMPLE, 1, "docid")], "query")
+    # qgen's --sample draws from one shard's documents (training: shard 1, held-out: shard 0): a small corpus has fewer
+    llm_docs = min(llm_docs, sum(in_shard(d["docid"], 1, shards) for d in docs))
+    dev_llm_docs = min(dev_llm_docs, sum(in_shard(d["docid"], 0, shards) for d in docs))
     n, generated = len(docs), llm_docs + dev_llm_docs
     held_out = n // shards + dev_llm_docs  # the held-out crops and generated queries: the weights' sweeps
     pseudo = n + generated  # every document's crop and the generated queries, searched by the base model
