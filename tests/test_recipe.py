@@ -367,3 +367,11 @@ def test_plan_counts_no_more_generated_queries_than_the_shards_hold(tiny_bert, t
                    env=env, check=True, capture_output=True, timeout=300)
     parts = json.loads((tmp_path / "plan.json").read_text())["parts_s"]
     assert parts["query generation"] == pytest.approx(40 * LLM_DOC)
+
+
+def test_recipe_plan_line_counts_the_generated_queries_shard_1_can_give(tiny_bert, tmp_path):
+    """The printed plan's query-side groups: a crop of each training document (20 of 40 with two guard shards) and a
+    generated query for each document qgen samples, at most shard 1's (~20), not QGEN_DOCS (400)."""
+    out = make(folder(tmp_path / "notes", 40), tmp_path / "w", tiny_bert, "-n", "plan", llm="smollm2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "the query side for 3 epochs of ~40 groups" in out.stdout, out.stdout[:2000]
