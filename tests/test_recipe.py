@@ -43,12 +43,16 @@ def judge(data: Path) -> None:
     (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{t}\td{t}\t1\n" for t in range(8)))
 
 
+def recipe_env() -> dict[str, str]:
+    """The environment the recipe's commands run in here: this checkout's retrctl, offline."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
 def make(data: Path, work: Path, model: Path, *targets: str, llm: str = "none") -> subprocess.CompletedProcess:
     """The recipe's Makefile; targets may hold variables (NAME=VALUE) as well."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     args = ["make", "-C", str(ROOT / "examples" / "beir"), f"PY={sys.executable}", f"DATA={data}", f"W={work}",
             f"MODEL={model}", f"LLM={llm}", "STEPS=2", "BATCH=4", "GUARD_SHARDS=2", *targets]
-    return run_group(args, env, timeout=900)
+    return run_group(args, recipe_env(), timeout=900)
 
 
 def commands(out: subprocess.CompletedProcess) -> list[str]:
@@ -360,11 +364,10 @@ def test_plan_counts_no_more_generated_queries_than_the_shards_hold(tiny_bert, t
     from plan import LLM_DOC
 
     data = folder(tmp_path / "notes", 40)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     subprocess.run([sys.executable, str(ROOT / "examples" / "beir" / "plan.py"), str(data), "--model", str(tiny_bert),
                     "--adapt", "query", "--train-flags", "--max-steps 2 --train-group-size 4", "--shards", "2",
                     "--llm-docs", "100", "--dev-llm-docs", "50", "--record", str(tmp_path / "plan.json")],
-                   env=env, check=True, capture_output=True, timeout=300)
+                   env=recipe_env(), check=True, capture_output=True, timeout=300)
     parts = json.loads((tmp_path / "plan.json").read_text())["parts_s"]
     assert parts["query generation"] == pytest.approx(40 * LLM_DOC)
 
