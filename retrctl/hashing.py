@@ -43,18 +43,25 @@ def shard_of(key: str, shard_num: int) -> int:
     return stable_int(key, size=8) % shard_num
 
 
-def in_shard(key: str, shard_id: int, shard_num: int) -> bool:
-    """Whether the record id ``key`` is in shard ``shard_id`` of ``shard_num`` (``--shard-id``/``--shard-num``)."""
-    return shard_num == 1 or shard_of(key, shard_num) == shard_id
+def shard_ids(shard_id: int | range) -> range:
+    """``--shard-id`` as a range of shard indexes: one shard (``3``) or several (``1-9``, range(1, 10))."""
+    return range(shard_id, shard_id + 1) if isinstance(shard_id, int) else shard_id
 
 
-def shard(recs: Iterable[dict], shard_id: int, shard_num: int, key: str) -> Iterator[dict]:
-    """The records of one shard, by their ``key`` field."""
+def in_shard(key: str, shard_id: int | range, shard_num: int) -> bool:
+    """Whether the record id ``key`` is in shard ``shard_id`` of ``shard_num`` (``--shard-id``/``--shard-num``),
+    or in one of the shards of a range."""
+    return shard_num == 1 or shard_of(key, shard_num) in shard_ids(shard_id)
+
+
+def shard(recs: Iterable[dict], shard_id: int | range, shard_num: int, key: str) -> Iterator[dict]:
+    """The records of one shard (or of a range of shards), by their ``key`` field."""
     if shard_num == 1:
         yield from recs
         return
+    ids = shard_ids(shard_id)
     for r in recs:
-        if shard_of(r[key], shard_num) == shard_id:
+        if shard_of(r[key], shard_num) in ids:
             yield r
 
 

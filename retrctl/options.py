@@ -51,6 +51,25 @@ class Size(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
+class ShardIds(click.ParamType):
+    """A click type for ``--shard-id``: one shard's index (``3``, an int) or an inclusive range of them (``1-9``, a
+    range: range(1, 10)); junk is a usage error naming the flag (the bounds against --shard-num: stage.check_shard)."""
+
+    name = "I|I-J"
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, (int, range)):
+            return value
+        try:
+            lo, sep, hi = str(value).partition("-")
+            ids = range(int(lo), int(hi if sep else lo) + 1)
+        except ValueError:
+            self.fail(f"must be a shard's index or a range I-J of them (e.g. 0 or 1-9), got {value!r}", param, ctx)
+        if not ids or ids.start < 0:
+            self.fail(f"must have 0 <= I <= J, got {value!r}", param, ctx)
+        return ids if len(ids) > 1 else ids.start
+
+
 def check_range(ctx, param, value):
     """click callback: a bad LO-HI flag value exits 2 naming the flag; the text is kept as given."""
     if value is not None:
@@ -115,7 +134,8 @@ OPTIONS: dict[str, Callable] = {
     "input_format": _opt(
         "--input-format", type=click.Choice(["jsonl", "parquet"]), default=None, help="Input container (default: from the extension)."
     ),
-    "shard": lambda f: _opt("--shard-id", type=click.IntRange(min=0), default=0, show_default=True, help="This shard's index.")(
+    "shard": lambda f: _opt("--shard-id", type=ShardIds(), default=0, show_default=True,
+                            help="This shard's index, or a range I-J of shards (1-9: all but shard 0 of 10).")(
         _opt("--shard-num", type=click.IntRange(min=1), default=1, show_default=True,
              help="Number of shards (stable hash of the record id).")(f)
     ),
@@ -126,7 +146,7 @@ OPTIONS: dict[str, Callable] = {
     "qrels": _opt("--qrels", help=QRELS_HELP),
     "retriever": _opt("--retriever", help="Retriever: an index dir, 'bm25', a model (see --model), or a run file."),
     "per_doc": _opt("--per-doc", type=click.IntRange(min=1), help="Queries to make per document."),
-    "sample": _opt("--sample", type=click.IntRange(min=1), help="Only N documents of this shard: those with the smallest "
+    "sample": _opt("--sample", type=click.IntRange(min=1), help="Only N documents of this shard (or range of shards): those with the smallest "
                    "stable hash of (--seed, docid), the same N in any input order. [default: all]"),
     "top_k": _opt("--top-k", type=click.IntRange(min=1), help="Candidates retrieved (or reranked) per query."),
     "llm": lambda f: _opt("--llm", help="Language model: a directory, GGUF file, 'smollm2', or a served model name.")(

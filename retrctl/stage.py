@@ -29,7 +29,7 @@ import click
 
 from retrctl import records
 from retrctl.errors import UsageError
-from retrctl.hashing import shard
+from retrctl.hashing import shard, shard_ids
 from retrctl.options import OPTIONS, take_renamed
 
 log = logging.getLogger("retrctl")
@@ -87,9 +87,10 @@ def _logged_progress(iterable: Iterable, desc: str, total: int | None, unit: str
 # ---------------------------------------------------------------- sharding (which record is in which shard: retrctl.hashing)
 
 
-def check_shard(shard_id: int, shard_num: int) -> None:
-    if shard_num < 1 or not 0 <= shard_id < shard_num:
-        raise UsageError(f"--shard-id must be in [0, {shard_num}) and --shard-num >= 1")
+def check_shard(shard_id: int | range, shard_num: int) -> None:
+    ids = shard_ids(shard_id)
+    if shard_num < 1 or not ids or ids.start < 0 or ids.stop > shard_num:
+        raise UsageError(f"--shard-id must be in [0, {shard_num}) (a range's both ends) and --shard-num >= 1")
 
 
 # ---------------------------------------------------------------- the stage wrapper

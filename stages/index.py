@@ -75,7 +75,7 @@ restarted on the same corpus reuses the chunks whose docids and content hashes m
 from checkpoints), and the directory is removed on success.
 
 Shards: `--shard-id i --shard-num n` indexes the docs whose docid hashes to shard i (e.g. one per GPU/machine);
-`retrctl index --merge IDX.0 IDX.1 … -o IDX` joins them (an IVF is re-trained on the merged vectors, BM25
+`--shard-id 1-9` indexes those of shards 1 to 9; `retrctl index --merge IDX.0 IDX.1 … -o IDX` joins them (an IVF is re-trained on the merged vectors, BM25
 statistics are recomputed over the union).
 
 Truncation: passages cut at the passage max length are counted and reported on stderr (ST#4060).
@@ -94,7 +94,7 @@ import click
 from retrctl import distributed, records
 from retrctl.distributed import RaySettings
 from retrctl.errors import UsageError
-from retrctl.hashing import shard
+from retrctl.hashing import shard, shard_ids
 from retrctl.indexes import BACKENDS, DEFAULT_BACKEND, declared_flags
 from retrctl.indexes.store import KEEP
 from retrctl.options import encoder_overrides, flag_option, options, swept_fusion
@@ -282,7 +282,7 @@ def merge(parts: list[str | os.PathLike], output: str | os.PathLike, keep: int =
     shards = [m.get("shard") for m in manifests if m.get("shard")]
     if shards:
         nums = {s["num"] for s in shards}
-        ids = sorted(s["id"] for s in shards)
+        ids = sorted(i for s in shards for i in s.get("ids", [s.get("id")]))
         if len(nums) == 1 and ids != list(range(nums.pop())):
             log.warning("merging shards %s of %d: the merged index is not the whole corpus", ids, shards[0]["num"])
     with store.writer(output):
@@ -394,7 +394,8 @@ def command(inputs, output, merge_, fuse_, shard_id, shard_num, input_format, we
     if path != "-":
         meta["source"] = os.path.abspath(records.resolve(path, "doc"))
     if shard_num > 1:
-        meta["shard"] = {"id": shard_id, "num": shard_num}
+        ids = shard_ids(shard_id)
+        meta["shard"] = {"id": ids.start, "num": shard_num} if len(ids) == 1 else {"ids": list(ids), "num": shard_num}
     docs = progress(shard(records.read(path, "doc", input_format), shard_id, shard_num, "docid"), desc="index", unit="doc")
     settings = encoder_overrides(opts)
     ray = distributed.pop_settings(opts)

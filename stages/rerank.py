@@ -389,7 +389,7 @@ def _run_items(run: dict, queries_path: str, corpus_path: str, run_path: str) ->
         yield {"query_id": qid, "query_text": texts[qid], "docs": [corpus[d] for d, _ in ranked]}
 
 
-def _group_items(path: str, corpus_path: str | None, shard_id: int, shard_num: int) -> list[dict]:
+def _group_items(path: str, corpus_path: str | None, shard_id: int | range, shard_num: int) -> list[dict]:
     """This shard's groups as rerank items, passages from --corpus or the groups' own ``passages``."""
     try:
         groups = list(shard(records.read(path, "group"), shard_id, shard_num, "query_id"))

@@ -144,6 +144,8 @@ def test_cli_byte_identical_and_shards_concatenate(runner, tmp_path):
     shards = [runner(*args, "--shard-id", i, "--shard-num", 3) for i in range(3)]
     assert all(s.exit_code == 0 for s in shards) and all(s.stdout for s in shards)
     assert sorted("".join(s.stdout for s in shards).splitlines()) == sorted(a.stdout.splitlines())
+    two = runner(*args, "--shard-id", "1-2", "--shard-num", 3)
+    assert sorted(two.stdout.splitlines()) == sorted("".join(s.stdout for s in shards[1:]).splitlines())
     assert runner(*args[:-2], "6", "-q").stdout != a.stdout
 
 

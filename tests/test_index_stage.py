@@ -149,6 +149,19 @@ def test_cli_shards_then_merge_equal_one_build(runner, tiny_bert, corpus_file, t
     assert "shard" not in json.loads((tmp_path / "merged" / "index.json").read_text())
 
 
+def test_cli_a_range_of_shards_merges_with_the_rest_to_the_whole_corpus(runner, tiny_bert, corpus_file, tmp_path):
+    for s in ("0", "1-2"):
+        r = runner("index", corpus_file, "--model", tiny_bert, "--shard-id", s, "--shard-num", 3, "-o", tmp_path / f"s{s}")
+        assert r.exit_code == 0, r.stderr
+    assert json.loads((tmp_path / "s1-2" / "index.json").read_text())["shard"] == {"ids": [1, 2], "num": 3}
+    r = runner("index", "--merge", tmp_path / "s0", tmp_path / "s1-2", "-o", tmp_path / "merged")
+    assert r.exit_code == 0 and "not the whole corpus" not in r.stderr, r.stderr
+    assert runner("index", corpus_file, "--model", tiny_bert, "-o", tmp_path / "whole").exit_code == 0
+    assert_same(results(tmp_path / "merged"), results(tmp_path / "whole"))
+    r = runner("index", "--merge", tmp_path / "s1-2", tmp_path / "whole", "-o", tmp_path / "part")
+    assert "merging shards [1, 2] of 3" in r.stderr, r.stderr
+
+
 def test_cli_merge_refuses_overlapping_or_mixed_inputs(runner, tiny_bert, corpus_file, tmp_path):
     assert runner("index", corpus_file, "--method", "bm25", "-o", tmp_path / "a").exit_code == 0
     r = runner("index", "--merge", tmp_path / "a", tmp_path / "a", "-o", tmp_path / "m")

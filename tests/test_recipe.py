@@ -378,3 +378,16 @@ def test_recipe_plan_line_counts_the_generated_queries_shard_1_can_give(tiny_ber
     out = make(folder(tmp_path / "notes", 40), tmp_path / "w", tiny_bert, "-n", "plan", llm="smollm2")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "the query side for 3 epochs of ~40 groups" in out.stdout, out.stdout[:2000]
+
+
+@pytest.mark.parametrize("qgen_docs, shards, groups", [(400, "1-3", 60), (4, "1-1", 34)])
+def test_recipe_samples_qgen_docs_from_as_many_training_shards_as_hold_them(tiny_bert, tmp_path, qgen_docs, shards, groups):
+    """qgen's training sample is drawn from shards 1 to k, the fewest expected to hold QGEN_DOCS documents: with four
+    guard shards of 40 documents, 400 asked for take all three training shards (~30 documents), 4 take shard 1 alone;
+    the plan line counts a crop of each of the 30 training documents and one generated query for each sampled one."""
+    out = make(folder(tmp_path / "notes", 40), tmp_path / "w", tiny_bert, "-n", "plan", str(tmp_path / "w" / "qgen.jsonl"),
+               "GUARD_SHARDS=4", f"QGEN_DOCS={qgen_docs}", llm="smollm2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    qgen = [c for c in commands(out) if " qgen " in c and "qgen.jsonl" in c]
+    assert len(qgen) == 1 and f"--shard-id {shards} --shard-num 4 --sample {qgen_docs} " in qgen[0], qgen
+    assert f"the query side for 3 epochs of ~{groups} groups" in out.stdout, out.stdout[:2000]

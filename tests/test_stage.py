@@ -83,11 +83,20 @@ def test_writes_run_a_failing_body_leaves_the_previous_run_and_its_checkpoint(qu
     assert len(out.read_text().splitlines()) == len(QIDS) and not checkpoint.exists()  # removed once the run is in place
 
 
-@pytest.mark.parametrize("shard", [("2", "2"), ("5", "3")])
+@pytest.mark.parametrize("shard", [("2", "2"), ("5", "3"), ("1-3", "3"), ("2-1", "3"), ("1-", "3"), ("a", "3"), ("-1", "3")])
 def test_a_shard_id_out_of_range_exits_2_before_the_body_runs(queries, tmp_path, shard):
     seen = []
     res = invoke(run_stage(seen), queries, "-o", tmp_path / "run.trec", "--shard-id", shard[0], "--shard-num", shard[1])
     assert res.exit_code == 2 and "--shard-id" in res.output and seen == []
+
+
+def test_a_range_of_shards_reaches_the_body_and_holds_their_records(queries, tmp_path):
+    seen = []
+    out = tmp_path / "run.trec"
+    assert invoke(run_stage(seen), queries, "-o", out, "--shard-id", "1-2", "--shard-num", 4).exit_code == 0
+    ranked = {line.split()[0] for line in out.read_text().splitlines()}
+    assert ranked == {q for q in QIDS if in_shard(q, 1, 4) or in_shard(q, 2, 4)} and ranked
+    assert seen == [{"output": str(out), "shard": (range(1, 3), 4)}]
 
 
 def test_a_body_that_shards_its_own_input_gets_the_shard_too(tmp_path):
