@@ -75,8 +75,8 @@ restarted on the same corpus reuses the chunks whose docids and content hashes m
 from checkpoints), and the directory is removed on success.
 
 Shards: `--shard-id i --shard-num n` indexes the docs whose docid hashes to shard i (e.g. one per GPU/machine);
-`--shard-id 1-9` indexes those of shards 1 to 9; `retrctl index --merge IDX.0 IDX.1 … -o IDX` joins them (an IVF is re-trained on the merged vectors, BM25
-statistics are recomputed over the union).
+`--shard-id 1-9` indexes those of shards 1 to 9; `retrctl index --merge IDX.0 IDX.1 … -o IDX` joins them (an IVF
+is re-trained on the merged vectors, BM25 statistics are recomputed over the union).
 
 Truncation: passages cut at the passage max length are counted and reported on stderr (ST#4060).
 """
