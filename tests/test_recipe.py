@@ -18,6 +18,7 @@ from conftest import run_group
 
 from retrctl.fusion import weights_from
 from retrctl.guard import hold_out
+from retrctl.hashing import in_shard
 from retrctl.indexes.store import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -372,22 +373,19 @@ def test_plan_counts_no_more_generated_queries_than_the_shards_hold(tiny_bert, t
     assert parts["query generation"] == pytest.approx(40 * LLM_DOC)
 
 
-def test_recipe_plan_line_counts_the_generated_queries_shard_1_can_give(tiny_bert, tmp_path):
-    """The printed plan's query-side groups: a crop of each training document (20 of 40 with two guard shards) and a
-    generated query for each document qgen samples, at most shard 1's (~20), not QGEN_DOCS (400)."""
-    out = make(folder(tmp_path / "notes", 40), tmp_path / "w", tiny_bert, "-n", "plan", llm="smollm2")
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "the query side for 3 epochs of ~40 groups" in out.stdout, out.stdout[:2000]
-
-
-@pytest.mark.parametrize("qgen_docs, shards, groups", [(400, "1-3", 60), (4, "1-1", 34)])
-def test_recipe_samples_qgen_docs_from_as_many_training_shards_as_hold_them(tiny_bert, tmp_path, qgen_docs, shards, groups):
+@pytest.mark.parametrize("qgen_docs, shards", [(400, "1-3"), (4, "1-1")])
+def test_recipe_samples_qgen_docs_from_as_many_training_shards_as_hold_them(tiny_bert, tmp_path, qgen_docs, shards):
     """qgen's training sample is drawn from shards 1 to k, the fewest expected to hold QGEN_DOCS documents: with four
     guard shards of 40 documents, 400 asked for take all three training shards (~30 documents), 4 take shard 1 alone;
-    the plan line counts a crop of each of the 30 training documents and one generated query for each sampled one."""
-    out = make(folder(tmp_path / "notes", 40), tmp_path / "w", tiny_bert, "-n", "plan", str(tmp_path / "w" / "qgen.jsonl"),
-               "GUARD_SHARDS=4", f"QGEN_DOCS={qgen_docs}", llm="smollm2")
+    the plan counts a crop of each of the 30 training documents and a generated query for each sampled one."""
+    data, work = folder(tmp_path / "notes", 40), tmp_path / "w"
+    out = make(data, work, tiny_bert, "-n", str(work / "qgen.jsonl"), "GUARD_SHARDS=4", f"QGEN_DOCS={qgen_docs}", llm="smollm2")
     assert out.returncode == 0, out.stderr[-3000:]
     qgen = [c for c in commands(out) if " qgen " in c and "qgen.jsonl" in c]
     assert len(qgen) == 1 and f"--shard-id {shards} --shard-num 4 --sample {qgen_docs} " in qgen[0], qgen
-    assert f"the query side for 3 epochs of ~{groups} groups" in out.stdout, out.stdout[:2000]
+    lo, _, hi = shards.partition("-")
+    sampled = min(qgen_docs, sum(in_shard(f"d{i}", range(int(lo), int(hi) + 1), 4) for i in range(40)))
+    out = make(data, work, tiny_bert, "plan", "GUARD_SHARDS=4", f"QGEN_DOCS={qgen_docs}", "EPOCHS=2", llm="smollm2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    groups = 30 + sampled
+    assert f"training groups ~{groups}; query-side steps ~{2 * -(-groups // 4)};" in out.stderr, out.stderr[-2000:]

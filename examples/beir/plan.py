@@ -11,9 +11,10 @@ step is timed itself: STEPS_TIMED steps of `retrctl train` with the recipe's own
 its --max-steps and --train-group-size included) on groups of the folder's own documents (the first runs at the
 maximum length, as the recipe's first does). ADAPT=query's step, a batch of queries forward and backward, is
 STEP_FACTOR times their encode; ADAPT=both runs both trainings. The LLM's generation is not timed (loading it costs
-more than the estimate is worth): LLM_DOC seconds a document qgen samples (at most the documents of its shard), SmolLM2
-in process on 2 cores. Prints one line to stderr: the total and its three largest parts, in minutes; ``--record``
-also writes every part's seconds to FILE as JSON (bench/recipe_suite.py prints them beside the minutes measured).
+more than the estimate is worth): LLM_DOC seconds a document qgen samples (at most the documents of its shards),
+SmolLM2 in process on 2 cores. Prints one line to stderr: the total and its three largest parts, in minutes, the
+training groups expected and the query side's steps; ``--record`` also writes every part's seconds and those counts
+to FILE as JSON (bench/recipe_suite.py prints them beside the minutes measured).
 """
 
 from __future__ import annotations
@@ -106,8 +107,10 @@ def timed_steps(groups: Path, corpus: Path, flags: list[str], steps: int) -> tup
 
 def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", epochs: int = 3, batch: int = 16,
              shards: int = 10, alphas: int = 1, llm_docs: int = 0, llm_shards: int = 1, dev_llm_docs: int = 0,
-             qlm: bool = False, ensemble: bool = False, audit: bool = False, crop_words: int = 32) -> tuple[float, dict[str, float]]:
-    """(seconds, {part: seconds}) the recipe is expected to take on ``data`` with ``model`` on this machine."""
+             qlm: bool = False, ensemble: bool = False, audit: bool = False,
+             crop_words: int = 32) -> tuple[float, dict[str, float], dict[str, int]]:
+    """(seconds, {part: seconds}, {count: n}) the recipe is expected to take on ``data`` with ``model`` on this machine,
+    and the training groups and query-side steps it expects."""
     from retrctl.models import Encoder
 
     docs = list(records.read(data, "doc"))
@@ -121,6 +124,8 @@ def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", ep
     llm_docs = min(llm_docs, sum(in_shard(d["docid"], range(1, llm_shards + 1), shards) for d in docs))
     dev_llm_docs = min(dev_llm_docs, sum(in_shard(d["docid"], 0, shards) for d in docs))
     n, generated = len(docs), llm_docs + dev_llm_docs
+    # a crop of each training document and a generated query for each sampled one (train holds out the held-out ones)
+    counts = {"training groups": n * (shards - 1) // shards + llm_docs}
     held_out = n // shards + dev_llm_docs  # the held-out crops and generated queries: the weights' sweeps
     pseudo = n + generated  # every document's crop and the generated queries, searched by the base model
     dense_lists = 2 if ensemble else 1  # an ensemble's search encodes each query with both of its models
@@ -129,8 +134,8 @@ def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", ep
              "the folder's queries searched": len(queries) * t_query * (1 + 2 * dense_lists + audit)}
     parts["training"] = parts["the guard"] = 0.0
     if adapt in ("query", "both"):
-        groups = n * (shards - 1) // shards + generated
-        parts["training"] += epochs * -(-groups // batch) * STEP_FACTOR * batch * t_crop
+        counts["query-side steps"] = epochs * -(-counts["training groups"] // batch)
+        parts["training"] += counts["query-side steps"] * STEP_FACTOR * batch * t_crop
         parts["the guard"] += MAX_QUERIES * (1 + alphas) * t_crop
     if adapt in ("full", "both"):
         steps, group = train_settings(train_flags)
@@ -140,7 +145,7 @@ def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", ep
     if generated:
         parts["query generation"] = generated * (LLM_DOC + (QLM_DOC if qlm else 0))
     parts["starting commands"] = 20 * FIXED
-    return sum(parts.values()), parts
+    return sum(parts.values()), parts, counts
 
 
 def _has(data: str, kind: str) -> bool:
@@ -171,18 +176,19 @@ def main(argv=None) -> int:
     ap.add_argument("--crop-words", type=int, default=32)
     ap.add_argument("--record", help="write {part: seconds} and the total to this JSON file")
     a = ap.parse_args(argv)
-    total, parts = estimate(a.data, a.model, a.train_flags, adapt=a.adapt, epochs=a.epochs, batch=a.batch,
+    total, parts, counts = estimate(a.data, a.model, a.train_flags, adapt=a.adapt, epochs=a.epochs, batch=a.batch,
                             shards=a.shards, alphas=len(a.guard_alphas.split(",")), llm_docs=a.llm_docs, llm_shards=a.llm_shards,
                             dev_llm_docs=a.dev_llm_docs, qlm=a.qlm, ensemble=a.ensemble, audit=a.audit,
                             crop_words=a.crop_words)
     largest = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
     print(f"estimated on this machine: {total / 60:.0f} min ("
           + ", ".join(f"{k} {v / 60:.0f}" for k, v in largest)
+          + "".join(f"; {k} ~{v}" for k, v in counts.items())
           + f"; {a.model} timed on {SAMPLE} of the folder's texts)", file=sys.stderr)
     if a.record:
         with records.atomic_path(a.record) as tmp:
-            Path(tmp).write_text(json.dumps({"total_s": round(total, 1),
-                                             "parts_s": {k: round(v, 1) for k, v in parts.items()}}) + "\n")
+            plan = {"total_s": round(total, 1), "parts_s": {k: round(v, 1) for k, v in parts.items()}, "counts": counts}
+            Path(tmp).write_text(json.dumps(plan) + "\n")
     return 0
 
 
