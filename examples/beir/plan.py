@@ -174,12 +174,12 @@ def main(argv=None) -> int:
     ap.add_argument("--ensemble", action="store_true")
     ap.add_argument("--audit", action="store_true")
     ap.add_argument("--crop-words", type=int, default=32)
-    ap.add_argument("--record", help="write {part: seconds} and the total to this JSON file")
+    ap.add_argument("--record", help="write {part: seconds}, the total and the counts to this JSON file")
     a = ap.parse_args(argv)
     total, parts, counts = estimate(a.data, a.model, a.train_flags, adapt=a.adapt, epochs=a.epochs, batch=a.batch,
-                            shards=a.shards, alphas=len(a.guard_alphas.split(",")), llm_docs=a.llm_docs, llm_shards=a.llm_shards,
-                            dev_llm_docs=a.dev_llm_docs, qlm=a.qlm, ensemble=a.ensemble, audit=a.audit,
-                            crop_words=a.crop_words)
+                                    shards=a.shards, alphas=len(a.guard_alphas.split(",")), llm_docs=a.llm_docs,
+                                    llm_shards=a.llm_shards, dev_llm_docs=a.dev_llm_docs, qlm=a.qlm,
+                                    ensemble=a.ensemble, audit=a.audit, crop_words=a.crop_words)
     largest = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
     print(f"estimated on this machine: {total / 60:.0f} min ("
           + ", ".join(f"{k} {v / 60:.0f}" for k, v in largest)
