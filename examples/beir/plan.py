@@ -1,7 +1,7 @@
 """The recipe's cost, printed before it runs: its model timed on a sample of the folder's own texts on this machine.
 
     plan.py DATA --model M --train-flags FLAGS [--adapt full|query|both] [--epochs 3] [--batch 16] [--shards 10]
-            [--guard-alphas 0.5] [--llm-docs N] [--llm-shards N] [--dev-llm-docs N] [--qlm] [--ensemble] [--audit]
+            [--guard-alphas 0.5] [--llm-docs N] [--dev-llm-docs N] [--qlm] [--ensemble] [--audit]
             [--crop-words 32] [--record FILE]
 
 Encodes SAMPLE documents, SAMPLE of the folder's queries and SAMPLE document crops (a stable sample, after a
@@ -11,7 +11,7 @@ step is timed itself: STEPS_TIMED steps of `retrctl train` with the recipe's own
 its --max-steps and --train-group-size included) on groups of the folder's own documents (the first runs at the
 maximum length, as the recipe's first does). ADAPT=query's step, a batch of queries forward and backward, is
 STEP_FACTOR times their encode; ADAPT=both runs both trainings. The LLM's generation is not timed (loading it costs
-more than the estimate is worth): LLM_DOC seconds a document qgen samples (at most the documents of its shards),
+more than the estimate is worth): LLM_DOC seconds a document qgen samples (at most the documents of its shard),
 SmolLM2 in process on 2 cores. Prints one line to stderr: the total and its three largest parts, in minutes, the
 training groups expected and the query side's steps; ``--record`` also writes every part's seconds and those counts
 to FILE as JSON (bench/recipe_suite.py prints them beside the minutes measured).
@@ -106,7 +106,7 @@ def timed_steps(groups: Path, corpus: Path, flags: list[str], steps: int) -> tup
 
 
 def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", epochs: int = 3, batch: int = 16,
-             shards: int = 10, alphas: int = 1, llm_docs: int = 0, llm_shards: int = 1, dev_llm_docs: int = 0,
+             shards: int = 10, alphas: int = 1, llm_docs: int = 0, dev_llm_docs: int = 0,
              qlm: bool = False, ensemble: bool = False, audit: bool = False,
              crop_words: int = 32) -> tuple[float, dict[str, float], dict[str, int]]:
     """(seconds, {part: seconds}, {count: n}) the recipe is expected to take on ``data`` with ``model`` on this machine,
@@ -119,9 +119,8 @@ def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", ep
     t_doc = per_text(enc, [records.passage_text(d) for d in sample(docs, SAMPLE, 0, "docid")], "passage")
     t_query = per_text(enc, [q["query_text"] for q in sample(queries, SAMPLE, 0, "query_id")], "query")
     t_crop = per_text(enc, [crop(d, crop_words) for d in sample(docs, SAMPLE, 1, "docid")], "query")
-    # qgen's --sample draws from shards' documents (training: shards 1 to llm_shards, held-out: shard 0): a small
-    # corpus has fewer
-    llm_docs = min(llm_docs, sum(in_shard(d["docid"], range(1, llm_shards + 1), shards) for d in docs))
+    # qgen's --sample draws from one shard's documents (training: shard 1, held-out: shard 0): a small corpus has fewer
+    llm_docs = min(llm_docs, sum(in_shard(d["docid"], 1, shards) for d in docs))
     dev_llm_docs = min(dev_llm_docs, sum(in_shard(d["docid"], 0, shards) for d in docs))
     n, generated = len(docs), llm_docs + dev_llm_docs
     # a crop of each training document and a generated query for each sampled one (train holds out the held-out ones)
@@ -168,7 +167,6 @@ def main(argv=None) -> int:
     ap.add_argument("--shards", type=int, default=10)
     ap.add_argument("--guard-alphas", default="0.5", help="the guard's candidates besides the base")
     ap.add_argument("--llm-docs", type=int, default=0, help="training documents the LLM writes a query for (0: no LLM)")
-    ap.add_argument("--llm-shards", type=int, default=1, help="the training shards qgen samples from: 1 to N")
     ap.add_argument("--dev-llm-docs", type=int, default=0, help="held-out documents the LLM writes a query for")
     ap.add_argument("--qlm", action="store_true", help="the LLM also scores the generated queries' groups")
     ap.add_argument("--ensemble", action="store_true")
@@ -178,7 +176,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     total, parts, counts = estimate(a.data, a.model, a.train_flags, adapt=a.adapt, epochs=a.epochs, batch=a.batch,
                                     shards=a.shards, alphas=len(a.guard_alphas.split(",")), llm_docs=a.llm_docs,
-                                    llm_shards=a.llm_shards, dev_llm_docs=a.dev_llm_docs, qlm=a.qlm,
+                                    dev_llm_docs=a.dev_llm_docs, qlm=a.qlm,
                                     ensemble=a.ensemble, audit=a.audit, crop_words=a.crop_words)
     largest = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
     print(f"estimated on this machine: {total / 60:.0f} min ("
