@@ -146,8 +146,8 @@ OPTIONS: dict[str, Callable] = {
     "qrels": _opt("--qrels", help=QRELS_HELP),
     "retriever": _opt("--retriever", help="Retriever: an index dir, 'bm25', a model (see --model), or a run file."),
     "per_doc": _opt("--per-doc", type=click.IntRange(min=1), help="Queries to make per document."),
-    "sample": _opt("--sample", type=click.IntRange(min=1), help="Only N documents of this shard (or range of shards): those with the smallest "
-                   "stable hash of (--seed, docid), the same N in any input order. [default: all]"),
+    "sample": _opt("--sample", type=click.IntRange(min=1), help="Only N documents of this shard (or range of shards): "
+                   "those with the smallest stable hash of (--seed, docid), the same N in any input order. [default: all]"),
     "top_k": _opt("--top-k", type=click.IntRange(min=1), help="Candidates retrieved (or reranked) per query."),
     "llm": lambda f: _opt("--llm", help="Language model: a directory, GGUF file, 'smollm2', or a served model name.")(
         _opt("--llm-backend", type=click.Choice(["hf", "openai"]),

@@ -30,8 +30,8 @@ The score is the mean raw log-prob of the query's tokens given the prompt, taken
 dir over the whole corpus), or `bm25` / a model built over the docs of this run (of this shard, when sharded).
 
 `--sample N` generates for N documents only (of this shard, or of a range of shards: `--shard-id 1-9 --shard-num 10`
-samples from all but shard 0): those with the smallest stable hash of (seed, docid), the same in any input order (DUQGen and UnIte choose documents for qgen more cleverly; a hash sample is the
-plain baseline).
+samples from all but shard 0): those with the smallest stable hash of (seed, docid), the same in any input order
+(DUQGen and UnIte choose documents for qgen more cleverly; a hash sample is the plain baseline).
 
 Resumable: every generated query, with its score, is appended to `<output>.candidates.jsonl` as soon as
 its batch is done; a re-run with the same `-o` skips the docs found there and the output is rewritten atomically
