@@ -30,23 +30,29 @@ from _run import retrctl
 from recipe_suite import COLLECTIONS, LEVEL, SUITE, folder, fused_as_delivered, scores
 
 
-def interpolated(w: Path, alpha: float) -> str:
-    """``idx-alpha-A`` of collection dir ``w``: the corpus indexed with α·trained + (1 − α)·base; returns the name."""
+def save_interpolated(trained: Path, base: str, alpha: float, out: Path) -> None:
+    """``out``: a copy of model dir ``trained`` (real files, not links) holding α·trained + (1 − α)·base
+    (`retrctl.guard.interpolate`, exactly what the guard scores; α > 1 extrapolates), written beside and renamed."""
     from retrctl.guard import interpolate
     from retrctl.models import Encoder
 
+    enc = Encoder.load(trained, device="cpu")
+    enc.load_state_dict(interpolate(Encoder.load(base, device="cpu").state_dict(), enc.state_dict(), alpha))
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(trained, tmp)
+    for f in tmp.glob("*.safetensors"):
+        f.unlink()
+    enc.save(tmp)
+    tmp.rename(out)
+
+
+def interpolated(w: Path, alpha: float) -> str:
+    """``idx-alpha-A`` of collection dir ``w``: the corpus indexed with α·trained + (1 − α)·base; returns the name."""
     name = f"alpha-{alpha:g}"
-    model = w / name
-    if not model.exists():
+    if not (w / name).exists():
         base = json.loads((w / "model" / "guard.json").read_text())["base_model"]
-        enc = Encoder.load(w / "trained", device="cpu")
-        state = interpolate(Encoder.load(base, device="cpu").state_dict(), enc.state_dict(), alpha)
-        enc.load_state_dict(state)
-        tmp = w / f"{name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(w / "trained", tmp)
-        enc.save(tmp)
-        tmp.rename(model)
+        save_interpolated(w / "trained", base, alpha, w / name)
     return name
 
 
