@@ -158,6 +158,8 @@ def test_cli_a_range_of_shards_merges_with_the_rest_to_the_whole_corpus(runner, 
     assert r.exit_code == 0 and "not the whole corpus" not in r.stderr, r.stderr
     assert runner("index", corpus_file, "--model", tiny_bert, "-o", tmp_path / "whole").exit_code == 0
     assert_same(results(tmp_path / "merged"), results(tmp_path / "whole"))
+    r = runner("index", "--merge", tmp_path / "s1-2", tmp_path / "whole", "-o", tmp_path / "part")
+    assert "merging shards [1, 2] of 3" in r.stderr, r.stderr
 
 
 def test_cli_merge_refuses_overlapping_or_mixed_inputs(runner, tiny_bert, corpus_file, tmp_path):
