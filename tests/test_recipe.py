@@ -250,6 +250,8 @@ def test_recipe_by_default_fuses_the_trained_tower_and_the_whole_models_pick(tin
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"2 whole-model steps ({native_dtype()}) and the query side for 2 epochs" in out.stderr
     planned_and_guarded(out, data, work)
+    planned = (work / "plan.json").stat().st_mtime  # the plan's timed steps ran before the first targets, not beside
+    assert all((work / f).stat().st_mtime >= planned for f in ("crops.jsonl", "dev-crops.jsonl", "idx-bm25", "idx-base"))
     sweep = [json.loads(r) for r in (work / "sweep-adapted.jsonl").read_text().splitlines()]
     assert {r["prior"] for r in sweep} == {0.7}  # DENSE_WEIGHT, kept unless a weight beats it significantly
     trainings = [ln for ln in out.stdout.splitlines() if " train " in ln]
