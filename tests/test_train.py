@@ -93,6 +93,27 @@ def test_one_process_without_zero_trains_where_deepspeed_is_not_installed(tiny_b
     assert len(_losses(out)) == 2
 
 
+def test_groups_per_second_counts_an_epochs_short_last_batch_as_short(tiny_bert, tmp_path, monkeypatch):
+    import time
+
+    from retrctl.train.loop import Trainer
+
+    spent, step = [], Trainer.step
+
+    def timed(self, batch, first):  # each step a fixed 0.1 s longer: the rate is the window's groups over its time
+        t0 = time.perf_counter()
+        time.sleep(0.1)
+        out = step(self, batch, first)
+        spent.append(time.perf_counter() - t0)
+        return out
+
+    monkeypatch.setattr(Trainer, "step", timed)
+    out = train(_groups(10), corpus=_corpus(), output=tmp_path / "m", model=str(tiny_bert), epochs=1, **FAST)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["groups_consumed"] for r in rows] == [4, 8, 10]  # batches of 4, 4 and the last 2
+    assert rows[-1]["groups_per_s"] == pytest.approx(10 / sum(spent), rel=0.05)
+
+
 def test_false_negatives_are_masked_in_training(no_dropout_bert, tmp_path):
     groups = _groups(8)
     groups[1]["positive_document_ids"] = ["d1", "d0"]  # q1 also accepts q0's positive
