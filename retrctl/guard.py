@@ -98,18 +98,21 @@ def pool(dev: list[dict], corpus: dict[str, dict], rankings: Iterable[dict] = ()
     return {d: corpus[d] for d in taken}
 
 
-def rankings(corpus: dict[str, dict], queries: list[dict], base, batch_size: int, depth: int = DEPTH) -> list[dict]:
+def rankings(corpus: dict[str, dict], queries: list[dict], base, batch_size: int, depth: int = DEPTH,
+             stored: tuple[list[str], object] | None = None) -> list[dict]:
     """BM25's and the ``base`` encoder's top ``depth`` of each query over the whole corpus (one encode of it, what
-    indexing it costs): the systems a pool of a large corpus is made from. A candidate's own top hits would
-    cost one more encode of the corpus each, so they enter the pool only when the corpus is the pool."""
+    indexing it costs, unless ``stored`` gives the base's vectors of it: doc ids, vectors): the systems a pool of a
+    large corpus is made from. A candidate's own top hits would cost one more encode of the corpus each, so they
+    enter the pool only when the corpus is the pool."""
     from retrctl.indexes.bm25 import BM25Index
     from retrctl.indexes.dense import DenseIndex
 
-    out = []
-    for idx in (BM25Index(), DenseIndex(base, "Flat", batch_size)):
+    def searched(idx):
         idx.build({"docid": d, **doc} for d, doc in corpus.items())
-        out.append(idx.search(queries, depth))
-    return out
+        return idx.search(queries, depth)
+
+    dense = search_stored(base, stored, queries, batch_size, depth) if stored else searched(DenseIndex(base, "Flat", batch_size))
+    return [searched(BM25Index()), dense]
 
 
 def scored(dev: list[dict], veto: Iterable[str] = ()) -> list[dict]:
@@ -135,20 +138,48 @@ def score(encoder, docs: dict[str, dict], queries: list[dict], qrels: dict, batc
     return metrics.evaluate(idx.search(queries, DEPTH), qrels, [MEASURE])
 
 
-def score_stored(encoder, stored: tuple[list[str], object], queries: list[dict], qrels: dict, batch_size: int):
-    """metrics.Result of one query tower: the queries encoded and searched to DEPTH among a dense index's stored
-    vectors (``stored``: doc ids, vectors), every doc of the index, exactly; no passage is encoded."""
+def search_stored(encoder, stored: tuple[list[str], object], queries: list[dict], batch_size: int,
+                  depth: int = DEPTH) -> dict:
+    """The queries encoded and searched exactly among stored vectors (``stored``: doc ids, vectors) to ``depth``:
+    ``{query_id: [(doc_id, score), …]}`` best first; no passage is encoded."""
     import numpy as np
-
-    from retrctl import metrics
 
     docids, vectors = stored
     q = encoder.encode([x["query_text"] for x in queries], kind="query", batch_size=batch_size)
     scores = q @ vectors.T
-    k = min(DEPTH, len(docids))
-    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    run = {x["query_id"]: {docids[j]: float(scores[i, j]) for j in top[i]} for i, x in enumerate(queries)}
-    return metrics.evaluate(run, qrels, [MEASURE])
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :min(depth, len(docids))]
+    return {x["query_id"]: [(docids[j], float(scores[i, j])) for j in top[i]] for i, x in enumerate(queries)}
+
+
+def score_stored(encoder, stored: tuple[list[str], object], queries: list[dict], qrels: dict, batch_size: int):
+    """metrics.Result of one candidate searched among stored vectors (``search_stored``): a query tower among its
+    dense index's, every doc of the index; the base among its own index's vectors of the pool."""
+    from retrctl import metrics
+
+    run = search_stored(encoder, stored, queries, batch_size)
+    return metrics.evaluate({q: dict(hits) for q, hits in run.items()}, qrels, [MEASURE])
+
+
+def base_index_checked(directory: str | Path, base_model: str, corpus: dict[str, dict]) -> None:
+    """``UsageError`` unless ``directory`` is a dense index built by ``base_model`` over ``corpus``'s texts (every
+    doc in it, with the same content hash): what lets the guard read the base's vectors there."""
+    from retrctl import records
+    from retrctl.errors import UsageError
+    from retrctl.indexes import base, store
+    from retrctl.indexes.encoded import manifest_model
+
+    version = store.resolved(directory)
+    manifest = version.manifest
+    built_by = (manifest.get("encoder") or {}).get("model")
+    if manifest.get("backend") != "dense" or built_by != manifest_model(base_model):
+        raise UsageError(f"{directory}: a {manifest.get('backend')} index built by {built_by!r}; the guard reads the "
+                         f"base's vectors from a dense index built by --model {base_model}", flag="--guard-base-index")
+    held = dict(zip(*base.read_docids(version.path), strict=True))
+    for d, doc in corpus.items():
+        if held.get(d) != records.content_hash(doc.get("title") or "", doc["text"]):
+            why = "is not in it" if d not in held else "has another text there"
+            raise UsageError(f"{directory}: --corpus doc {d!r} {why}: index the corpus with --model {base_model} "
+                             "(retrctl index CORPUS --model …)", flag="--guard-base-index")
 
 
 def decide(results: dict[float, object], level: float = 0.05, veto: Iterable[str] = ()) -> dict:
@@ -208,7 +239,7 @@ def describe(decision: dict) -> str:
 def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, dict], *, alphas: list[float],
            seed: int, batch_size: int = 32, level: float = 0.05, veto: Iterable[str] = (),
            keep: str | Path | None = None, passage_index: str | Path | None = None, deliver: str = "pick",
-           pool_runs: list[dict] | None = None) -> dict:
+           pool_runs: list[dict] | None = None, base_index: str | Path | None = None) -> dict:
     """Score the base, the trained model in ``model_dir`` and their interpolations on the held-out groups; write
     the pick's weights into ``model_dir`` (unless it is the trained model) and guard.json beside them. ``veto``:
     query ids whose held-out groups may refuse a candidate (``decide``). ``keep``: a directory that receives the
@@ -219,7 +250,9 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     index's stored vectors (``score_stored``: the whole corpus, no passage encoded) instead of a pool it encodes.
     ``pool_runs``: rankings of the held-out queries over the whole corpus (``{query_id: [(doc_id, score), …]}``) that
     make the pool of a corpus above ``MAX_POOL`` instead of ``rankings`` (a pipeline's own BM25 and base-model runs:
-    the same pool without encoding the corpus again)."""
+    the same pool without encoding the corpus again). ``base_index``: a dense index of the corpus built by the base
+    model (``base_index_checked``): the base (α = 0) is scored on its stored vectors of the pool, and searched there
+    for a pool of its top hits, instead of encoding them again; the other candidates encode the pool as before."""
     import shutil
 
     import torch
@@ -236,33 +269,42 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     enc = Encoder.load(model_dir, device="cpu")
     trained = {k: v.detach().clone() for k, v in enc.state_dict().items()}
     base_state = Encoder.load(base_model, device="cpu").state_dict()
-    systems, source = [], "corpus"
-    if passage_index is not None:  # query towers over the index's stored vectors: the pool is the whole index
-        from retrctl.indexes.dense import stored_vectors
+    from retrctl.indexes.dense import stored_vectors
 
+    systems, source, base_measure, stored = [], "corpus", None, None
+    if passage_index is not None:  # query towers over the index's stored vectors: the pool is the whole index
         _, docids, vectors = stored_vectors(passage_index)
         docs = dict.fromkeys(docids)
         measure, source = functools.partial(score_stored, stored=(docids, vectors)), "index"
     else:
+        if base_index is not None:
+            stored = stored_vectors(base_index)[1:]
         if len(corpus) > MAX_POOL and pool_runs:  # pooled from the given runs' top hits
             systems, source = pool_runs, "the given runs' top hits"
         elif len(corpus) > MAX_POOL:  # pooled from BM25's and the base's top hits over the whole corpus
             enc.load_state_dict(interpolate(base_state, trained, 0.0))
             with torch.inference_mode():
-                systems, source = rankings(corpus, queries, enc, batch_size), "bm25+base top hits"
+                systems, source = rankings(corpus, queries, enc, batch_size, stored=stored), "bm25+base top hits"
         docs = pool(dev, corpus, systems, MAX_POOL)
         measure = functools.partial(score, docs=docs)
-    log.info("%d held-out queries (%d may veto), a pool of %d docs, candidates α = 0, %s",
-             len(queries), len(veto & qrels.keys()), len(docs), ", ".join(f"{a:g}" for a in alphas))
+        if stored is not None:  # the base's vectors of the pool, as stored: the pool is encoded for the others only
+            row = {d: i for i, d in enumerate(stored[0])}
+            base_measure = functools.partial(score_stored, stored=(list(docs), stored[1][[row[d] for d in docs]]))
+    log.info("%d held-out queries (%d may veto), a pool of %d docs, candidates α = 0%s, %s",
+             len(queries), len(veto & qrels.keys()), len(docs), f" (stored in {base_index})" if base_measure else "",
+             ", ".join(f"{a:g}" for a in alphas))
     results = {}
     for a in [0.0, *alphas]:
         enc.load_state_dict(interpolate(base_state, trained, a))
         with torch.inference_mode():
-            results[a] = measure(enc, queries=queries, qrels=qrels, batch_size=batch_size)
+            results[a] = (base_measure if a == 0 and base_measure else measure)(enc, queries=queries, qrels=qrels,
+                                                                               batch_size=batch_size)
         log.info("α=%g %s %.4f", a, MEASURE, results[a].mean[MEASURE])
     decision = decide(results, level, veto)
     decision["delivered"] = 1.0 if deliver == "trained" and decision["pick"] > 0 else decision["pick"]
     decision.update(alphas=alphas, pool_docs=len(docs), pool=source, base_model=str(base_model))
+    if base_measure is not None:
+        decision["base_vectors"] = str(base_index)
     if keep is not None:  # written beside, then renamed: a half-written copy is never mistaken for a model
         with records.atomic_dir(keep, resume=False) as tmp:
             shutil.copytree(model_dir, tmp, ignore=shutil.ignore_patterns("checkpoints", "teacher", "*.tmp"),

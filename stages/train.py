@@ -160,6 +160,11 @@ def _guarded(groups, docs, cfg: TrainConfig):
         raise UsageError("--guard-shards needs --corpus: held-out queries are searched among corpus documents")
     if cfg.guard_pool_runs and cfg.passage_index:
         raise UsageError("--guard-pool-runs with --passage-index: the guard searches every vector of that index")
+    if cfg.guard_base_index and cfg.passage_index:
+        raise UsageError("--guard-base-index with --passage-index: the guard scores every candidate on that index's "
+                         "vectors already")
+    if cfg.guard_base_index:  # checked now, not after the training
+        guard.base_index_checked(cfg.guard_base_index, cfg.model, docs)
     kept, dev = guard.hold_out(records.read(groups, "group") if isinstance(groups, (str, Path)) else groups, cfg.guard_shards)
     log.info("guard holds out %d groups (positives in shard 0 of %d), %d trained on", len(dev), cfg.guard_shards, len(kept))
     if len(dev) < 2:
@@ -178,7 +183,7 @@ def _guarded(groups, docs, cfg: TrainConfig):
     return kept, lambda model_dir: guard.select(model_dir, cfg.model, dev, docs, alphas=alphas, seed=cfg.seed,
                                                 batch_size=cfg.chunk_size, veto=veto, pool_runs=pool_runs,
                                                 keep=cfg.guard_keep or None, passage_index=cfg.passage_index or None,
-                                                deliver=cfg.guard_deliver)
+                                                deliver=cfg.guard_deliver, base_index=cfg.guard_base_index or None)
 
 
 def _pool_runs(paths: str, scored: list[dict]) -> list[dict] | None:

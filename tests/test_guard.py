@@ -356,3 +356,56 @@ def test_guard_pool_runs_is_checked(tiny_bert, tmp_path, runner):
     r = runner("train", groups_file, "--corpus", corpus_file, "--model", tiny_bert, "-o", tmp_path / "m",
                "--guard-shards", 3, "--guard-pool-runs", run, "--passage-index", tmp_path / "idx")
     assert r.exit_code == 2 and "every vector of that index" in r.output and not (tmp_path / "m").exists()
+
+
+def _base_index(runner, tiny_bert, tmp_path, docs):
+    corpus_file = write_jsonl(tmp_path / "corpus.jsonl", [{"_id": d, **v} for d, v in docs.items()])
+    r = runner("index", corpus_file, "--model", tiny_bert, "-o", tmp_path / "idx-base")
+    assert r.exit_code == 0, r.output
+    return corpus_file, tmp_path / "idx-base"
+
+
+@pytest.mark.parametrize("cap", [guard.MAX_POOL, 25])  # the whole corpus the pool; a pool of BM25's and the base's hits
+def test_the_base_scored_on_its_index_as_when_encoded(tiny_bert, tmp_path, runner, monkeypatch, cap):
+    monkeypatch.setattr(guard, "MAX_POOL", cap)
+    docs, dev = corpus(), groups(16)
+    _, idx = _base_index(runner, tiny_bert, tmp_path, docs)
+    encoded_pools = []
+    score = guard.score
+    monkeypatch.setattr(guard, "score", lambda enc, docs, **k: encoded_pools.append(len(docs)) or score(enc, docs, **k))
+    decisions = []
+    for base_index in (None, idx):
+        perturbed(tiny_bert, tmp_path / "trained")
+        decisions.append(guard.select(tmp_path / "trained", str(tiny_bert), dev, docs, alphas=[0.5, 1.0], seed=0,
+                                      batch_size=8, base_index=base_index))
+    encoded, stored = decisions
+    assert encoded_pools == [encoded["pool_docs"]] * 3 + [stored["pool_docs"]] * 2  # α = 0 encoded no pool the 2nd time
+    assert stored["base_vectors"] == str(idx) and "base_vectors" not in encoded
+    assert stored["pool_docs"] == encoded["pool_docs"] == min(cap, len(docs))
+    for a, b in zip(encoded["candidates"], stored["candidates"], strict=True):  # the same vectors, the same scores
+        assert a["alpha"] == b["alpha"] and a[guard.MEASURE] == pytest.approx(b[guard.MEASURE], abs=1e-6)
+    assert stored["pick"] == encoded["pick"]
+
+
+def test_guard_base_index_is_checked(tiny_bert, tmp_path, runner):
+    docs, gs = corpus(), groups(16)
+    corpus_file, idx = _base_index(runner, tiny_bert, tmp_path, docs)
+    args = [write_jsonl(tmp_path / "groups.jsonl", gs), "--corpus", corpus_file, "--model", tiny_bert, "--max-steps", 1,
+            *[f"--{k.replace('_', '-')}={v}" for k, v in FAST.items()], "-o", tmp_path / "m"]
+    r = runner("train", *args, "--guard-base-index", idx)
+    assert r.exit_code == 2 and "only applies with --guard-shards" in r.output
+    changed = dict(docs)
+    first = next(iter(sorted(changed)))
+    changed[first] = {**changed[first], "text": changed[first]["text"] + " edited"}
+    other = write_jsonl(tmp_path / "other.jsonl", [{"_id": d, **v} for d, v in changed.items()])
+    bm25 = tmp_path / "idx-bm25"
+    assert runner("index", corpus_file, "--method", "bm25", "-o", bm25).exit_code == 0
+    for flags, words in ((["--guard-base-index", bm25], "a bm25 index"),
+                         (["--guard-base-index", idx, "--corpus", other], f"doc {first!r} has another text there"),
+                         (["--guard-base-index", idx, "--passage-index", idx], "scores every candidate on that index")):
+        r = runner("train", *args, "--guard-shards", 3, *flags)
+        assert r.exit_code == 2 and words in r.output and "--guard-base-index" in r.output, r.output
+        assert not (tmp_path / "m").exists()
+    r = runner("train", *args, "--guard-shards", 3, "--guard-base-index", idx)
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "m" / "guard.json").read_text())["base_vectors"] == str(idx)

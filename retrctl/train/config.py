@@ -163,6 +163,10 @@ class TrainConfig:
                               "(comma-separated TREC files, e.g. the base model's and BM25's), whose top hits make the "
                               "guard's pool of a corpus above 2,000 documents instead of BM25 and the base model "
                               "searched again (one corpus encode saved).")
+    guard_base_index: str = _f("", "With --guard-shards: a dense index of --corpus built by --model (a pipeline's "
+                               "base index): the guard scores the base model (α = 0) on its stored vectors, and "
+                               "searches them for a pool of the base's top hits, instead of encoding the pool again "
+                               "(one pool encode saved; the other candidates encode it).")
     guard_deliver: str = _f("pick", "With --guard-shards: what a passing candidate delivers: pick (the candidate) or "
                             "trained (the trained model, α = 1, for an ensemble with the base model: the output-space "
                             "counterpart of the interpolation the guard passed). The base when none passes.")
@@ -294,7 +298,7 @@ class TrainConfig:
         if self.guard_deliver not in GUARD_DELIVERS:
             raise UsageError(f"--guard-deliver must be one of {', '.join(GUARD_DELIVERS)}, got {self.guard_deliver!r}")
         for flag, value in (("--guard-keep", self.guard_keep), ("--guard-veto", self.guard_veto),
-                            ("--guard-pool-runs", self.guard_pool_runs),
+                            ("--guard-pool-runs", self.guard_pool_runs), ("--guard-base-index", self.guard_base_index),
                             ("--guard-deliver", "" if self.guard_deliver == "pick" else self.guard_deliver)):
             if value and not self.guard_shards:
                 raise UsageError(f"{flag} only applies with --guard-shards")
