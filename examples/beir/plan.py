@@ -140,7 +140,8 @@ def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", ep
         steps, group = train_settings(train_flags)
         first, later = step_times(model, docs, train_flags, batch=batch, group=group, crop_words=crop_words)
         parts["training"] += first + (steps - 1) * later
-        parts["the guard"] += (min(n, MAX_POOL) * t_doc + MAX_QUERIES * t_crop) * (1 + alphas)
+        # the base's vectors of the pool are the base index's (--guard-base-index): the interpolations encode it
+        parts["the guard"] += min(n, MAX_POOL) * t_doc * alphas + MAX_QUERIES * t_crop * (1 + alphas)
     if generated:
         parts["query generation"] = generated * (LLM_DOC + (QLM_DOC if qlm else 0))
     parts["starting commands"] = 20 * FIXED
