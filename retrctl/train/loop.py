@@ -422,8 +422,7 @@ class Trainer:
                     first = False
                     pos.step, pos.batch_in_epoch, pos.groups_consumed = pos.step + 1, i + 1, pos.groups_consumed + len(batch)
                     window = (window + [(len(batch), time.perf_counter() - start)])[-20:]  # an epoch's last batch may be short
-                    rate = sum(n for n, _ in window) / sum(t for _, t in window)
-                    m = {"step": pos.step, "epoch": pos.epoch, **m, "groups_per_s": round(rate, 3),
+                    m = {"step": pos.step, "epoch": pos.epoch, **m, "groups_per_s": round(sum(n for n, _ in window) / sum(t for _, t in window), 3),
                          "groups_consumed": pos.groups_consumed, "elapsed_s": round(time.perf_counter() - t0, 2)}
                     if metrics is not None:
                         metrics.write(json.dumps(m) + "\n")
