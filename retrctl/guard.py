@@ -258,7 +258,9 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     import torch
 
     from retrctl import records
+    from retrctl.indexes.dense import stored_vectors
     from retrctl.models import Encoder
+    from retrctl.models.config import PASSAGE_KEYS
 
     veto = set(veto)
     dev = scored(dev, veto)
@@ -269,16 +271,20 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     enc = Encoder.load(model_dir, device="cpu")
     trained = {k: v.detach().clone() for k, v in enc.state_dict().items()}
     base_state = Encoder.load(base_model, device="cpu").state_dict()
-    from retrctl.indexes.dense import stored_vectors
-
     systems, source, base_measure, stored = [], "corpus", None, None
     if passage_index is not None:  # query towers over the index's stored vectors: the pool is the whole index
         _, docids, vectors = stored_vectors(passage_index)
         docs = dict.fromkeys(docids)
         measure, source = functools.partial(score_stored, stored=(docids, vectors)), "index"
     else:
-        if base_index is not None:
-            stored = stored_vectors(base_index)[1:]
+        if base_index is not None:  # its vectors stand for the base's only if the passages were encoded as here
+            manifest, docids, vectors = stored_vectors(base_index)
+            stored = (docids, vectors)
+            differ = [k for k in PASSAGE_KEYS if manifest["encoder"].get(k) != enc.describe().get(k)]
+            if differ:
+                log.warning("%s was built with other %s than the candidates encode with: the base is encoded too",
+                            base_index, ", ".join(differ))
+                stored = None
         if len(corpus) > MAX_POOL and pool_runs:  # pooled from the given runs' top hits
             systems, source = pool_runs, "the given runs' top hits"
         elif len(corpus) > MAX_POOL:  # pooled from BM25's and the base's top hits over the whole corpus

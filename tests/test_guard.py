@@ -358,11 +358,11 @@ def test_guard_pool_runs_is_checked(tiny_bert, tmp_path, runner):
     assert r.exit_code == 2 and "every vector of that index" in r.output and not (tmp_path / "m").exists()
 
 
-def _base_index(runner, tiny_bert, tmp_path, docs):
+def _base_index(runner, tiny_bert, tmp_path, docs, *flags, name="idx-base"):
     corpus_file = write_jsonl(tmp_path / "corpus.jsonl", [{"_id": d, **v} for d, v in docs.items()])
-    r = runner("index", corpus_file, "--model", tiny_bert, "-o", tmp_path / "idx-base")
+    r = runner("index", corpus_file, "--model", tiny_bert, *flags, "-o", tmp_path / name)
     assert r.exit_code == 0, r.output
-    return corpus_file, tmp_path / "idx-base"
+    return corpus_file, tmp_path / name
 
 
 @pytest.mark.parametrize("cap", [guard.MAX_POOL, 25])  # the whole corpus the pool; a pool of BM25's and the base's hits
@@ -389,7 +389,7 @@ def test_the_base_scored_on_its_index_as_when_encoded(tiny_bert, tmp_path, runne
 
 def test_guard_base_index_is_checked(tiny_bert, tmp_path, runner):
     docs, gs = corpus(), groups(16)
-    corpus_file, idx = _base_index(runner, tiny_bert, tmp_path, docs)
+    corpus_file, idx = _base_index(runner, tiny_bert, tmp_path, docs, "--passage-max-len", FAST["passage_max_len"])
     args = [write_jsonl(tmp_path / "groups.jsonl", gs), "--corpus", corpus_file, "--model", tiny_bert, "--max-steps", 1,
             *[f"--{k.replace('_', '-')}={v}" for k, v in FAST.items()], "-o", tmp_path / "m"]
     r = runner("train", *args, "--guard-base-index", idx)
@@ -409,3 +409,8 @@ def test_guard_base_index_is_checked(tiny_bert, tmp_path, runner):
     r = runner("train", *args, "--guard-shards", 3, "--guard-base-index", idx)
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "m" / "guard.json").read_text())["base_vectors"] == str(idx)
+    _, longer = _base_index(runner, tiny_bert, tmp_path, docs, name="idx-longer")  # passages cut at 256, not 24
+    r = runner("train", *args, "--guard-shards", 3, "--guard-base-index", longer, "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert "built with other passage_max_len than the candidates encode with: the base is encoded too" in r.stderr
+    assert "base_vectors" not in json.loads((tmp_path / "m" / "guard.json").read_text())
