@@ -8,13 +8,15 @@ block and undoes it after; a worker process calls ``stdout_onto_stderr`` once an
 
 ``pid_alive`` is the one check of a process id that a lock or a leftover file names: a killed writer's work is
 swept, a live one's is left alone. ``free_port``: a loopback port no one listens on now, for a process this one
-starts (torch.distributed's rendezvous, llama.cpp's server).
+starts (torch.distributed's rendezvous, llama.cpp's server). ``dies_with_parent``: a child process (a server) that
+ends with the process that started it, even one killed with no chance to stop it (SIGKILL: the OOM killer).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import sys
 from collections.abc import Callable, Iterator
@@ -79,3 +81,21 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def dies_with_parent(parent: int | None = None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` for ``subprocess.Popen`` (call it in the parent: it records ``parent``, this process): on
+    Linux the child is sent SIGTERM when the parent's thread that started it ends, however it ends, so a server it
+    started is not left running; a parent already gone by then ends the child at once. None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    parent = os.getpid() if parent is None else parent
+
+    def preexec() -> None:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent ended before the request took effect
+            os._exit(1)
+
+    return preexec

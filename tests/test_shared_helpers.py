@@ -2,6 +2,8 @@
 --negative-ranks), one pad-token fix, one id padder, one stdout guard; and the measures every benchmark shares
 (bench/_run.py: nDCG@10, exact search, a child's peak RSS, this process's high-water mark, the machine line)."""
 
+import sys
+
 import pytest
 
 from retrctl.options import parse_range
@@ -122,6 +124,38 @@ def test_pid_alive_one_semantics_for_locks_and_leftovers():
     assert not pid_alive(gone.pid)
     for junk in (None, "", "abc", 0, -1, -os.getpid(), 2**80):  # 0 and negatives would name process groups
         assert not pid_alive(junk), junk
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_started_with_dies_with_parent_ends_when_its_parent_is_killed():
+    import signal
+    import subprocess
+    import time
+
+    # the parent starts a long child as LlamaCppServer starts its server, prints its pid, and is SIGKILLed:
+    # no finally, no __exit__ runs, and the child must still end
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; from retrctl.process import "
+                               "dies_with_parent; c = subprocess.Popen([sys.executable, '-c', 'import time; "
+                               "time.sleep(120)'], preexec_fn=dies_with_parent()); print(c.pid, flush=True); "
+                               "time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    assert _running(child)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(child)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting for a reaper (the child's new parent may never reap it)."""
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------- bench/_run.py: the measures every benchmark shares

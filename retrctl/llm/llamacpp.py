@@ -29,7 +29,7 @@ import urllib.request
 from pathlib import Path
 
 from retrctl.errors import UsageError
-from retrctl.process import free_port
+from retrctl.process import dies_with_parent, free_port
 
 log = logging.getLogger("retrctl.llm")
 
@@ -79,7 +79,8 @@ class LlamaCppServer:
             raise UsageError(f"llama.cpp's server is not installed: {EXTRA}")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                         preexec_fn=dies_with_parent())  # no server left behind a killed parent
         deadline = time.monotonic() + self.ready_timeout
         while not self.ready():
             if self.proc.poll() is not None or time.monotonic() > deadline:
