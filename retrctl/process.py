@@ -83,18 +83,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def dies_with_parent(parent: int | None = None) -> Callable[[], None] | None:
-    """A ``preexec_fn`` for ``subprocess.Popen`` (call it in the parent: it records ``parent``, this process): on
-    Linux the child is sent SIGTERM when the parent's thread that started it ends, however it ends, so a server it
-    started is not left running; a parent already gone by then ends the child at once. None elsewhere."""
+def dies_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` for ``subprocess.Popen``, made in the parent (the child only calls it: no import after the
+    fork): on Linux the child is sent SIGTERM when the parent's thread that started it ends, however it ends, so a
+    server it started is not left running; a parent already gone by then ends the child at once. None elsewhere."""
     if not sys.platform.startswith("linux"):
         return None
-    parent = os.getpid() if parent is None else parent
+    import ctypes
+
+    prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()
 
     def preexec() -> None:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # the parent ended before the request took effect
             os._exit(1)
 
