@@ -317,7 +317,8 @@ class TrainConfig:
 
 # Settings a resume may change: where and how often it reports and saves, never what it computes.
 # per-invocation and bookkeeping settings, and the memory plan's inputs and outcome: plain or GradCache with any chunk
-# computes the same loss and gradient, so a resume on a busier (or bigger) machine may plan differently
+# computes the same loss and gradient, so a resume on a busier (or bigger) machine may plan differently (with dropout
+# on, its masks follow the chunks' shapes: a resume on another plan draws other masks, as another seed would)
 RESUME_MAY_CHANGE = frozenset({"resume", "overwrite", "save_steps", "save_minutes", "save_total_limit", "logging_steps",
                                "device", "lora_check_steps", "grad_cache", "chunk_size", "max_memory", "plan"})
 
