@@ -260,7 +260,7 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     from retrctl import records
     from retrctl.indexes.dense import stored_vectors
     from retrctl.models import Encoder
-    from retrctl.models.config import PASSAGE_KEYS
+    from retrctl.models.config import passage_differences
 
     veto = set(veto)
     dev = scored(dev, veto)
@@ -280,7 +280,7 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
         if base_index is not None:  # its vectors stand for the base's only if the passages were encoded as here
             manifest, docids, vectors = stored_vectors(base_index)
             stored = (docids, vectors)
-            differ = [k for k in PASSAGE_KEYS if manifest["encoder"].get(k) != enc.describe().get(k)]
+            differ = passage_differences(manifest["encoder"], enc.describe())
             if differ:
                 log.warning("%s was built with other %s than the candidates encode with: the base is encoded too",
                             base_index, ", ".join(differ))

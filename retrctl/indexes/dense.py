@@ -39,7 +39,7 @@ from retrctl.indexes.faiss_store import INDEX_TYPE, FaissStore
 from retrctl.indexes.faiss_store import SEARCH_FLAGS as FAISS_FLAGS
 from retrctl.indexes.heads import HEADS, declared
 from retrctl.indexes.heads import search as multi_head
-from retrctl.models.config import PASSAGE_KEYS
+from retrctl.models.config import PASSAGE_KEYS, passage_differences
 from retrctl.models.config import SETTINGS as ENCODER_KEYS  # the encoder settings a manifest records
 
 log = logging.getLogger("retrctl.index")
@@ -237,7 +237,7 @@ class DenseIndex(EncodedIndex):
             encoder = encoder_from_manifest(manifest, device=device, warn=directory, query_encoder=query_encoder, **overrides)
         else:
             mine = describe(encoder)
-            diff = {k for k in PASSAGE_KEYS if mine.get(k) != desc.get(k)}
+            diff = passage_differences(mine, desc)
             if mine["dim"] != desc["dim"]:
                 raise ValueError(f"encoder dim {mine['dim']} != index dim {desc['dim']} ({directory})")
             if diff:

@@ -91,6 +91,12 @@ SETTING_FLAGS = tuple(f.name for f in dataclasses.fields(EncoderConfig) if f.met
 ENCODER_FLAGS = (*SETTING_FLAGS, *(f.name for f in dataclasses.fields(LoadOptions)))  # the shared encoder flags
 
 
+def passage_differences(a: dict, b: dict) -> list[str]:
+    """The settings passage vectors depend on (``PASSAGE_KEYS``) in which two encoder descriptions differ: vectors
+    made under one stand for the other's only when this is empty."""
+    return [k for k in PASSAGE_KEYS if a.get(k) != b.get(k)]
+
+
 def flag_fields() -> list[dataclasses.Field]:
     """The fields behind the shared encoder flags, in flag order."""
     fields = [*dataclasses.fields(EncoderConfig), *dataclasses.fields(LoadOptions)]
