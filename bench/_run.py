@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
+DATA = Path(os.environ.get("RETRCTL_BENCH_DATA") or ROOT.parent / "shared" / "data")  # the dev collections (elsewhere on a lent device)
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 for _k, _v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):

@@ -17,7 +17,7 @@
 # QGEN_BATCH, split by the recipe's own guard shard: shard 0's are the held-out queries, the rest train) and
 # RECIPE_STEPS whole-model steps of the recipe's batch, against the CPU's 100 + 50 generated queries and 60 steps.
 # Outputs per collection: NAME.log (qgen's and make's stderr), NAME-eval.txt (the recipe's table and the guard),
-# times.txt.
+# times.txt; for all, table.md (bench/recipe_suite.py's table: delivered against both controls with the paired p).
 #
 # run: (1) qgen documents per minute and query-likelihood pairs per second, in-process transformers on the CPU
 # (the baseline of the ratios), on CUDA in fp32 and in bf16 (bench/llm_server.py, the same prompts and GGUF);
@@ -167,6 +167,10 @@ train)
     # each work dir's file times (when each target finished) also when a timeout stops the call
     trap 'for n in $RECIPE_SETS; do ls -l --time-style=+%T "$KIT/recipe/$n" >"$OUT/$n-files.txt" 2>&1; done' EXIT
     reuse && phase=train_one each_set
+    # the dev suite's table of what finished (both controls with their paired p, the guard, the audit)
+    only=$(printf -- '--only %s ' $RECIPE_SETS)
+    RETRCTL_BENCH_DATA=${DATA_DIR:-$KIT/data} "$PY" bench/recipe_suite.py "$KIT/recipe" --table-only $only \
+        >"$OUT/table.md" 2>"$OUT/table.log" || echo "recipe_suite table failed" >>"$OUT/times.txt"
     ;;
 run)
     unpack
