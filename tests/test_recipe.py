@@ -385,6 +385,7 @@ def test_recipe_plan_counts_the_generated_queries_shard_1_can_give(tiny_bert, tm
     assert out.returncode == 0, out.stderr[-3000:]
     qgen = [c for c in commands(out) if " qgen " in c and "qgen.jsonl" in c]
     assert len(qgen) == 1 and f"--shard-id 1 --shard-num 4 --sample {qgen_docs} " in qgen[0], qgen
+    assert "--batch-size 16 " in qgen[0], qgen  # QGEN_BATCH: a cost setting, the queries the same at any size
     out = make(data, work, tiny_bert, "plan", "GUARD_SHARDS=4", f"QGEN_DOCS={qgen_docs}", "EPOCHS=2", llm="smollm2")
     assert out.returncode == 0, out.stderr[-3000:]
     groups = 30 + min(qgen_docs, sum(in_shard(f"d{i}", 1, 4) for i in range(40)))
