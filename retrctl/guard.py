@@ -172,8 +172,9 @@ def base_index_checked(directory: str | Path, base_model: str, corpus: dict[str,
     manifest = version.manifest
     built_by = (manifest.get("encoder") or {}).get("model")
     if manifest.get("backend") != "dense" or built_by != manifest_model(base_model):
-        raise UsageError(f"{directory}: a {manifest.get('backend')} index built by {built_by!r}; the guard reads the "
-                         f"base's vectors from a dense index built by --model {base_model}", flag="--guard-base-index")
+        what = f"built by {built_by}" if built_by else "with no model"
+        raise UsageError(f"{directory}: a {manifest.get('backend')} index {what}; the guard reads the base's vectors "
+                         f"from a dense index built by --model {base_model}", flag="--guard-base-index")
     held = dict(zip(*base.read_docids(version.path), strict=True))
     for d, doc in corpus.items():
         if held.get(d) != records.content_hash(doc.get("title") or "", doc["text"]):

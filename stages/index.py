@@ -307,7 +307,7 @@ def copy(source: str | os.PathLike, output: str | os.PathLike, keep: int = KEEP,
     from retrctl.indexes import open_index, store
 
     version = store.resolve(source)
-    idx = open_index(version)  # the backend checks the defaults against the heads it holds
+    idx = open_index(version, with_encoder=False)  # the backend checks the defaults against the heads it holds
     idx.record_search_defaults(search_defaults or {})
     manifest = {k: v for k, v in version.manifest.items() if k != "search_defaults"}
     if idx.search_defaults:
@@ -327,7 +327,7 @@ def fuse(members: list[str | os.PathLike], output: str | os.PathLike, keep: int 
 
     if len(members) < 2:
         raise UsageError("--fuse needs two or more index directories")
-    idx = fused.publish([store.resolve(m) for m in members], output, search_defaults or {}, keep=keep)
+    idx = fused.publish([store.resolve(m) for m in members], output, search_defaults or {}, keep=keep, with_encoder=False)
     log.info("fused %s into %s (%d docs)%s", ", ".join(map(str, members)), output, len(idx),
              f" with search defaults {idx.search_defaults}" if idx.search_defaults else "")
     return len(idx)
@@ -350,9 +350,9 @@ def backend_options() -> list[click.Option]:
 @click.option("--merge", "merge_", is_flag=True, help="INPUTS are index dirs (e.g. shards) to merge into -o.")
 @click.option("--fuse", "fuse_", is_flag=True, help="INPUTS are index dirs of one corpus, published as the members of "
               "one fused index at -o: a search searches each and fuses their lists (--weights one per member, in "
-              "order; --weights-from, --fusion, --norm recorded as its defaults). Files shared, nothing encoded.")
+              "order; --weights-from, --fusion, --norm recorded as its defaults). Files shared, no model loaded.")
 @click.option("--copy-from", metavar="IDX", help="Publish IDX's current version as -o's new version with the fusion flags "
-              "given as its search defaults: its files shared (hard links), no corpus read, nothing encoded.")
+              "given as its search defaults: its files shared (hard links), no corpus read, no model loaded.")
 @click.option("--query-model", help="A query tower trained against this index's vectors (train --passage-index): "
               "searches encode queries with it, the docs stay the index model's. Dense (+ bm25) indexes.")
 def command(inputs, output, merge_, fuse_, shard_id, shard_num, input_format, weights_from, weights_by, copy_from, **opts):

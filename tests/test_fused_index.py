@@ -74,6 +74,32 @@ def test_a_fused_index_may_be_a_member_and_weights_come_from_a_sweep(runner, mem
     near(trec(tmp_path / "got.trec"), trec(tmp_path / "expected.trec"))
 
 
+def test_fuse_and_copy_from_load_no_encoder(runner, members, tiny_bert, monkeypatch, tmp_path):
+    """`index --fuse` and `--copy-from` publish stored files with search defaults: no member's model is loaded
+    (the weights are still checked against the heads), and what they publish searches as the indexes given."""
+    from retrctl.models import runtime
+
+    run = succeeding(runner)
+    corpus, (dense, bm25, _) = members
+    run("index", corpus, "--model", tiny_bert, "--heads", "dense,bm25", "-o", tmp_path / "hybrid")
+    queries = write_jsonl(tmp_path / "q.jsonl", MORE_QUERIES)
+    with monkeypatch.context() as m:
+        m.setattr(runtime, "load_encoder", lambda *a, **kw: pytest.fail("an encoder was loaded"))
+        run("index", "--fuse", dense, bm25, "--weights", "0.7,0.3", "-o", tmp_path / "fused")
+        run("index", "--copy-from", tmp_path / "hybrid", "--weights", "0.7,0.3", "-o", tmp_path / "copy")
+        bad = runner("index", "--copy-from", tmp_path / "hybrid", "--weights", "0.5,0.2,0.3", "-o", tmp_path / "bad")
+        assert bad.exit_code == 2 and "give one weight per head indexed" in bad.stderr, bad.stderr
+    run("search", tmp_path / "fused", queries, "--hits", 10, "-o", tmp_path / "fused.trec")
+    run("search", dense, queries, "--hits", 100, "-o", tmp_path / "dense.trec")
+    run("search", bm25, queries, "--hits", 100, "-o", tmp_path / "bm25.trec")
+    run("fuse", tmp_path / "dense.trec", tmp_path / "bm25.trec", "--weights", "0.7,0.3", "--hits", 10,
+        "-o", tmp_path / "expected.trec")
+    near(trec(tmp_path / "fused.trec"), trec(tmp_path / "expected.trec"))
+    run("search", tmp_path / "copy", queries, "--hits", 10, "-o", tmp_path / "copy.trec")
+    run("search", tmp_path / "hybrid", queries, "--weights", "0.7,0.3", "--hits", 10, "-o", tmp_path / "flags.trec")
+    assert (tmp_path / "copy.trec").read_text() == (tmp_path / "flags.trec").read_text()
+
+
 @pytest.mark.parametrize("args, words", [
     (("{dense}",), "--fuse needs two or more index directories"),
     (("{dense}", "{bm25}", "--weights", "0.5,0.2,0.3"), "one weight per member index"),

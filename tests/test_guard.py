@@ -400,7 +400,7 @@ def test_guard_base_index_is_checked(tiny_bert, tmp_path, runner):
     other = write_jsonl(tmp_path / "other.jsonl", [{"_id": d, **v} for d, v in changed.items()])
     bm25 = tmp_path / "idx-bm25"
     assert runner("index", corpus_file, "--method", "bm25", "-o", bm25).exit_code == 0
-    for flags, words in ((["--guard-base-index", bm25], "a bm25 index"),
+    for flags, words in ((["--guard-base-index", bm25], "a bm25 index with no model;"),
                          (["--guard-base-index", idx, "--corpus", other], f"doc {first!r} has another text there"),
                          (["--guard-base-index", idx, "--passage-index", idx], "scores every candidate on that index")):
         r = runner("train", *args, "--guard-shards", 3, *flags)

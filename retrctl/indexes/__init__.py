@@ -45,7 +45,8 @@ def declared_flags(command: str) -> dict[str, Flag]:
 
 def open_index(directory: str | Path | Version, **kw) -> Index:
     """Open a saved index (a directory, or a ``Version`` already resolved); ``kw`` (encoder=, device=, encoder
-    overrides) go to the backend's ``load``, which ignores what it has no use for. ``index.version`` tells which
+    overrides, ``with_encoder=False``: no encoder loaded, for what reads only the stored files) go to the backend's
+    ``load``, which ignores what it has no use for. ``index.version`` tells which
     version was opened (and its manifest)."""
     from retrctl.records import RecordError
 

@@ -223,9 +223,11 @@ class DenseIndex(EncodedIndex):
 
     @classmethod
     def load(cls, directory: str | Path, encoder=None, device: str | None = None, query_encoder: str = "full",
-             **overrides) -> DenseIndex:
+             with_encoder: bool = True, **overrides) -> DenseIndex:
         """Open a saved index, a ``HeadsIndex`` when its manifest holds other heads; the encoder is re-loaded from
-        the manifest's description when not given (``query_encoder``: see ``encoded.encoder_from_manifest``).
+        the manifest's description when not given (``query_encoder``: see ``encoded.encoder_from_manifest``), or
+        not at all with ``with_encoder=False`` (the stored vectors and ids only: nothing can be encoded or searched
+        by text).
 
         ``overrides`` (pooling, query_prompt, query_max_len, dtype, …) go to ``Encoder.load``; overriding
         a setting the doc vectors were made with is allowed but warned about.
@@ -233,9 +235,9 @@ class DenseIndex(EncodedIndex):
         version = store.resolved(directory)
         directory, manifest = version.path, version.manifest
         desc = manifest["encoder"]
-        if encoder is None:
+        if encoder is None and with_encoder:
             encoder = encoder_from_manifest(manifest, device=device, warn=directory, query_encoder=query_encoder, **overrides)
-        else:
+        elif encoder is not None:
             mine = describe(encoder)
             diff = passage_differences(mine, desc)
             if mine["dim"] != desc["dim"]:
@@ -251,6 +253,8 @@ class DenseIndex(EncodedIndex):
         idx = kind(encoder, **settings)
         idx._read_meta(manifest)
         idx.normalized = manifest.get("normalized")
+        if encoder is None:  # with_encoder=False: the manifest's
+            idx.dim = desc["dim"]
         docids, hashes = base.read_docids(directory)
         idx.stores = {name: head.read(idx, directory, manifest, len(docids)) for name, head in idx.held.items()}
         idx._set_ids(docids, hashes)

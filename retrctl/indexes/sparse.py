@@ -349,10 +349,12 @@ class SparseIndex(EncodedIndex):
         base.write_manifest(directory, self.manifest())
 
     @classmethod
-    def load(cls, directory, encoder=None, device: str | None = None, query_encoder: str = "full", **overrides) -> SparseIndex:
+    def load(cls, directory, encoder=None, device: str | None = None, query_encoder: str = "full",
+             with_encoder: bool = True, **overrides) -> SparseIndex:
+        """Open a saved index; the encoder as ``DenseIndex.load`` (``with_encoder=False``: none loaded)."""
         version = store.resolved(directory)
         directory, manifest = version.path, version.manifest
-        if encoder is None:
+        if encoder is None and with_encoder:
             encoder = encoder_from_manifest(manifest, device=device, warn=directory, **overrides)
         settings = manifest["settings"]
         idx = cls(encoder, settings.get("batch_size", 32), chunk_size=settings.get("chunk_size", 4096), top_k=settings["top_k"])
