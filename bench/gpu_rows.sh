@@ -15,7 +15,7 @@
 # recipe: issue 47's full-size rows. The zero-label recipe (examples/beir, its defaults, AUDIT=1) on SciFact and
 # ArguAna at once, with queries generated for every document that fits QGEN_SECONDS (qgen on CUDA, batches of
 # QGEN_BATCH, split by the recipe's own guard shard: shard 0's are the held-out queries, the rest train) and
-# RECIPE_STEPS whole-model steps of the recipe's batch, against the CPU's 100 + 50 generated queries and 60 steps.
+# RECIPE_STEPS whole-model steps of the recipe's batch, against the CPU's queries for 400 + 50 documents and 60 steps.
 # Outputs per collection: NAME.log (qgen's and make's stderr), NAME-eval.txt (the recipe's table and the guard),
 # times.txt; for all, table.md (bench/recipe_suite.py's table: delivered against both controls with the paired p).
 #
