@@ -10,6 +10,7 @@
 #   bash bench/gpu_rows.sh recipe    # there, the last call, carrying the last .kitN: the recipe rows
 #   bash bench/gpu_rows.sh queries   # (or recipe in two calls) the last call but one: the kit and the queries ...
 #   bash bench/gpu_rows.sh train     # ... and the next call on the same warm machine: the Makefile on them
+#                                    # (again with RECIPE_TAG=-x RECIPE_VARS="VAR=…": a variant on the same queries)
 #   bash bench/gpu_rows.sh run       # (instead of recipe) the LLM rates and the heal rows
 #
 # recipe: issue 47's full-size rows. The zero-label recipe (examples/beir, its defaults, AUDIT=1) on SciFact and
@@ -36,6 +37,8 @@ LLM_PAIRS=${LLM_PAIRS:-16}
 RECIPE_SETS=${RECIPE_SETS:-scifact arguana}
 RECIPE_STEPS=${RECIPE_STEPS:-1000}
 RECIPE_JOBS=${RECIPE_JOBS:-3} # make -j: a collection's independent targets side by side
+RECIPE_VARS=${RECIPE_VARS:-}  # more of the recipe's make variables for `train`, e.g. "DENSE_WEIGHT=0.5 GUARD_ALPHAS=0.3"
+RECIPE_TAG=${RECIPE_TAG:-}    # `train` into $KIT/recipe$RECIPE_TAG, fed the queries of $KIT/recipe: a variant on the same warm machine
 QGEN_BATCH=${QGEN_BATCH:-128}
 QGEN_PROBE=${QGEN_PROBE:-256}
 QGEN_SECONDS=${QGEN_SECONDS:-150}
@@ -104,11 +107,14 @@ PY
     echo "$name qgen $((SECONDS - start)) s: $(cat "$w/qgen.jsonl" 2>/dev/null | wc -l) training, $(cat "$w/dev-qgen.jsonl" 2>/dev/null | wc -l) held-out queries of $docs docs" >>"$OUT/times.txt"
 }
 
-# one collection's recipe on those queries (the Makefile's own qgen where they are missing), RECIPE_STEPS steps
+# one collection's recipe on those queries (the Makefile's own qgen where they are missing), RECIPE_STEPS steps and
+# RECIPE_VARS; a RECIPE_TAG's work dir starts from a copy of the untagged one's queries (their times kept: not redone)
 train_one() {
-    local name=$1 data=${DATA_DIR:-$KIT/data}/$1 w=$KIT/recipe/$1 log=$OUT/$1.log start=$SECONDS
+    local name=$1 data=${DATA_DIR:-$KIT/data}/$1 w=$KIT/recipe$RECIPE_TAG/$1 log=$OUT/$1.log start=$SECONDS
     mkdir -p "$w"
-    make -C examples/beir -j "$RECIPE_JOBS" DATA="$data" W="$w" PY="$PY" STEPS="$RECIPE_STEPS" AUDIT=1 >>"$log" 2>&1 || echo "$name: make failed" >>"$OUT/times.txt"
+    [ -z "$RECIPE_TAG" ] || cp -p "$KIT/recipe/$1"/{qgen,dev-qgen}.jsonl "$w"/ 2>/dev/null || true
+    make -C examples/beir -j "$RECIPE_JOBS" DATA="$data" W="$w" PY="$PY" STEPS="$RECIPE_STEPS" AUDIT=1 $RECIPE_VARS \
+        >>"$log" 2>&1 || echo "$name: make failed" >>"$OUT/times.txt"
     echo "$name recipe $((SECONDS - start)) s" >>"$OUT/times.txt"
     cp "$w/eval.txt" "$OUT/$name-eval.txt" 2>/dev/null || true
 }
@@ -165,11 +171,11 @@ queries)
     ;;
 train)
     # each work dir's file times (when each target finished) also when a timeout stops the call
-    trap 'for n in $RECIPE_SETS; do ls -l --time-style=+%T "$KIT/recipe/$n" >"$OUT/$n-files.txt" 2>&1; done' EXIT
+    trap 'for n in $RECIPE_SETS; do ls -l --time-style=+%T "$KIT/recipe$RECIPE_TAG/$n" >"$OUT/$n-files.txt" 2>&1; done' EXIT
     reuse && phase=train_one each_set
     # the dev suite's table of what finished (both controls with their paired p, the guard, the audit)
     only=$(printf -- '--only %s ' $RECIPE_SETS)
-    RETRCTL_BENCH_DATA=${DATA_DIR:-$KIT/data} "$PY" bench/recipe_suite.py "$KIT/recipe" --table-only $only \
+    RETRCTL_BENCH_DATA=${DATA_DIR:-$KIT/data} "$PY" bench/recipe_suite.py "$KIT/recipe$RECIPE_TAG" --table-only $only \
         >"$OUT/table.md" 2>"$OUT/table.log" || echo "recipe_suite table failed" >>"$OUT/times.txt"
     ;;
 run)

@@ -244,3 +244,23 @@ def test_makefile_runs_the_study_and_keeps_a_failed_row(toy, tiny_bert, tiny_lla
     assert any(ln.startswith("LM proxy vs average nDCG@10: needs three") for ln in lines)
     assert (work / "scaling.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((work / "rows" / "broken.json").read_text())["status"] == "failed"
+
+
+def test_a_step_deleted_by_hand_is_made_again_with_what_was_made_from_it(tmp_path):
+    """No step's output is intermediate: with a backbone's model deleted, make trains it again and then indexes,
+    searches and evaluates again (a dry run, `make -n`, over a work dir of finished steps)."""
+    work = tmp_path / "w"
+    steps = ["all-groups.jsonl", "groups.jsonl", "data/toy/corpus.jsonl", "bb/b/model/", "bb/b/toy.trec",
+             "bb/b/toy.eval.json"]
+    for i, step in enumerate(steps):  # each finished a second after what it is made from
+        path = work / step
+        path.mkdir(parents=True) if step.endswith("/") else (path.parent.mkdir(parents=True, exist_ok=True), path.touch())
+        os.utime(path, (1_000_000 + i, 1_000_000 + i))
+    args = ["make", "-n", "-C", str(ROOT / "examples" / "scaling"), f"PY={sys.executable}", f"W={work}",
+            "COLLECTIONS=toy", "BACKBONES=b=minilm", "PRUNED=", str(work / "bb" / "b" / "toy.eval.json")]
+    out = run_group(args, dict(os.environ), timeout=60)
+    assert out.returncode == 0 and " train " not in out.stdout and " eval " not in out.stdout, out.stdout + out.stderr
+    (work / "bb" / "b" / "model").rmdir()
+    out = run_group(args, dict(os.environ), timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert all(f" {cmd} " in out.stdout for cmd in ("train", "index", "search", "eval")), out.stdout
