@@ -254,7 +254,11 @@ def test_a_step_deleted_by_hand_is_made_again_with_what_was_made_from_it(tmp_pat
              "bb/b/toy.eval.json"]
     for i, step in enumerate(steps):  # each finished a second after what it is made from
         path = work / step
-        path.mkdir(parents=True) if step.endswith("/") else (path.parent.mkdir(parents=True, exist_ok=True), path.touch())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if step.endswith("/"):
+            path.mkdir()
+        else:
+            path.touch()
         os.utime(path, (1_000_000 + i, 1_000_000 + i))
     args = ["make", "-n", "-C", str(ROOT / "examples" / "scaling"), f"PY={sys.executable}", f"W={work}",
             "COLLECTIONS=toy", "BACKBONES=b=minilm", "PRUNED=", str(work / "bb" / "b" / "toy.eval.json")]
