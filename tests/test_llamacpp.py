@@ -188,6 +188,21 @@ def test_the_recipe_helper_runs_a_command_with_the_server_up_and_stops_it(tmp_pa
     assert failed.returncode == 2 and "is not one" in failed.stderr  # not a GGUF file: one line, exit 2
 
 
+def test_a_temporary_log_goes_with_a_stopped_server_and_stays_after_a_crash():
+    with llamacpp.LlamaCppServer("smollm2") as srv:
+        temporary = srv.log_path
+        assert temporary.stat().st_size > 0
+    assert not temporary.exists()  # a clean stop leaves nothing in the temporary folder
+    crashed = llamacpp.LlamaCppServer("smollm2").start()
+    crashed.proc.kill()
+    crashed.proc.wait()
+    crashed.stop()
+    try:
+        assert crashed.ended() == "killed by SIGKILL" and crashed.log_path.stat().st_size > 0  # kept for the error
+    finally:
+        crashed.log_path.unlink(missing_ok=True)
+
+
 def test_a_server_that_ended_on_its_own_says_how():
     srv = llamacpp.LlamaCppServer("smollm2")
     assert srv.ended() is None  # never started

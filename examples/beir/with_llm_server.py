@@ -20,7 +20,8 @@ from retrctl.llm.llamacpp import LlamaCppServer
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="a shipped name (smollm2) or a .gguf file")
-    ap.add_argument("--log", help="the server's log file (default: a temporary file)")
+    ap.add_argument("--log", help="the server's log file (default: a temporary file, removed when the server is stopped "
+                    "and kept when it failed or ended on its own)")
     ap.add_argument("--server-arg", action="append", default=[], help="one more server flag or value (repeatable)")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to run; {url} is the server's URL")
     args = ap.parse_args(argv)

@@ -55,14 +55,16 @@ def gguf_file(model) -> Path:
 
 class LlamaCppServer:
     """The server on ``model`` (GGUF) at ``url`` while in a ``with`` block. ``args``: more server flags
-    (``--n_threads 2``). Its output goes to ``log_path`` (a temporary file by default), whose tail is shown
-    when it fails to start."""
+    (``--n_threads 2``). Its output goes to ``log_path``, whose tail is shown when it fails to start. Without
+    one it goes to a temporary file, removed when ``stop`` ends a running server and kept when the server failed
+    to start or ended on its own, for the error that names it."""
 
     def __init__(self, model, *, port: int | None = None, args=(), ready_timeout: float = 120.0, log_path=None):
         self.gguf = gguf_file(model)
         self.port = port or free_port()
         self.args, self.ready_timeout = [str(a) for a in args], float(ready_timeout)
-        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="llamacpp-", suffix=".log")[1])
+        self.temporary_log = not log_path
+        self.log_path = Path(log_path) if log_path else None  # the temporary file is made by start
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -77,6 +79,8 @@ class LlamaCppServer:
     def start(self) -> LlamaCppServer:
         if not available():
             raise UsageError(f"llama.cpp's server is not installed: {EXTRA}")
+        if self.temporary_log:
+            self.log_path = Path(tempfile.mkstemp(prefix="llamacpp-", suffix=".log")[1])
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -85,7 +89,7 @@ class LlamaCppServer:
         while not self.ready():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 why = self.ended() or f"not ready after {self.ready_timeout:.0f}s"
-                self.stop()
+                self.stop(keep_log=True)
                 raise RuntimeError(f"llama.cpp's server on {self.gguf.name} {why}; its log ({self.log_path}) ends:\n"
                                    + self.log_tail())
             time.sleep(0.2)
@@ -108,12 +112,15 @@ class LlamaCppServer:
             return False
 
     def log_tail(self, lines: int = 15) -> str:
+        if self.log_path is None:  # never started
+            return ""
         with contextlib.suppress(OSError):
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         return ""
 
-    def stop(self, sig: int = signal.SIGTERM, wait: float = 15.0) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after ``wait`` seconds); ``sig=SIGKILL`` kills it at once."""
+    def stop(self, sig: int = signal.SIGTERM, wait: float = 15.0, *, keep_log: bool = False) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after ``wait`` seconds); ``sig=SIGKILL`` kills it at once. A
+        temporary log goes with it unless ``keep_log``; nothing is done to a server that already ended."""
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.send_signal(sig)
@@ -122,6 +129,8 @@ class LlamaCppServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self.temporary_log and not keep_log:
+            self.log_path.unlink(missing_ok=True)
 
     def __enter__(self) -> LlamaCppServer:
         return self.start()
