@@ -259,6 +259,7 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     import torch
 
     from retrctl import records
+    from retrctl.indexes import store
     from retrctl.indexes.dense import stored_vectors
     from retrctl.models import Encoder
     from retrctl.models.config import passage_differences
@@ -279,13 +280,14 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
         measure, source = functools.partial(score_stored, stored=(docids, vectors)), "index"
     else:
         if base_index is not None:  # its vectors stand for the base's only if the passages were encoded as here
-            manifest, docids, vectors = stored_vectors(base_index)
-            stored = (docids, vectors)
-            differ = passage_differences(manifest["encoder"], enc.describe())
+            version = store.resolved(base_index)
+            differ = passage_differences(version.manifest["encoder"], enc.describe())
             if differ:
                 log.warning("%s was built with other %s than the candidates encode with: the base is encoded too",
                             base_index, ", ".join(differ))
-                stored = None
+            else:
+                _, docids, vectors = stored_vectors(version)
+                stored = (docids, vectors)
         if len(corpus) > MAX_POOL and pool_runs:  # pooled from the given runs' top hits
             systems, source = pool_runs, "the given runs' top hits"
         elif len(corpus) > MAX_POOL:  # pooled from BM25's and the base's top hits over the whole corpus

@@ -387,7 +387,7 @@ def test_the_base_scored_on_its_index_as_when_encoded(tiny_bert, tmp_path, runne
     assert stored["pick"] == encoded["pick"]
 
 
-def test_guard_base_index_is_checked(tiny_bert, tmp_path, runner):
+def test_guard_base_index_is_checked(tiny_bert, tmp_path, runner, monkeypatch):
     docs, gs = corpus(), groups(16)
     corpus_file, idx = _base_index(runner, tiny_bert, tmp_path, docs, "--passage-max-len", FAST["passage_max_len"])
     args = [write_jsonl(tmp_path / "groups.jsonl", gs), "--corpus", corpus_file, "--model", tiny_bert, "--max-steps", 1,
@@ -410,6 +410,11 @@ def test_guard_base_index_is_checked(tiny_bert, tmp_path, runner):
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "m" / "guard.json").read_text())["base_vectors"] == str(idx)
     _, longer = _base_index(runner, tiny_bert, tmp_path, docs, name="idx-longer")  # passages cut at 256, not 24
+
+    def unread(*_):
+        raise AssertionError("vectors read from an index whose settings differ")
+
+    monkeypatch.setattr("retrctl.indexes.dense.stored_vectors", unread)  # the manifest decides before any vector
     r = runner("train", *args, "--guard-shards", 3, "--guard-base-index", longer, "--overwrite")
     assert r.exit_code == 0, r.output
     assert "built with other passage_max_len than the candidates encode with: the base is encoded too" in r.stderr

@@ -300,10 +300,10 @@ class DenseIndex(EncodedIndex):
         return out
 
 
-def stored_vectors(directory: str | Path) -> tuple[dict, list[str], np.ndarray]:
-    """(manifest, doc ids, vectors) of a dense index's current version, read without loading its encoder: the
-    rows a search ranks by, exact (faiss gives back a flat index's vectors; other types keep vectors.npy).
-    ``UsageError`` for an index of another backend."""
+def stored_vectors(directory: str | Path | store.Version) -> tuple[dict, list[str], np.ndarray]:
+    """(manifest, doc ids, vectors) of a dense index's current version (or of a version already resolved), read
+    without loading its encoder: the rows a search ranks by, exact (faiss gives back a flat index's vectors; other
+    types keep vectors.npy). ``UsageError`` for an index of another backend."""
     version = store.resolved(directory)
     manifest = version.manifest
     if manifest.get("backend") != DenseIndex.name:
