@@ -112,7 +112,7 @@ def rankings(corpus: dict[str, dict], queries: list[dict], base, batch_size: int
         return idx.search(queries, depth)
 
     dense = search_stored(base, stored, queries, batch_size, depth) if stored else searched(DenseIndex(base, "Flat", batch_size))
-    return [searched(BM25Index()), dense]
+    return [searched(BM25Index.create()), dense]  # the index stage's defaults
 
 
 def scored(dev: list[dict], veto: Iterable[str] = ()) -> list[dict]:

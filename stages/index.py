@@ -13,6 +13,7 @@ arXiv:2407.03618). A doc is "title text" in both (BEIR's convention, Thakur et a
 | BM25 k1, b (Pyserini's BEIR "flat" setting) | `--k1`, `--b`                           | 0.9, 0.4 |
 | BM25 variant (Kamphuis et al. 2020)        | `--bm25-method lucene|robertson|atire|bm25l|bm25+` | lucene |
 | stopwords (bm25s lists)                    | `--stopwords en|none|de|…`              | en |
+| BM25 tokens: bm25s's words, or also CJK/Thai characters and pairs (Lucene's CJK bigrams) | `--bm25-tokens words|multilingual` | multilingual (an existing index keeps its own) |
 | encode batch                               | `--batch-size`                          | 32 |
 | a multi-head model's heads, one sub-index each, one pass (BGE-M3: dense, lexical, colbert) | `--heads dense,sparse,colbert` (`lexical` = `sparse`; dense required) | every head the model has |
 | sparse terms kept per doc                  | `--sparse-top-k`                        | the head's (a lexical head: all) |

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from conftest import DOCS, QUERIES
 
-from retrctl.indexes import BACKENDS, BM25Index, DenseIndex, open_index
+from retrctl import records
+from retrctl.indexes import BACKENDS, BM25Index, DenseIndex, bm25_tokens, open_index
 from retrctl.models import Encoder
 from retrctl.records import RecordError
 
@@ -259,9 +260,67 @@ def test_bm25_settings_matter_and_are_recorded(tmp_path):
     assert plain.search(q, 3)["q"] != default.search(q, 3)["q"]
     plain.save(tmp_path / "b")
     manifest = json.loads((tmp_path / "b" / "index.json").read_text())
-    assert manifest["settings"] == {"k1": 1.2, "b": 0.75, "stopwords": None, "method": "lucene"}
+    assert manifest["settings"] == {"k1": 1.2, "b": 0.75, "stopwords": None, "method": "lucene", "tokens": "words"}
     assert "stopwords none" in manifest["variant"]
     assert open_index(tmp_path / "b").search(q, 3) == plain.search(q, 3)
+
+
+UNSPACED_DOCS = [{"docid": "zh", "title": "", "text": "信息检索系统根据查询返回相关文档。"},
+                 {"docid": "zh2", "title": "", "text": "今天的天气很好，我们去公园散步。"},
+                 {"docid": "th", "title": "", "text": "ภาษาไทยเขียนติดกันโดยไม่เว้นวรรค"},
+                 {"docid": "hi", "title": "", "text": "भारत की राजधानी नई दिल्ली है"},
+                 {"docid": "en", "title": "Cats", "text": "The cat (猫) naps in the sun."}]
+
+
+def test_multilingual_tokens_split_unspaced_scripts_into_characters_and_pairs():
+    assert bm25_tokens.multilingual("信息检索") == ["信", "息", "检", "索", "信息", "息检", "检索"]
+    assert bm25_tokens.WORDS("信息检索") == ["信息检索"]  # one token per clause: no query shares it
+    assert bm25_tokens.multilingual("ไม่เว้น") == ["ไ", "ม่", "เ", "ว้", "น", "ไม่", "ม่เ", "เว้", "ว้น"]  # marks stay on their letter
+    assert bm25_tokens.multilingual("राजधानी नई") == ["राजधानी", "नई"]
+    assert bm25_tokens.WORDS("राजधानी नई") == ["जध", "नई"]  # राजधानी broken at the vowel signs \\w does not match
+    assert bm25_tokens.multilingual("cat猫dog") == ["cat", "猫", "dog"]
+    for doc in DOCS:  # no such script, the same tokens
+        text = records.passage_text(doc).lower()
+        assert bm25_tokens.multilingual(text) == bm25_tokens.WORDS(text)
+    for text in ("naïve café ﬁne x1 _ab", "Привет мир", "Καλημέρα κόσμε", "مرحبا بالعالم", "Xin chào thế giới"):
+        assert bm25_tokens.multilingual(text) == bm25_tokens.WORDS(text), text
+    with pytest.raises(ValueError, match="words, multilingual"):
+        bm25_tokens.splitter("chars")
+
+
+def test_bm25_tokens_default_to_multilingual_and_find_chinese_thai_hindi(runner, tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": d["docid"], "title": d["title"], "text": d["text"]}, ensure_ascii=False)
+                              + "\n" for d in UNSPACED_DOCS))
+    queries = [{"query_id": "zh", "query_text": "检索系统"}, {"query_id": "th", "query_text": "ภาษาไทย"},
+               {"query_id": "hi", "query_text": "राजधानी"}]
+    assert runner("index", corpus, "--method", "bm25", "-o", tmp_path / "m").exit_code == 0
+    assert runner("index", corpus, "--method", "bm25", "--bm25-tokens", "words", "-o", tmp_path / "w").exit_code == 0
+    multi, words = open_index(tmp_path / "m"), open_index(tmp_path / "w")
+    assert multi.config()["tokens"] == "multilingual" and words.config()["tokens"] == "words"
+    assert "character unigrams and bigrams" in multi.variant() and multi.run_tag(multi.version.manifest).endswith(
+        "-tokens=multilingual")
+    assert {q: hits[0][0] for q, hits in multi.search(queries, 1).items()} == {"zh": "zh", "th": "th", "hi": "hi"}
+    found = words.search(queries, 1)
+    assert found["zh"] == found["th"] == []  # words: each clause one token, which no query shares
+    en = [{"query_id": "en", "query_text": "cat naps"}]
+    assert [d for d, _ in multi.search(en, 5)["en"]] == [d for d, _ in words.search(en, 5)["en"]] == ["en"]
+
+
+def test_an_update_keeps_the_tokens_an_index_was_built_with(runner, tiny_bert, tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": d["docid"], "text": d["text"]}, ensure_ascii=False) + "\n"
+                              for d in UNSPACED_DOCS))
+    for name, flags, changed in (("bm25", ["--method", "bm25"], "tokens: 'words' -> 'multilingual'"),
+                                 ("heads", ["--model", tiny_bert, "--heads", "dense,bm25", "--device", "cpu"],
+                                  "'tokens': 'words'")):
+        out = tmp_path / name
+        r = runner("index", corpus, *flags, "--bm25-tokens", "words", "-o", out)
+        assert r.exit_code == 0, r.output
+        r = runner("index", corpus, "-o", out, "--device", "cpu")  # a cron job's re-index: no flags
+        assert r.exit_code == 0 and "0 added, 0 updated, 5 unchanged" in r.stderr and "rebuilding" not in r.stderr, r.stderr
+        r = runner("index", corpus, "--bm25-tokens", "multilingual", "-o", out, "--device", "cpu")
+        assert r.exit_code == 0 and "rebuilding from scratch" in r.stderr and changed in r.stderr, r.stderr
 
 
 def test_query_without_known_terms_gets_no_hits():

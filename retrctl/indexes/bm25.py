@@ -3,7 +3,9 @@
 BM25: Robertson & Zaragoza 2009; the default variant is Lucene's (Kamphuis et al. 2020, ECIR, "Which BM25
 do you mean?"), with k1=0.9, b=0.4 — Pyserini's BEIR "flat" setting: one field, title + " " + text.
 Tokens: bm25s's tokenizer (lower-case, ``\\w\\w+``), English stopwords by default, no stemming. This is the
-setting of the reference in shared/data/README.md (SciFact nDCG@10 0.6569). The whole variant is written into
+setting of the reference in shared/data/README.md (SciFact nDCG@10 0.6569). ``--bm25-tokens multilingual`` (the
+default) splits the scripts written without spaces into characters and their pairs and keeps Brahmic vowel signs
+inside words (bm25_tokens.py); on text in other scripts its tokens are ``words``'s. The whole variant is written into
 ``index.json`` (BM25 numbers are only comparable with the variant named, beir#197, pyserini#1211).
 
 The index is one ``bm25_store.BM25Store`` (the tokens, the statistics and bm25s's score matrix; memory as that
@@ -23,6 +25,7 @@ import numpy as np
 from retrctl import records
 from retrctl.indexes import base, store
 from retrctl.indexes.bm25_store import FILES, METHODS, BM25Store, score_matrix
+from retrctl.indexes.bm25_tokens import TOKENS
 
 __all__ = ["METHODS", "BM25Index", "score_matrix"]
 
@@ -31,22 +34,28 @@ INDEX_FLAGS = (
     base.Flag("b", "BM25 length normalization.", float, default=0.4),
     base.Flag("stopwords", "BM25 stopword list (bm25s: en, de, fr, …) or 'none'.", default="en"),
     base.Flag("bm25_method", "BM25 variant.", METHODS, default="lucene"),
+    base.Flag("bm25_tokens", "BM25 tokens: words (bm25s's \\w\\w+) or multilingual (the same, and Chinese, Japanese, "
+              "Korean, Thai, Lao, Myanmar, Khmer as characters and character pairs; Brahmic vowel signs kept in "
+              "words). [default: multilingual; an update keeps the index's]", TOKENS),
 )
 
 
-def bm25_settings(k1: float = 0.9, b: float = 0.4, stopwords: str | None = "en", bm25_method: str = "lucene") -> dict:
-    """`index`'s BM25 flags as a store's settings ('none' or '' = no stopword list)."""
-    return {"k1": k1, "b": b, "stopwords": None if stopwords in (None, "", "none") else stopwords, "method": bm25_method}
+def bm25_settings(k1: float = 0.9, b: float = 0.4, stopwords: str | None = "en", bm25_method: str = "lucene",
+                  bm25_tokens: str | None = None) -> dict:
+    """`index`'s BM25 flags as a store's settings ('none' or '' = no stopword list; no tokens: multilingual)."""
+    return {"k1": k1, "b": b, "stopwords": None if stopwords in (None, "", "none") else stopwords, "method": bm25_method,
+            "tokens": bm25_tokens or "multilingual"}
 
 
 class BM25Index(base.Index):
     name = "bm25"
     summary = "bm25s"
-    flags = ("k1", "b", "stopwords", "bm25_method")
+    flags = ("k1", "b", "stopwords", "bm25_method", "bm25_tokens")
     index_flags = INDEX_FLAGS
 
-    def __init__(self, k1: float = 0.9, b: float = 0.4, stopwords: str | None = "en", method: str = "lucene"):
-        self.terms = BM25Store(k1, b, stopwords, method)  # checks the method
+    def __init__(self, k1: float = 0.9, b: float = 0.4, stopwords: str | None = "en", method: str = "lucene",
+                 tokens: str = "words"):
+        self.terms = BM25Store(k1, b, stopwords, method, tokens)  # checks the method and the tokens
         super().__init__()
         self.k1, self.b, self.stopwords, self.method = self.terms.k1, self.terms.b, self.terms.stopwords, method
         self._clear()
@@ -56,13 +65,25 @@ class BM25Index(base.Index):
 
     @classmethod
     def create(cls, encoder=None, *, k1: float = 0.9, b: float = 0.4, stopwords: str | None = "en",
-               bm25_method: str = "lucene") -> BM25Index:
-        return cls(**bm25_settings(k1, b, stopwords, bm25_method))
+               bm25_method: str = "lucene", bm25_tokens: str | None = None) -> BM25Index:
+        return cls(**bm25_settings(k1, b, stopwords, bm25_method, bm25_tokens))
+
+    @classmethod
+    def update_options(cls, manifest: dict, options: dict) -> dict:
+        """Without --bm25-tokens an update keeps the index's tokens: a cron job's re-index rebuilds nothing."""
+        if options.get("bm25_tokens") is None:
+            return {**options, "bm25_tokens": cls.content_settings(manifest)["tokens"]}
+        return options
+
+    @classmethod
+    def content_settings(cls, manifest: dict) -> dict:
+        return {"tokens": "words", **manifest.get("settings", {})}  # written before the setting existed: words
 
     @classmethod
     def run_tag(cls, manifest: dict) -> str:
         s = manifest.get("settings", {})
-        return f"bm25s-{s.get('method')}-k1={s.get('k1')}-b={s.get('b')}-sw={s.get('stopwords') or 'none'}"
+        return (f"bm25s-{s.get('method')}-k1={s.get('k1')}-b={s.get('b')}-sw={s.get('stopwords') or 'none'}"
+                f"-tokens={s.get('tokens', 'words')}")
 
     def describe(self) -> str:
         return f"{len(self)} docs, {self.variant()}"

@@ -4,8 +4,8 @@ One store serves both places BM25 lives: the ``bm25`` backend (indexes/bm25.py, 
 head of a multi-head dense index (indexes/heads/bm25.py, beside the faiss store), so a head built from the same docs
 scores exactly as the backend does.
 
-A row is a doc's token ids (bm25s's tokenizer: lower-case, ``\\w\\w+``, the stopword list, no stemming; a doc
-with no token gets bm25s's empty token) in this store's vocabulary. Rows are per-doc counts only; the statistics
+A row is a doc's token ids (bm25s's tokenizer: lower-case, split as ``settings["tokens"]`` says (bm25_tokens.py),
+the stopword list, no stemming; a doc with no token gets bm25s's empty token) in this store's vocabulary. Rows are per-doc counts only; the statistics
 that couple docs (document frequencies, N, the average length) are never stored per row: ``finish`` recomputes
 them from the rows after any change (append, replace, remove, merge), renumbering the vocabulary in sorted word
 order, so an updated or merged store is identical to one built fresh from the same docs.
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retrctl.indexes import base, store
+from retrctl.indexes import base, bm25_tokens, store
 
 log = logging.getLogger("retrctl.index")
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
@@ -137,18 +137,22 @@ def _naming_bad_file(where: Path):
 
 
 class BM25Store:
-    """BM25 over the docs' token rows; ``settings`` (k1, b, stopwords, method) are the variant."""
+    """BM25 over the docs' token rows; ``settings`` (k1, b, stopwords, method, tokens) are the variant. ``tokens``
+    defaults to ``words``, what a store written before the setting existed was split with."""
 
     reads_text = True  # fed the docs' texts, not columns of an encoded row (retrctl/indexes/encoded.py)
     width = 0
     knobs = ()
 
-    def __init__(self, k1: float = 0.9, b: float = 0.4, stopwords: str | None = "en", method: str = "lucene"):
+    def __init__(self, k1: float = 0.9, b: float = 0.4, stopwords: str | None = "en", method: str = "lucene",
+                 tokens: str = "words"):
         if method not in METHODS:
             raise ValueError(f"BM25 method must be one of {', '.join(METHODS)}, got {method!r}")
         self.k1, self.b, self.stopwords, self.method = float(k1), float(b), stopwords or None, method
+        self.tokens = tokens
         bm25s = _bm25s()
-        self.tokenizer = bm25s.tokenization.Tokenizer(stopwords=self.stopwords or [], stemmer=None)
+        self.tokenizer = bm25s.tokenization.Tokenizer(splitter=bm25_tokens.splitter(tokens),
+                                                      stopwords=self.stopwords or [], stemmer=None)
         self.tokenizer.word_to_id = {"": 0}
         self._tokens = np.zeros(0, np.int32)
         self._offsets = np.zeros(1, np.int64)
@@ -159,11 +163,13 @@ class BM25Store:
         self._dir_docs = 0
 
     def settings(self) -> dict:
-        return {"k1": self.k1, "b": self.b, "stopwords": self.stopwords, "method": self.method}
+        return {"k1": self.k1, "b": self.b, "stopwords": self.stopwords, "method": self.method, "tokens": self.tokens}
 
     def variant(self) -> str:
+        split = ("" if self.tokens == "words" else
+                 ", Brahmic vowel signs inside words, CJK, Thai, Lao, Myanmar and Khmer as character unigrams and bigrams")
         return (f"bm25s {self.method}, k1={self.k1}, b={self.b}; flat doc = title + ' ' + text; "
-                f"lower-case \\w\\w+ tokens; stopwords {self.stopwords or 'none'}; no stemming")
+                f"lower-case \\w\\w+ tokens{split}; stopwords {self.stopwords or 'none'}; no stemming")
 
     # ------------------------------------------------------------ rows
 

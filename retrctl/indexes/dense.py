@@ -116,10 +116,13 @@ class DenseIndex(EncodedIndex):
     @classmethod
     def update_options(cls, manifest: dict, options: dict) -> dict:
         """Without ``--heads``, an index holding a head no model encodes keeps its heads (the model's default set
-        lacks it)."""
+        lacks it); without ``--bm25-tokens``, its bm25 head keeps its tokens."""
         heads = manifest.get("settings", {}).get("heads") or []
         if options.get("heads") is None and any(h in HEADS and not HEADS[h].encoded for h in heads):
-            return {**options, "heads": ",".join(heads)}
+            options = {**options, "heads": ",".join(heads)}
+        held = HEADS["bm25"].content(manifest.get("settings", {}))["bm25"]
+        if held is not None and options.get("bm25_tokens") is None:  # the bm25 head keeps its tokens, as the backend
+            options = {**options, "bm25_tokens": held["tokens"]}
         return options
 
     @classmethod

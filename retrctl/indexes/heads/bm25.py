@@ -35,7 +35,8 @@ class BM25Head(Head):
 
     @classmethod
     def content(cls, settings: dict) -> dict:
-        return {"bm25": settings.get("bm25")}
+        held = settings.get("bm25")  # written before the tokens setting existed: words
+        return {"bm25": None if held is None else {"tokens": "words", **held}}
 
     def new_store(self, idx) -> BM25Store:
         return BM25Store(**self.variant)
