@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 from collections.abc import Iterable, Iterator
 
 import regex
@@ -26,6 +27,8 @@ _NOSPACE = r"\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}\p{Tibetan}"
 _SENT_END = regex.compile(rf"[{_TERM}]+\p{{SB=Close}}*|\n")
 _UNIT = regex.compile(rf"[{_IDEO}]|(?:(?=[{_NOSPACE}])\X){{1,4}}|[^\s{_IDEO}{_NOSPACE}]+")
 _WORDLIKE = regex.compile(r"[\p{L}\p{N}]")
+_UNSPACED = regex.compile(rf"[{_IDEO}{_NOSPACE}]")
+_TOKEN = re.compile(r"\S+")  # str.split()'s tokens
 _STRIP = " \t\r\n\f\v\u00a0\u200b\u200c\u200d\u2060\ufeff\u3000"
 
 
@@ -71,6 +74,29 @@ def units(text: str, start: int = 0, end: int | None = None) -> list[tuple[int, 
     """Word-like units (start, end) in text[start:end]; punctuation-only tokens are not units."""
     end = len(text) if end is None else end
     return [(m.start(), m.end()) for m in _UNIT.finditer(text, start, end) if _WORDLIKE.search(m.group())]
+
+
+def word_spans(text: str) -> list[tuple[int, int]]:
+    """Words as lengths are counted outside crops (qgen's prompt cut and query lengths): whitespace tokens, and a
+    token holding ideographs or a no-space script counted by its ``units``. On text in spaced scripts these are
+    exactly ``text.split()``'s tokens; a Chinese sentence is as many words as it has characters, not one."""
+    out = []
+    for m in _TOKEN.finditer(text):
+        out.extend(units(text, m.start(), m.end()) if _UNSPACED.search(m.group()) else [m.span()])
+    return out
+
+
+def count_words(text: str) -> int:
+    return len(word_spans(text))
+
+
+def cut_words(text: str, max_words: int) -> tuple[str, bool]:
+    """``text`` cut after its ``max_words``-th word (``word_spans``), whitespace runs made single spaces; whether it
+    was cut. On text in spaced scripts: ``" ".join(text.split()[:max_words])``."""
+    spans = word_spans(text)
+    if len(spans) <= max_words:
+        return " ".join(text.split()), False
+    return (" ".join(text[:spans[max_words - 1][1]].split()) if max_words > 0 else ""), True
 
 
 def _nospace_script(text: str, start: int, end: int) -> bool:

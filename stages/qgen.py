@@ -49,10 +49,12 @@ filter would favour it: queries that are a verbatim run of >= 6 words of their d
 writing a query ("i am sure that the document is here.", "here is the answer to your question.") or copies a
 passage and runs on: `--drop-chatter` drops outputs that open with Sure/Here/Okay/Thanks/Answer, name "the document"
 (text, passage, article) or "your question", hold a URL, or hold a verbatim run of >= 10 words of their document
-(bench/RESULTS.md, "qgen's filters on six collections"). Candidates checkpointed before this filter existed lack
-the run check; only its text rules apply to them. Documents are cut to `--doc-max-words` words in the prompt (counted on stderr). Labels the model sometimes
-writes ("Query:", quotes, list markers) are stripped. Output: `{query_id, query_text, source_docid}` with
-query_id `<docid>#qgen<i>`.
+(bench/RESULTS.md, "qgen's filters on six collections"). Candidates checkpointed before this filter existed lack the
+run check; only its text rules apply to them. Documents are cut to `--doc-max-words` words in the prompt (counted on
+stderr); here and in the length bounds a word is a whitespace token, or in Chinese, Japanese and the scripts written
+without spaces a character or a few letters (`crop`'s units), so a Chinese query of eight characters is eight words.
+Labels the model sometimes writes ("Query:", quotes, list markers) are stripped. Output: `{query_id, query_text,
+source_docid}` with query_id `<docid>#qgen<i>`.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ from pathlib import Path
 import click
 
 from retrctl import distributed, records
+from retrctl.crops import count_words, cut_words
 from retrctl.errors import UsageError
 from retrctl.hashing import sample as sample_docs
 from retrctl.hashing import stable_int
@@ -95,10 +98,9 @@ _QUOTES = "\"'“”‘’«»`"
 
 
 def document_text(doc: dict, max_words: int) -> tuple[str, bool]:
-    """Title and text, cut to max_words words; whether it was cut."""
-    text = f"{doc['title']}. {doc['text']}" if doc.get("title") else doc["text"]
-    words = text.split()
-    return (" ".join(words[:max_words]), True) if len(words) > max_words else (" ".join(words), False)
+    """Title and text, cut to max_words words (a Han or kana character, or a few letters of Thai, counts as one);
+    whether it was cut."""
+    return cut_words(f"{doc['title']}. {doc['text']}" if doc.get("title") else doc["text"], max_words)
 
 
 def build_prompt(document: str, examples: list[dict], chat: bool):
@@ -222,8 +224,8 @@ def qgen(docs: Iterable[dict], llm: LLM | str = "smollm2", *, per_doc: int = 1, 
         counts[name] = len(alive) - len(kept)
         alive = kept
 
-    drop("too_short", lambda c: len(c["query_text"].split()) >= max(min_words, 1))
-    drop("too_long", lambda c: len(c["query_text"].split()) <= max_words)
+    drop("too_short", lambda c: count_words(c["query_text"]) >= max(min_words, 1))
+    drop("too_long", lambda c: count_words(c["query_text"]) <= max_words)
     if dedupe:
         seen: set[str] = set()
         drop("duplicate", lambda c: not (_norm(c["query_text"]) in seen or seen.add(_norm(c["query_text"]))))

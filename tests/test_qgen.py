@@ -10,8 +10,9 @@ from conftest import DOCS, shared_data
 from openai_server import OpenAIServer
 
 from retrctl import records
+from retrctl.crops import count_words, cut_words
 from retrctl.llm import LLM, Checkpoint, load_llm
-from stages.qgen import build_prompt, clean, qgen
+from stages.qgen import build_prompt, clean, document_text, qgen
 
 EXAMPLES = [{"document": "Aspirin lowers the risk of heart attacks.", "query": "does aspirin prevent heart attacks"},
             {"document": "Vitamin D is made in the skin under sunlight.", "query": "how is vitamin d produced"}]
@@ -64,6 +65,20 @@ ANSWERS = {"Cats": [("which animals purr", -1.0)], "Dogs": [("Which animals PURR
            "Tea": [("Query: tea leaves hot water drink", -0.2)], "Coffee": [("coffee " * 40, -0.3)],
            "Milk": [("Milk is a white liquid produced by mammals", -0.01)]}  # copied from its doc
 MILK = {"docid": "d7", "title": "Milk", "text": "Milk is a white liquid produced by mammals. It feeds the young."}
+
+
+def test_words_are_counted_across_scripts():
+    tea = {"docid": "z1", "title": "茶", "text": "绿茶是未经发酵的茶，保留了鲜叶的天然物质。" * 30}
+    text, cut = document_text(tea, 20)  # the title's character, then 19 of the text's: punctuation is no word
+    assert cut and text == "茶. 绿茶是未经发酵的茶，保留了鲜叶的天然物质" and count_words(text) == 20
+    english = "  A cat — the\tsmall one —  naps.  "
+    assert cut_words(english, 4) == (" ".join(english.split()[:4]), True)  # spaced scripts: str.split()'s words
+    assert cut_words(english, 8) == (" ".join(english.split()), False) and count_words(english) == 8  # dashes too
+    answers = {"茶": [("绿茶怎么泡", -0.5)], "Cats": [("猫" * 40, -0.5)]}
+    stats = {}
+    rows = list(qgen([tea, DOCS[0]], ScriptLLM(answers), min_words=2, max_words=32, stats=stats))
+    assert [r["query_text"] for r in rows] == ["绿茶怎么泡"]  # five words, not one (too short)
+    assert stats["counts"]["too_long"] == 1  # forty characters are forty words
 
 
 def test_filters_remove_rows_and_the_counts_equal_the_rows():
