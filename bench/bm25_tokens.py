@@ -18,7 +18,7 @@ from pathlib import Path
 from _run import DATA, retrctl
 
 from retrctl import records
-from retrctl.indexes.bm25_tokens import BRAHMIC_MARKS, UNSPACED
+from retrctl.indexes.bm25_tokens import SPLIT_OTHERWISE
 
 COLLECTIONS = {"xquad-en": DATA / "xquad" / "en", "cystic-fibrosis": DATA / "cystic-fibrosis",
                "liveqa-med": DATA / "liveqa-med", "scifact": DATA / "scifact", "cosqa": DATA / "cosqa",
@@ -26,7 +26,6 @@ COLLECTIONS = {"xquad-en": DATA / "xquad" / "en", "cystic-fibrosis": DATA / "cys
                **{f"xquad-{lang}": DATA / "xquad" / lang
                   for lang in ("ar", "de", "el", "es", "hi", "ro", "ru", "th", "tr", "vi", "zh")}}
 MODES = ("words", "multilingual")
-SPLIT_OTHERWISE = re.compile(f"[{UNSPACED}{BRAHMIC_MARKS}]")
 
 
 def run(name: str, data: Path, work: Path) -> dict:
@@ -40,7 +39,7 @@ def run(name: str, data: Path, work: Path) -> dict:
     out = retrctl("eval", *(w / f"{m}.trec" for m in MODES), "--qrels", data, "-m", "nDCG@10", "-m", "R@100",
                   "--json", "--quiet", log=False).stdout
     rows = [json.loads(line) for line in out.splitlines() if line.strip()]
-    docs = sum(bool(SPLIT_OTHERWISE.search(records.passage_text(d))) for d in records.read(data, "doc"))
+    docs = sum(bool(re.search(SPLIT_OTHERWISE, records.passage_text(d))) for d in records.read(data, "doc"))
     return {"name": name, "rows": rows, "docs": docs}
 
 

@@ -284,6 +284,7 @@ def test_multilingual_tokens_split_unspaced_scripts_into_characters_and_pairs():
         assert bm25_tokens.multilingual(text) == bm25_tokens.WORDS(text)
     for text in ("naïve café ﬁne x1 _ab", "Привет мир", "Καλημέρα κόσμε", "مرحبا بالعالم", "Xin chào thế giới"):
         assert bm25_tokens.multilingual(text) == bm25_tokens.WORDS(text), text
+        assert bm25_tokens.multilingual(f"{text} 猫") == [*bm25_tokens.WORDS(text), "猫"], text  # beside a split script
     with pytest.raises(ValueError, match="words, multilingual"):
         bm25_tokens.splitter("chars")
 

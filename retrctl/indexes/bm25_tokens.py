@@ -9,8 +9,8 @@
   CJK analyzer indexes bigrams; a character there carries its own combining marks (Thai's vowels and tones).
   Text in other scripts gets exactly the tokens of ``words``.
 
-Plain ``re`` with the scripts' code-point ranges (the combining marks listed from ``unicodedata`` once), so
-tokenizing costs what bm25s's own splitter costs where none of these scripts occurs.
+Plain ``re`` with the scripts' code-point ranges (the combining marks listed from ``unicodedata`` once); a text
+holding none of these characters is split by ``words`` after one scan for them.
 """
 
 from __future__ import annotations
@@ -47,10 +47,14 @@ _WORD_CHAR = rf"(?:[^\W{UNSPACED}]|[{BRAHMIC_MARKS}])"
 MULTILINGUAL_WORDS = re.compile(rf"{_WORD_CHAR}{{2,}}").findall
 UNSPACED_RUN = re.compile(rf"(?:[{UNSPACED}](?<![{UNSPACED_MARKS}])[{UNSPACED_MARKS}]*)+")
 UNSPACED_CHAR = re.compile(rf"[{UNSPACED}](?<![{UNSPACED_MARKS}])[{UNSPACED_MARKS}]*").findall
+SPLIT_OTHERWISE = rf"[{UNSPACED}{BRAHMIC_MARKS}]"  # a character the two modes split differently
+_SPLIT_OTHERWISE = re.compile(SPLIT_OTHERWISE).search
 
 
 def multilingual(text: str) -> list[str]:
     """``text``'s tokens in ``multilingual`` mode, in reading order."""
+    if not _SPLIT_OTHERWISE(text):  # most text: bm25s's own split, at its cost
+        return WORDS(text)
     out, start = [], 0
     for run in UNSPACED_RUN.finditer(text):
         out += MULTILINGUAL_WORDS(text[start:run.start()])
