@@ -167,6 +167,23 @@ def _per_query_rows(rows: list[dict], names: list[str], header: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def _prior(value: str | None) -> tuple[float | None, str | None]:
+    """``--sweep-prior``'s weight, and the sweep file it was read from (None for a number given): a file's is the
+    weight ``fuse --weights-from`` takes from it, so one sweep's choice is where the next starts."""
+    if value is None:
+        return None, None
+    try:
+        weight = float(value)
+    except ValueError:
+        if not os.path.isfile(value):
+            raise UsageError(f"expected a weight in [0, 1] or a file of `eval --sweep --json`, got {value!r}",
+                             flag="--sweep-prior") from None
+        return fusion.swept_w(fusion.weights_from(value)[0]), value
+    if not 0 <= weight <= 1:
+        raise UsageError(f"{value} is not in the range 0 to 1", flag="--sweep-prior")
+    return weight, None
+
+
 def _log_counts(row: dict, ignore_self: bool) -> None:
     c = row["counts"]
     log.info("%s: %d judged queries evaluated, %d missing from the run (scored 0), %d run queries without judgments "
@@ -329,9 +346,9 @@ def _single_csv(rows: list[dict], names: list[str]) -> str:
               help="Drop retrieved docs whose id equals the query id (default: on for ArguAna/Quora qrels, else off).")
 @click.option("--sweep", "sweep_grid", help="Fuse the two runs at weights w, 1-w for w in LO:HI:STEP (e.g. 0:1:0.1; "
               "over more runs w is shared by all but the last); one row per weight; the fusion flags apply to it only.")
-@click.option("--sweep-prior", type=click.FloatRange(0, 1), help="A weight of the --sweep grid that the other rows "
-              "are tested against (paired t-test at --alpha): `fuse --weights-from` keeps it unless a row beats it "
-              "significantly.")
+@click.option("--sweep-prior", metavar="W|SWEEP", help="A weight of the --sweep grid that the other rows are tested "
+              "against (paired t-test at --alpha): `fuse --weights-from` keeps it unless a row beats it significantly. "
+              "A file of `eval --sweep --json` instead of W: the weight `fuse --weights-from` takes from it.")
 @options("fusion")
 def command(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plot, self_flag, sweep_grid, sweep_prior,
             fusion_method, rrf_k, norm, depth, **opts):
@@ -351,6 +368,7 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plo
             raise UsageError("--plot and -o name the same file", flag="--plot")
     grid = None
     ctx = click.get_current_context()
+    sweep_prior, prior_from = _prior(sweep_prior)
     across = len(qrels) > 1 or bool(NAMED_QRELS.match(qrels[0]))
     if sweep_grid is None:
         stray = [f"--{n.replace('_', '-')}" for n in ("fusion_method", "rrf_k", "norm", "depth", "sweep_prior")
@@ -396,7 +414,7 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plo
                     "fusion": fusion_method, **({"rrf_k": rrf_k} if fusion_method == "rrf" else {"norm": norm}),
                     "depth": depth, "hits": FUSE_HITS,
                     **({"prior": sweep_prior, "alpha": opts["alpha"], "test": "paired t-test vs the prior's row"}
-                       if sweep_prior is not None else {})}
+                       if sweep_prior is not None else {}), **({"prior_from": prior_from} if prior_from else {})}
         _log_counts(rows[0], ignore_self)  # the same queries at every weight
         fused_with = f"rrf k={rrf_k:g}" if fusion_method == "rrf" else f"linear norm={norm}"
         on = zip(weight_columns(len(runs)), runs, strict=True)

@@ -429,6 +429,29 @@ def test_weights_from_leaves_the_prior_only_for_a_significantly_better_row(runne
     assert res.exit_code == 2 and "s.jsonl:1: field 'prior': 0.35 is not the weight of any row" in res.stderr, res.stderr
 
 
+def test_a_sweep_starts_from_the_weight_another_sweep_chose(runner, tmp_path):
+    a, b = write_trec(tmp_path / "a.trec", A), write_trec(tmp_path / "b.trec", B)
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text(QRELS)
+    first = tmp_path / "first.jsonl"
+    first.write_text("".join(json.dumps({"weights": [w, round(1 - w, 10)], "nDCG@10": v, "prior": 0.7,
+                                         "significant": sig}) + "\n"
+                             for w, v, sig in ((0.3, 0.9, ["nDCG@10"]), (0.7, 0.5, []))))
+    out = tmp_path / "second.jsonl"
+    res = runner("eval", a, b, "--qrels", qrels, "--sweep", "0:1:0.1", "--sweep-prior", first, "--json", "-o", out)
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(r["prior"] == 0.3 for r in rows) and rows[0]["settings"]["prior_from"] == str(first)
+    assert fusion.weights_from(out)[0] == [0.3, 0.7]  # three queries prove nothing: the first sweep's weight stays
+    first.write_text('{"weights": "half"}\n')
+    res = runner("eval", a, b, "--qrels", qrels, "--sweep", "0:1:0.1", "--sweep-prior", first)
+    assert res.exit_code == 2 and "first.jsonl:1: field 'weights'" in res.stderr, res.stderr
+    res = runner("eval", a, b, "--qrels", qrels, "--sweep", "0:1:0.1", "--sweep-prior", tmp_path / "none.jsonl")
+    assert res.exit_code == 2 and "expected a weight in [0, 1] or a file of `eval --sweep --json`" in res.output, res.output
+    res = runner("eval", a, b, "--qrels", qrels, "--sweep", "0:1:0.1", "--sweep-prior", "1.5")
+    assert res.exit_code == 2 and "1.5 is not in the range 0 to 1" in res.output, res.output
+
+
 def test_sweep_prior_off_the_grid_or_without_a_sweep_exits_2(runner, tmp_path):
     a, b = write_trec(tmp_path / "a.trec", A), write_trec(tmp_path / "b.trec", B)
     qrels = tmp_path / "qrels.txt"

@@ -288,7 +288,12 @@ def test_recipe_with_one_training_delivers_as_make_would_run_it(tiny_bert, tmp_p
         printed = commands(out)
         assert any(" train " in ln and train_flag in ln for ln in printed), adapt
         runs = " ".join(f"{work}/dev-{m}.trec" for m in ("base", second, "bm25"))
+        assert any(f"eval {work}/dev-base.trec {work}/dev-bm25.trec --qrels {work}/dev.jsonl --sweep 0:1:0.1 "
+                   "--sweep-prior 0.7" in ln for ln in printed), adapt
         assert any(f"eval {runs} --qrels {work}/dev.jsonl --sweep 0:1:0.1 --sweep-prior 0.7" in ln for ln in printed), adapt
+        out = make(data, work, tiny_bert, "-n", str(work / "delivered"), f"ADAPT={adapt}", "ENSEMBLE=1", "TRAINED_PRIOR=base")
+        assert any(f"eval {runs} --qrels {work}/dev.jsonl --sweep 0:1:0.1 --sweep-prior {work}/sweep-base.jsonl" in ln
+                   for ln in commands(out)), adapt  # the trained lists start where the base's sweep ended
         lists = " ".join(f"{work}/idx-{m}" for m in ("base", second, "bm25"))
         assert any(f"index --fuse {lists} --weights-from {work}/sweep-adapted.jsonl" in ln for ln in printed), adapt
         assert f"index --fuse {work}/idx-base {work}/idx-{second} --weights 0.5,0.5" not in out.stdout  # the 1:1 ensemble is not on its path
