@@ -47,6 +47,17 @@ def bm25_settings(k1: float = 0.9, b: float = 0.4, stopwords: str | None = "en",
             "tokens": bm25_tokens or "multilingual"}
 
 
+def held_settings(settings: dict) -> dict:
+    """BM25 settings as a manifest holds them: one written before --bm25-tokens existed split with words."""
+    return {"tokens": "words", **settings}
+
+
+def keep_tokens(options: dict, held: dict) -> dict:
+    """`index`'s options for an update of an index holding the BM25 settings ``held``: without --bm25-tokens its
+    tokens are kept, so a cron job's re-index rebuilds nothing."""
+    return options if options.get("bm25_tokens") is not None else {**options, "bm25_tokens": held_settings(held)["tokens"]}
+
+
 class BM25Index(base.Index):
     name = "bm25"
     summary = "bm25s"
@@ -70,14 +81,11 @@ class BM25Index(base.Index):
 
     @classmethod
     def update_options(cls, manifest: dict, options: dict) -> dict:
-        """Without --bm25-tokens an update keeps the index's tokens: a cron job's re-index rebuilds nothing."""
-        if options.get("bm25_tokens") is None:
-            return {**options, "bm25_tokens": cls.content_settings(manifest)["tokens"]}
-        return options
+        return keep_tokens(options, manifest.get("settings", {}))
 
     @classmethod
     def content_settings(cls, manifest: dict) -> dict:
-        return {"tokens": "words", **manifest.get("settings", {})}  # written before the setting existed: words
+        return held_settings(manifest.get("settings", {}))
 
     @classmethod
     def run_tag(cls, manifest: dict) -> str:

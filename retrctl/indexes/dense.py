@@ -116,13 +116,13 @@ class DenseIndex(EncodedIndex):
     @classmethod
     def update_options(cls, manifest: dict, options: dict) -> dict:
         """Without ``--heads``, an index holding a head no model encodes keeps its heads (the model's default set
-        lacks it); without ``--bm25-tokens``, its bm25 head keeps its tokens."""
-        heads = manifest.get("settings", {}).get("heads") or []
+        lacks it); each head keeps what its ``update_options`` says (the bm25 head its tokens)."""
+        settings = manifest.get("settings", {})
+        heads = settings.get("heads") or []
         if options.get("heads") is None and any(h in HEADS and not HEADS[h].encoded for h in heads):
             options = {**options, "heads": ",".join(heads)}
-        held = HEADS["bm25"].content(manifest.get("settings", {}))["bm25"]
-        if held is not None and options.get("bm25_tokens") is None:  # the bm25 head keeps its tokens, as the backend
-            options = {**options, "bm25_tokens": held["tokens"]}
+        for head in HEADS.values():
+            options = head.update_options(settings, options)
         return options
 
     @classmethod

@@ -67,6 +67,12 @@ class Head:
         """What its stored rows depend on, from an index's settings (held or not: both sides of a comparison)."""
         return {}
 
+    @classmethod
+    def update_options(cls, settings: dict, options: dict) -> dict:
+        """`index`'s options (those given) for an update of an index holding ``settings``: its stored settings an
+        update keeps when their flag is not given."""
+        return options
+
     def merge_key(self):
         """What must agree between the parts of a merge."""
         return self.settings()

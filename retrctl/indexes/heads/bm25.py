@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from retrctl.indexes.bm25 import INDEX_FLAGS, bm25_settings
+from retrctl.indexes.bm25 import INDEX_FLAGS, bm25_settings, held_settings, keep_tokens
 from retrctl.indexes.bm25_store import FILES, BM25Store
 from retrctl.indexes.heads.base import Head
 
@@ -35,8 +35,13 @@ class BM25Head(Head):
 
     @classmethod
     def content(cls, settings: dict) -> dict:
-        held = settings.get("bm25")  # written before the tokens setting existed: words
-        return {"bm25": None if held is None else {"tokens": "words", **held}}
+        held = settings.get("bm25")
+        return {"bm25": None if held is None else held_settings(held)}
+
+    @classmethod
+    def update_options(cls, settings: dict, options: dict) -> dict:
+        held = settings.get("bm25")
+        return options if held is None else keep_tokens(options, held)
 
     def new_store(self, idx) -> BM25Store:
         return BM25Store(**self.variant)
