@@ -84,7 +84,8 @@ def makefile_default(var: str) -> str:
 def fused_as_delivered(w: Path, name: str) -> Path:
     """``w/NAME-hybrid.trec``: ``w/NAME.trec`` (a dense model's run on the folder's queries, from ``w/idx-NAME``)
     fused with BM25 at the weight the recipe's rule picks on that model's own held-out sweep (``eval --sweep``
-    with DENSE_WEIGHT as its prior, then ``fuse --weights-from``), as the recipe fuses the adapted model."""
+    with DENSE_WEIGHT as its prior, moved by the base's known-item verdict where the recipe's was, then ``fuse
+    --weights-from``), as the recipe fuses the adapted model."""
     out = w / f"{name}-hybrid.trec"
     if out.exists():
         return out
@@ -93,8 +94,10 @@ def fused_as_delivered(w: Path, name: str) -> Path:
     heads = json.loads((w / f"idx-{name}" / "index.json").read_text())["settings"].get("heads") or ["dense"]
     dense = ("--heads", "dense") if len(heads) > 1 else ()  # ADAPT=query's copy of idx-base holds BM25 too
     retrctl("search", w / f"idx-{name}", w / "dev.jsonl", *dense, "--hits", 100, "-o", w / f"dev-{name}.trec")
+    base_sweep = json.loads((w / "sweep-base.jsonl").read_text().splitlines()[0])["settings"]
+    known = ("--known-items", w / "sweep-base.jsonl") if "known_items" in base_sweep else ()  # as the recipe ran
     retrctl("eval", w / f"dev-{name}.trec", w / "dev-bm25.trec", "--qrels", qrels, "--sweep", "0:1:0.1",
-            "--sweep-prior", makefile_default("DENSE_WEIGHT"), *fuse, "-m", "nDCG@10", "--json",
+            "--sweep-prior", makefile_default("DENSE_WEIGHT"), *known, *fuse, "-m", "nDCG@10", "--json",
             "-o", w / f"sweep-{name}.jsonl")
     retrctl("fuse", w / f"{name}.trec", w / "bm25.trec", *fuse, "--weights-from", w / f"sweep-{name}.jsonl",
             "--hits", 100, "-o", out)

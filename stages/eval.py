@@ -64,7 +64,7 @@ from collections.abc import Iterable, Iterator
 import click
 
 from retrctl import across_collections, fusion, metrics, plots, records
-from retrctl.errors import UsageError
+from retrctl.errors import RecordError, UsageError
 from retrctl.options import QRELS_HELP, options
 from retrctl.stage import stage
 
@@ -129,6 +129,42 @@ def sweep(runs: list[dict], qrels: dict, grid: list[float], *, fusion_method: st
     return rows
 
 
+# a dense side that finds its known items (queries cut from the one document they judge: `retrctl crop`) less than
+# half as well as the last run (BM25, which finds a copied sentence by its words) cannot read the corpus: on the
+# collections in ../shared/data the base model's ratio is 0.60 or more where it reads the language and 0.32 or less
+# where it does not (bench/RESULTS.md, "Known items")
+READS_AT = 0.5
+
+
+def known_items(runs: list[dict], qrels: dict, *, fusion_method: str = fusion.METHOD, rrf_k: float = fusion.RRF_K,
+                norm: str = fusion.NORM, depth: int | None = None, ignore_self: bool = False) -> dict:
+    """Whether a sweep's dense side (every run but the last, fused at equal weights) reads the corpus: its nDCG@10
+    on known-item queries against the last run's, ``{"dense", "last", "queries", "reads"}`` (reads: at least
+    ``READS_AT`` times the last run's)."""
+    dense = runs[0] if len(runs) == 2 else fusion.fuse(runs[:-1], fusion_method, rrf_k, None, norm, depth, FUSE_HITS)
+    rows = eval((("dense", dense), ("last", runs[-1])), qrels, measures=("nDCG@10",), ignore_self=ignore_self)
+    scores = [row["nDCG@10"] for row in rows]
+    return {"dense": scores[0], "last": scores[1], "queries": rows[0]["counts"]["evaluated"],
+            "reads": scores[0] >= READS_AT * scores[1]}
+
+
+def _verdict_of_sweep(path: str) -> dict | None:
+    """The known-item verdict recorded in a sweep file (``eval --sweep --known-items … --json``), None when
+    ``path`` is not a sweep file (qrels, then); UsageError for a sweep made without --known-items."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        _, first = next(records.read_jsonl(path))
+    except (RecordError, StopIteration, UnicodeDecodeError):
+        return None
+    if "weights" not in first:
+        return None
+    verdict = (first.get("settings") or {}).get("known_items")
+    if not isinstance(verdict, dict) or not isinstance(verdict.get("reads"), bool):
+        raise UsageError(f"{path} is a sweep made without --known-items: it holds no verdict", flag="--known-items")
+    return verdict
+
+
 def weight_columns(n_runs: int) -> list[str]:
     """A sweep table's weight columns, one per run fused: w_a, w_b, …"""
     return [f"w_{chr(ord('a') + i)}" for i in range(n_runs)]
@@ -182,6 +218,23 @@ def _prior(value: str | None) -> tuple[float | None, str | None]:
     if not 0 <= weight <= 1:
         raise UsageError(f"{value} is not in the range 0 to 1", flag="--sweep-prior")
     return weight, None
+
+
+def _known_verdict(known_from: str, runs: list[dict], qrels_split: str | None, fusion_settings: dict,
+                   ignore_self: bool) -> dict:
+    """--known-items' verdict, logged: measured on the sweep's runs (QRELS), or another sweep's (SWEEP)."""
+    verdict = _verdict_of_sweep(known_from)
+    if verdict is not None:
+        verdict = {**verdict, "from": known_from}
+    else:
+        known_file = records.resolve(known_from, "qrels", qrels_split)
+        verdict = {**known_items(runs, records.read_qrels(known_file), ignore_self=ignore_self, **fusion_settings),
+                   "qrels": known_file}
+    log.info("known items (%s): the dense side %.4f nDCG@10 on %d queries, the last run %.4f: %s", known_from,
+             verdict["dense"], verdict["queries"], verdict["last"],
+             "it reads the corpus" if verdict["reads"] else
+             f"below {READS_AT:g} of it, it cannot read the corpus: the prior is 0, the last run alone")
+    return verdict
 
 
 def _log_counts(row: dict, ignore_self: bool) -> None:
@@ -349,9 +402,13 @@ def _single_csv(rows: list[dict], names: list[str]) -> str:
 @click.option("--sweep-prior", metavar="W|SWEEP", help="A weight of the --sweep grid that the other rows are tested "
               "against (paired t-test at --alpha): `fuse --weights-from` keeps it unless a row beats it significantly. "
               "A file of `eval --sweep --json` instead of W: the weight `fuse --weights-from` takes from it.")
+@click.option("--known-items", "known_from", metavar="QRELS|SWEEP", help="Queries cut from the one document they judge "
+              "(`retrctl crop`): where the sweep's dense side (every run but the last, fused equally) scores below half "
+              "of the last run on them (nDCG@10), it cannot read the corpus and the prior is 0, the last run alone. A "
+              "sweep file made with it instead: that sweep's verdict (the model a trained one started from).")
 @options("fusion")
 def command(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plot, self_flag, sweep_grid, sweep_prior,
-            fusion_method, rrf_k, norm, depth, **opts):
+            known_from, fusion_method, rrf_k, norm, depth, **opts):
     """Score runs (TREC, JSONL, Parquet) against qrels; several runs are compared with the first (--sweep: two runs
     fused over a weight grid). Across collections (BEIR's table): --qrels NAME=PATH per collection and runs as
     SYSTEM:NAME=RUN."""
@@ -372,7 +429,7 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plo
     across = len(qrels) > 1 or bool(NAMED_QRELS.match(qrels[0]))
     if sweep_grid is None:
         stray = [f"--{n.replace('_', '-')}" for n in ("fusion_method", "rrf_k", "norm", "depth", "sweep_prior")
-                 if ctx.get_parameter_source(n).name == "COMMANDLINE"]
+                 if ctx.get_parameter_source(n).name == "COMMANDLINE"] + (["--known-items"] if known_from else [])
         if stray:
             raise UsageError(f"{', '.join(stray).replace('--fusion-method', '--fusion')} only apply with --sweep")
     else:
@@ -389,6 +446,11 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plo
             raise UsageError(f"{sweep_prior:g} is not a weight of --sweep {sweep_grid}", flag="--sweep-prior")
         if sweep_prior is not None and across:
             raise UsageError("--sweep-prior tests the weights of one collection's sweep", flag="--sweep-prior")
+        if known_from and sweep_prior is None:
+            raise UsageError("--known-items moves --sweep-prior's weight: give both", flag="--known-items")
+        if known_from and 0 not in grid:
+            raise UsageError(f"--sweep {sweep_grid} lacks the weight 0 that --known-items may move the prior to",
+                             flag="--known-items")
     try:
         names = [s.name for s in metrics.parse(opts["measures"], opts["capped_recall"])]
     except ValueError as e:
@@ -408,13 +470,20 @@ def command(runs, qrels, qrels_split, output, input_format, as_json, as_csv, plo
               f"{'on' if opts['capped_recall'] else 'off'}")
     if grid is not None:
         opts = {k: v for k, v in opts.items() if k != "per_query" and (k != "alpha" or sweep_prior is not None)}
-        rows = sweep([records.read_run(p, input_format) for p in runs], judged, grid, fusion_method=fusion_method,
-                     rrf_k=rrf_k, norm=norm, depth=depth, prior=sweep_prior, ignore_self=ignore_self, **opts)
+        loaded = [records.read_run(p, input_format) for p in runs]
+        verdict = None
+        if known_from:
+            verdict = _known_verdict(known_from, loaded, qrels_split, fusion_settings, ignore_self)
+            if not verdict["reads"]:
+                sweep_prior = 0.0
+        rows = sweep(loaded, judged, grid, fusion_method=fusion_method, rrf_k=rrf_k, norm=norm, depth=depth,
+                     prior=sweep_prior, ignore_self=ignore_self, **opts)
         settings = {"qrels": qrels_file, "ignore_self": ignore_self, "capped_recall": opts["capped_recall"], "runs": list(runs),
                     "fusion": fusion_method, **({"rrf_k": rrf_k} if fusion_method == "rrf" else {"norm": norm}),
                     "depth": depth, "hits": FUSE_HITS,
                     **({"prior": sweep_prior, "alpha": opts["alpha"], "test": "paired t-test vs the prior's row"}
-                       if sweep_prior is not None else {}), **({"prior_from": prior_from} if prior_from else {})}
+                       if sweep_prior is not None else {}), **({"prior_from": prior_from} if prior_from else {}),
+                    **({"known_items": verdict} if verdict else {})}
         _log_counts(rows[0], ignore_self)  # the same queries at every weight
         fused_with = f"rrf k={rrf_k:g}" if fusion_method == "rrf" else f"linear norm={norm}"
         on = zip(weight_columns(len(runs)), runs, strict=True)

@@ -452,6 +452,73 @@ def test_a_sweep_starts_from_the_weight_another_sweep_chose(runner, tmp_path):
     assert res.exit_code == 2 and "1.5 is not in the range 0 to 1" in res.output, res.output
 
 
+def _known_item_runs(tmp_path, dense_rank):
+    """Runs over the sweep's queries (A and B's) and four known items k1..k4 (crops, each judging its own document
+    d1..d4): BM25 ranks each item's document first, the dense run at ``dense_rank`` (None: never)."""
+    crops = tmp_path / "crops.jsonl"
+    crops.write_text("".join(json.dumps({"query_id": f"k{i}", "query_text": "a sentence", "source_docid": f"d{i}"}) + "\n"
+                             for i in range(1, 5)))
+    fillers = [("x", 0.9), ("y", 0.8), ("z", 0.7), ("w", 0.6)]
+    dense, bm25 = dict(A), dict(B)
+    for i in range(1, 5):
+        bm25[f"k{i}"] = [(f"d{i}", 9.0), ("x", 5.0)]
+        hits = list(fillers)
+        if dense_rank:
+            hits.insert(dense_rank - 1, (f"d{i}", 0.95 - 0.1 * (dense_rank - 1) + 0.01))
+        dense[f"k{i}"] = hits
+    return write_trec(tmp_path / f"dense{dense_rank}.trec", dense), write_trec(tmp_path / "bm25.trec", bm25), crops
+
+
+def test_known_items_move_the_prior_to_the_last_run_where_the_dense_side_cannot_read(runner, tmp_path):
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text(QRELS)
+
+    def swept(dense_rank, known, out):
+        dense, bm25, crops = _known_item_runs(tmp_path, dense_rank)
+        res = runner("eval", dense, bm25, "--qrels", qrels, "--sweep", "0:1:0.1", "--sweep-prior", "0.7",
+                     "--known-items", known or crops, "-m", "nDCG@10", "--json", "-o", out)
+        assert res.exit_code == 0, res.output
+        return res, [json.loads(line) for line in out.read_text().splitlines()]
+
+    # a known item's document at rank 3 scores 1/log2(4) = 0.5, exactly half of BM25's 1.0: the dense side reads
+    res, rows = swept(3, None, tmp_path / "reads.jsonl")
+    assert rows[0]["settings"]["known_items"]["dense"] == pytest.approx(0.5, abs=1e-12)
+    assert rows[0]["settings"]["known_items"]["reads"] is True and rows[0]["settings"]["known_items"]["queries"] == 4
+    assert all(r["prior"] == 0.7 for r in rows) and fusion.weights_from(tmp_path / "reads.jsonl")[0] == [0.7, 0.3]
+    # at rank 4 it is 1/log2(5) = 0.43: below half, the prior is 0 (BM25 alone) and the other rows are tested against it
+    res, rows = swept(4, None, tmp_path / "blind.jsonl")
+    verdict = rows[0]["settings"]["known_items"]
+    assert verdict["reads"] is False and verdict["dense"] == pytest.approx(1 / math.log2(5), abs=1e-12)
+    assert verdict["last"] == 1.0 and rows[0]["settings"]["prior"] == 0.0 and all(r["prior"] == 0.0 for r in rows)
+    assert "cannot read the corpus: the prior is 0" in res.stderr
+    assert fusion.weights_from(tmp_path / "blind.jsonl")[0] == [0.0, 1.0]
+    # another sweep takes the first's verdict, whatever its own dense run does on the known items
+    res, rows = swept(1, tmp_path / "blind.jsonl", tmp_path / "carried.jsonl")
+    assert rows[0]["settings"]["known_items"] == {**verdict, "from": str(tmp_path / "blind.jsonl")}
+    assert rows[0]["settings"]["prior"] == 0.0
+    res, rows = swept(None, tmp_path / "reads.jsonl", tmp_path / "carried.jsonl")
+    assert rows[0]["settings"]["prior"] == 0.7
+
+
+def test_known_items_without_a_prior_or_a_zero_weight_or_a_verdict_exit_2(runner, tmp_path):
+    dense, bm25, crops = _known_item_runs(tmp_path, 4)
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text(QRELS)
+    res = runner("eval", dense, bm25, "--qrels", qrels, "--sweep", "0:1:0.1", "--known-items", crops)
+    assert res.exit_code == 2 and "--known-items moves --sweep-prior's weight: give both" in res.output, res.output
+    res = runner("eval", dense, bm25, "--qrels", qrels, "--known-items", crops)
+    assert res.exit_code == 2 and "--known-items only apply with --sweep" in res.output, res.output
+    res = runner("eval", dense, bm25, "--qrels", qrels, "--sweep", "0.5:1:0.1", "--sweep-prior", "0.7", "--known-items", crops)
+    assert res.exit_code == 2 and "lacks the weight 0 that --known-items" in res.output, res.output
+    plain = tmp_path / "plain.jsonl"
+    assert runner("eval", dense, bm25, "--qrels", qrels, "--sweep", "0:1:0.1", "--json", "-o", plain).exit_code == 0
+    out = tmp_path / "out.jsonl"
+    res = runner("eval", dense, bm25, "--qrels", qrels, "--sweep", "0:1:0.1", "--sweep-prior", "0.7", "--known-items", plain,
+                 "--json", "-o", out)
+    assert res.exit_code == 2 and "plain.jsonl is a sweep made without --known-items" in res.output, res.output
+    assert not out.exists()
+
+
 def test_sweep_prior_off_the_grid_or_without_a_sweep_exits_2(runner, tmp_path):
     a, b = write_trec(tmp_path / "a.trec", A), write_trec(tmp_path / "b.trec", B)
     qrels = tmp_path / "qrels.txt"

@@ -108,6 +108,19 @@ def judgements_arrive(data: Path, work: Path, model: Path, *variables: str) -> N
     assert table.splitlines()[-1].startswith("guard: ")
 
 
+def swept_from_the_base_verdict(work: Path) -> tuple[list[dict], float]:
+    """The trained lists' sweep rows and prior: DENSE_WEIGHT (0.7), kept unless a weight beats it significantly, or
+    0 (BM25 alone) where the base model found its held-out known items (the crops) less than half as well as BM25;
+    that verdict is the one the base's sweep recorded, carried over."""
+    base = json.loads((work / "sweep-base.jsonl").read_text().splitlines()[0])["settings"]["known_items"]
+    assert base["qrels"] == str(work / "dev-crops.jsonl") and base["queries"] >= 1
+    sweep = [json.loads(r) for r in (work / "sweep-adapted.jsonl").read_text().splitlines()]
+    assert sweep[0]["settings"]["known_items"] == {**base, "from": str(work / "sweep-base.jsonl")}
+    prior = 0.7 if base["reads"] else 0.0
+    assert {r["prior"] for r in sweep} == {prior}
+    return sweep, prior
+
+
 def holds_the_base_vectors(index: Path) -> bool:
     """Whether ``index`` (a copy of idx-base with a query tower recorded) holds the base index's own vectors."""
     from retrctl.indexes.dense import stored_vectors
@@ -125,9 +138,9 @@ def test_recipe_full_delivers_without_qrels_and_evaluates_once_they_come(tiny_be
     planned_and_guarded(out, data, work)
     delivered, adapted = resolve(work / "delivered"), resolve(work / "idx-adapted")
     weights, _ = weights_from(work / "sweep-adapted.jsonl")
-    sweep = [json.loads(r) for r in (work / "sweep-adapted.jsonl").read_text().splitlines()]
-    assert {r["prior"] for r in sweep} == {0.7}  # DENSE_WEIGHT, kept unless a weight beats it significantly
-    assert weights == [0.7, 0.3] or any(r["weights"] == weights and "nDCG@10" in r["significant"] for r in sweep)
+    sweep, prior = swept_from_the_base_verdict(work)
+    assert weights == [prior, round(1 - prior, 10)] or any(r["weights"] == weights and "nDCG@10" in r["significant"]
+                                                           for r in sweep)
     assert delivered.manifest["search_defaults"] == {"weights": {"dense": weights[0], "bm25": weights[1]},
                                                      "fusion": "linear", "norm": "minmax"}
     assert "search_defaults" not in adapted.manifest
@@ -252,8 +265,7 @@ def test_recipe_by_default_fuses_the_trained_tower_and_the_whole_models_pick(tin
     planned_and_guarded(out, data, work)
     planned = (work / "plan.json").stat().st_mtime  # the plan's timed steps ran before the first targets, not beside
     assert all((work / f).stat().st_mtime >= planned for f in ("crops.jsonl", "dev-crops.jsonl", "idx-bm25", "idx-base"))
-    sweep = [json.loads(r) for r in (work / "sweep-adapted.jsonl").read_text().splitlines()]
-    assert {r["prior"] for r in sweep} == {0.7}  # DENSE_WEIGHT, kept unless a weight beats it significantly
+    swept_from_the_base_verdict(work)
     trainings = [ln for ln in out.stdout.splitlines() if " train " in ln]
     assert len(trainings) == 2 and sum("--passage-index" in ln for ln in trainings) == 1
     assert "--guard-deliver" not in out.stdout  # the whole model's guard delivers its own pick
@@ -289,8 +301,11 @@ def test_recipe_with_one_training_delivers_as_make_would_run_it(tiny_bert, tmp_p
         assert any(" train " in ln and train_flag in ln for ln in printed), adapt
         runs = " ".join(f"{work}/dev-{m}.trec" for m in ("base", second, "bm25"))
         assert any(f"eval {work}/dev-base.trec {work}/dev-bm25.trec --qrels {work}/dev.jsonl --sweep 0:1:0.1 "
-                   "--sweep-prior 0.7" in ln for ln in printed), adapt
-        assert any(f"eval {runs} --qrels {work}/dev.jsonl --sweep 0:1:0.1 --sweep-prior 0.7" in ln for ln in printed), adapt
+                   f"--sweep-prior 0.7 --known-items {work}/dev-crops.jsonl" in ln for ln in printed), adapt
+        assert any(f"eval {runs} --qrels {work}/dev.jsonl --sweep 0:1:0.1 --sweep-prior 0.7 --known-items "
+                   f"{work}/sweep-base.jsonl" in ln for ln in printed), adapt  # the base's verdict, carried
+        out = make(data, work, tiny_bert, "-n", str(work / "delivered"), f"ADAPT={adapt}", "ENSEMBLE=1", "KNOWN_ITEMS=0")
+        assert out.returncode == 0 and "--known-items" not in out.stdout, adapt
         out = make(data, work, tiny_bert, "-n", str(work / "delivered"), f"ADAPT={adapt}", "ENSEMBLE=1", "TRAINED_PRIOR=base")
         assert any(f"eval {runs} --qrels {work}/dev.jsonl --sweep 0:1:0.1 --sweep-prior {work}/sweep-base.jsonl" in ln
                    for ln in commands(out)), adapt  # the trained lists start where the base's sweep ended
@@ -316,6 +331,8 @@ def test_recipe_checks_its_teacher_before_anything_runs(tiny_bert, tmp_path):
     assert out.returncode != 0 and "ADAPT=both delivers an ensemble" in out.stderr and not (tmp_path / "w").exists()
     out = make(data, tmp_path / "w", tiny_bert, "ADAPT=queries")
     assert out.returncode != 0 and "ADAPT=queries: query, full or both" in out.stderr and not (tmp_path / "w").exists()
+    out = make(data, tmp_path / "w", tiny_bert, "KNOWN_ITEMS=yes")
+    assert out.returncode != 0 and "KNOWN_ITEMS=yes: 1 or 0" in out.stderr and not (tmp_path / "w").exists()
 
 
 def test_recipe_refuses_a_one_document_corpus(tiny_bert, tmp_path):
