@@ -143,6 +143,8 @@ def known_items(runs: list[dict], qrels: dict, *, fusion_method: str = fusion.ME
     ``READS_AT`` times the last run's)."""
     dense = runs[0] if len(runs) == 2 else fusion.fuse(runs[:-1], fusion_method, rrf_k, None, norm, depth, FUSE_HITS)
     rows = eval((("dense", dense), ("last", runs[-1])), qrels, measures=("nDCG@10",), ignore_self=ignore_self)
+    if not rows[1]["counts"]["evaluated"] or rows[1]["counts"]["missing"] == rows[1]["counts"]["evaluated"]:
+        raise ValueError("none of its queries is in the last run: search them with the sweep's queries")
     scores = [row["nDCG@10"] for row in rows]
     return {"dense": scores[0], "last": scores[1], "queries": rows[0]["counts"]["evaluated"],
             "reads": scores[0] >= READS_AT * scores[1]}
@@ -228,8 +230,11 @@ def _known_verdict(known_from: str, runs: list[dict], qrels_split: str | None, f
         verdict = {**verdict, "from": known_from}
     else:
         known_file = records.resolve(known_from, "qrels", qrels_split)
-        verdict = {**known_items(runs, records.read_qrels(known_file), ignore_self=ignore_self, **fusion_settings),
-                   "qrels": known_file}
+        try:
+            measured = known_items(runs, records.read_qrels(known_file), ignore_self=ignore_self, **fusion_settings)
+        except ValueError as e:
+            raise UsageError(f"{known_file}: {e}", flag="--known-items") from None
+        verdict = {**measured, "qrels": known_file}
     log.info("known items (%s): the dense side %.4f nDCG@10 on %d queries, the last run %.4f: %s", known_from,
              verdict["dense"], verdict["queries"], verdict["last"],
              "it reads the corpus" if verdict["reads"] else

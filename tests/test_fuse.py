@@ -517,6 +517,12 @@ def test_known_items_without_a_prior_or_a_zero_weight_or_a_verdict_exit_2(runner
                  "--json", "-o", out)
     assert res.exit_code == 2 and "plain.jsonl is a sweep made without --known-items" in res.output, res.output
     assert not out.exists()
+    elsewhere = tmp_path / "elsewhere.jsonl"  # known items that the runs never searched
+    elsewhere.write_text(json.dumps({"query_id": "k9", "query_text": "a sentence", "source_docid": "d9"}) + "\n")
+    res = runner("eval", dense, bm25, "--qrels", qrels, "--sweep", "0:1:0.1", "--sweep-prior", "0.7", "--known-items",
+                 elsewhere, "--json", "-o", out)
+    assert res.exit_code == 2 and "elsewhere.jsonl: none of its queries is in the last run" in res.output, res.output
+    assert not out.exists()
 
 
 def test_sweep_prior_off_the_grid_or_without_a_sweep_exits_2(runner, tmp_path):
