@@ -35,6 +35,12 @@ w_b <measures> queries`` (``--json``: one object per weight with ``"weights"``; 
 is a setting of one fusion, not a run to compare with the first). Three or more runs (several dense lists and one
 sparse, say) share w equally among all but the last, 1 - w on the last: ``w_a w_b w_c …``, one weight per run, so
 ``fuse --weights-from`` and ``index --fuse --weights-from`` over the same runs in the same order take the row as is.
+``--sweep-prior W`` tests every row against W's (paired t-test) so that ``--weights-from`` leaves W only on
+evidence; ``--known-items QRELS`` (crops: queries cut from the one document each judges, simulated known-item
+queries as Azzopardi, de Rijke & Balog 2007, "Building Simulated Queries for Known-Item Topics", SIGIR) first asks whether the dense
+side reads the corpus at all (``known_items``: its nDCG@10 on them at least half of the last run's), and where it
+does not the prior is 0, the last run alone (a model on a language it was not trained on); ``--known-items SWEEP``
+takes that verdict from another sweep's settings (the base model's, for lists trained from it).
 
 Across collections, as BEIR reports it (Thakur et al. 2021, "BEIR: A Heterogeneous Benchmark for Zero-shot
 Evaluation of Information Retrieval Models", NeurIPS Datasets and Benchmarks, arXiv:2104.08663): ``--qrels
