@@ -6,11 +6,13 @@
   ``encode_and_search``: an exact-search run from vectors or from an encoder, without an index.
 - ``run_measured``: a child process's seconds and peak RSS; ``peak_bytes``: this process's high-water mark.
 - ``machine``: the one line naming the hardware and software a table was measured on.
+- ``work_and_collections``: the command line of a benchmark over the collections of ../shared/data (WORK, --only).
 
 Importing it also puts the checkout on sys.path, for the benchmarks that call the Python API in-process."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -47,6 +49,16 @@ def retrctl(*args, capture_stderr: bool = True, log: bool = True) -> Ran:
     if res.returncode != 0:
         sys.exit(f"failed ({res.returncode}): retrctl {' '.join(argv)}\n{(res.stderr or '')[-3000:]}")
     return Ran(secs, res.stdout, res.stderr or "")
+
+
+def work_and_collections(doc: str, collections) -> tuple[Path, list[str]]:
+    """WORK (resolved) and the collections --only names, all of ``collections`` without it: the command line of a
+    benchmark that runs over the collections of ../shared/data."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("work", type=Path)
+    ap.add_argument("--only", action="append", choices=list(collections), help="these collections only")
+    a = ap.parse_args()
+    return a.work.resolve(), a.only or list(collections)
 
 
 def subcorpus(n_docs: int, n_queries: int):

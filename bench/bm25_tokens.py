@@ -10,12 +10,11 @@ character `multilingual` splits otherwise (a script written without spaces, or a
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
 
-from _run import DATA, retrctl
+from _run import DATA, retrctl, work_and_collections
 
 from retrctl import records
 from retrctl.indexes.bm25_tokens import SPLIT_OTHERWISE
@@ -57,11 +56,8 @@ def table(results: list[dict]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("work", type=Path)
-    ap.add_argument("--only", action="append", choices=list(COLLECTIONS), help="these collections only")
-    a = ap.parse_args()
-    print(table([run(n, COLLECTIONS[n], a.work.resolve()) for n in a.only or COLLECTIONS]))
+    work, names = work_and_collections(__doc__, COLLECTIONS)
+    print(table([run(n, COLLECTIONS[n], work) for n in names]))
 
 
 if __name__ == "__main__":

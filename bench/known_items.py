@@ -15,14 +15,13 @@ where it does not come from the recipe suite (bench/recipe_suite.py)."""
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-from _run import ROOT, retrctl
+from _run import ROOT, retrctl, work_and_collections
 from recipe_suite import COLLECTIONS, folder, makefile_default
 
 FUSE = ("--fusion", "linear", "--norm", "minmax")
@@ -74,16 +73,12 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("work", type=Path)
-    ap.add_argument("--only", action="append", choices=list(COLLECTIONS), help="these collections only")
-    a = ap.parse_args()
-    work = a.work.resolve()
+    work, names = work_and_collections(__doc__, COLLECTIONS)
     work.mkdir(parents=True, exist_ok=True)
     rows = []
     with open("/tmp/retrctl-bench.lock", "w") as lock:  # one real-model job at a time
         fcntl.flock(lock, fcntl.LOCK_EX)
-        for name in a.only or list(COLLECTIONS):
+        for name in names:
             data = folder(name, work)
             rows.append(row(name, data, prepare(name, data, work)))
     print(table(rows))
