@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import fcntl
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from _run import ROOT, retrctl, work_and_collections
-from recipe_suite import COLLECTIONS, folder, makefile_default
+from _run import retrctl, work_and_collections
+from recipe_suite import COLLECTIONS, folder, makefile_default, recipe_make
 
 FUSE = ("--fusion", "linear", "--norm", "minmax")
 
@@ -32,9 +30,7 @@ def prepare(name: str, data: Path, work: Path) -> Path:
     w = work / name
     targets = [w / t for t in ("dev-base.trec", "dev-bm25.trec", "dev-crops.jsonl", "sweep-base.jsonl",
                                "base.trec", "bm25.trec", "base-hybrid.trec")]
-    subprocess.run(["make", "-C", str(ROOT / "examples" / "beir"), "-o", str(data / "corpus.jsonl"),
-                    f"PY={sys.executable}", f"DATA={data}", f"W={w}", "KNOWN_ITEMS=0", *map(str, targets)],
-                   check=True, stdout=sys.stderr)
+    recipe_make(data, w, "KNOWN_ITEMS=0", *map(str, targets))
     return w
 
 

@@ -60,11 +60,16 @@ def run_recipe(name: str, data: Path, work: Path, makevars: list[str]) -> None:
         return
     print(f"== {name}: make -C examples/beir DATA={data} W={w} {' '.join(makevars)}", file=sys.stderr, flush=True)
     start = time.time()
-    # the collection's corpus counts as older than what is made from it: ../shared/data is copied afresh with new
-    # dates, and a resumed or derived work dir (bench/tower_alpha.py) remakes only what changed in it
-    subprocess.run(["make", "-C", str(ROOT / "examples" / "beir"), "-o", str(data / "corpus.jsonl"),
-                    f"PY={sys.executable}", f"DATA={data}", f"W={w}", *makevars], check=True, stdout=sys.stderr)
+    recipe_make(data, w, *makevars)
     (work / f"{name}.minutes").write_text(f"{(time.time() - start) / 60:.1f}\n")
+
+
+def recipe_make(data: Path, w: Path, *args: str) -> None:
+    """`make -C examples/beir DATA=data W=w ARGS…` (variables and targets), its output on stderr. The collection's
+    corpus counts as older than what is made from it: ../shared/data is copied afresh with new dates, and a resumed
+    or derived work dir (bench/tower_alpha.py) remakes only what changed in it."""
+    subprocess.run(["make", "-C", str(ROOT / "examples" / "beir"), "-o", str(data / "corpus.jsonl"),
+                    f"PY={sys.executable}", f"DATA={data}", f"W={w}", *args], check=True, stdout=sys.stderr)
 
 
 def scores(w: Path, data: Path, baseline: str, others: list[str]) -> dict[str, dict]:

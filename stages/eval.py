@@ -37,8 +37,8 @@ sparse, say) share w equally among all but the last, 1 - w on the last: ``w_a w_
 ``fuse --weights-from`` and ``index --fuse --weights-from`` over the same runs in the same order take the row as is.
 ``--sweep-prior W`` tests every row against W's (paired t-test) so that ``--weights-from`` leaves W only on
 evidence; ``--known-items QRELS`` (crops: queries cut from the one document each judges, simulated known-item
-queries as Azzopardi, de Rijke & Balog 2007, "Building Simulated Queries for Known-Item Topics", SIGIR) first asks whether the dense
-side reads the corpus at all (``known_items``: its nDCG@10 on them at least half of the last run's), and where it
+queries as Azzopardi, de Rijke & Balog 2007, "Building Simulated Queries for Known-Item Topics", SIGIR) first
+asks whether the dense side reads the corpus at all (``known_items``: its nDCG@10 on them at least half of the last run's), and where it
 does not the prior is 0, the last run alone (a model on a language it was not trained on); ``--known-items SWEEP``
 takes that verdict from another sweep's settings (the base model's, for lists trained from it).
 
