@@ -28,6 +28,10 @@ A doc missing from a list (explicit, because each tool guesses differently: Amen
   ``HybridSearcher._hybrid_results``: ``dense_score = min_dense_score`` for a doc only the sparse side found).
   With ``minmax`` the two rules agree (the minimum maps to 0.0). A query a run lacks entirely gives 0.0.
 
+A list weighted 0 is left out (``read_by``): it adds nothing to any score, and kept in, the docs only it found would
+enter the fused list tied at the others' lowest score, reordering their bottom; so a fusion at (0, 1) ranks as the
+second list alone, and a fused index does not search a member or head weighted 0.
+
 The method defaults to ``linear`` with ``minmax`` (``METHOD``, ``NORM``, ``RRF_K``: the one default of every
 caller). Weights default to 1 for every run (RRF as published; linear = CombSUM); one weight w for two runs is
 (w, 1 − w), the pair ``eval --sweep`` tries; over more runs the sweep shares w equally among all but the last
@@ -85,6 +89,14 @@ def check(n_runs: int, method: str = METHOD, k: float = RRF_K, weights: Sequence
     if any(not math.isfinite(x) or x < 0 for x in w) or not any(w):
         raise UsageError(f"weights must be finite, >= 0 and not all 0, got {','.join(f'{x:g}' for x in w)}")
     return w
+
+
+def read_by(weights: Sequence[float] | None, n_lists: int = 0) -> list[int]:
+    """The positions of the lists a fusion at ``weights`` reads: those weighted above 0 (all ``n_lists`` when
+    ``weights`` is None, every list at 1)."""
+    if weights is None:
+        return list(range(n_lists))
+    return [i for i, x in enumerate(weights) if x]
 
 
 def complement(weights: list[float], n_runs: int) -> list[float]:
@@ -182,6 +194,8 @@ def fuse_query(lists: Sequence[Sequence[tuple[str, float]]], method: str = METHO
                hits: int | None = None) -> list[tuple[str, float]]:
     """One query's fused list, best first (trec_eval's order). ``lists``: one (doc, score) list per run."""
     w = [1.0] * len(lists) if weights is None else weights
+    read = read_by(w)
+    lists, w = [lists[i] for i in read], [w[i] for i in read]
     ranked = [trec_order(lst)[:depth] if depth else trec_order(lst) for lst in lists]
     fused: dict[str, float] = {}
     if method == "rrf":

@@ -96,6 +96,17 @@ def test_minmax_all_equal_list_maps_to_one_and_an_empty_list_adds_nothing():
     assert all(not math.isnan(s) for lst in out.values() for _, s in lst)
 
 
+@pytest.mark.parametrize("method", ["linear", "rrf"])
+def test_a_list_weighted_0_is_left_out_and_the_fusion_ranks_as_the_others(method):
+    """Weighted 0, a list adds no score; kept in, the docs only it found (a, b) would join B's bottom (d, at 0 under
+    minmax) and, tied with it, go above it by doc id. Left out, q1 ranks as B alone and q2, which only A has, is empty."""
+    out = fusion.fuse([A, B], method, weights=[0, 1])
+    assert {q: [d for d, _ in hits] for q, hits in out.items()} == {"q1": ["c", "d"], "q2": [], "q3": ["z"]}
+    assert fusion.read_by([0, 1]) == [1] and fusion.read_by(None, 3) == [0, 1, 2]
+    three = fusion.fuse([A, B, A], method, weights=[0.5, 0, 0.5])
+    assert [d for d, _ in three["q1"]] == ["a", "b", "c"]
+
+
 def test_depth_and_hits():
     out = fusion.fuse([A, B], "rrf", depth=1, hits=2)
     close(out["q1"], [("c", 1 / 61), ("a", 1 / 61)])  # only a (A's top) and c (B's top) are candidates

@@ -100,6 +100,26 @@ def test_fuse_and_copy_from_load_no_encoder(runner, members, tiny_bert, monkeypa
     assert (tmp_path / "copy.trec").read_text() == (tmp_path / "flags.trec").read_text()
 
 
+def test_a_member_or_head_weighted_0_is_not_searched(runner, members, tiny_bert, monkeypatch, tmp_path):
+    """At (1, 0) the fused index and the two-headed index rank as the dense list alone, without searching BM25."""
+    from retrctl.indexes import bm25 as bm25_index
+    from retrctl.indexes.heads import bm25 as bm25_head
+
+    run = succeeding(runner)
+    corpus, (dense, bm25, _) = members
+    run("index", corpus, "--model", tiny_bert, "--heads", "dense,bm25", "-o", tmp_path / "hybrid")
+    run("index", "--fuse", dense, bm25, "--weights", "1,0", "-o", tmp_path / "fused")
+    queries = write_jsonl(tmp_path / "q.jsonl", MORE_QUERIES)
+    run("search", dense, queries, "--hits", 3, "-o", tmp_path / "dense.trec")
+    monkeypatch.setattr(bm25_index.BM25Index, "search", lambda *a, **kw: pytest.fail("BM25 was searched"))
+    monkeypatch.setattr(bm25_head.BM25Head, "run", lambda *a, **kw: pytest.fail("the BM25 head was searched"))
+    ranked = {q: [d for d, _ in hits] for q, hits in trec(tmp_path / "dense.trec").items()}
+    run("search", tmp_path / "fused", queries, "--hits", 3, "-o", tmp_path / "fused.trec")
+    run("search", tmp_path / "hybrid", queries, "--weights", "1,0", "--hits", 3, "-o", tmp_path / "heads.trec")
+    for name in ("fused", "heads"):
+        assert {q: [d for d, _ in hits] for q, hits in trec(tmp_path / f"{name}.trec").items()} == ranked, name
+
+
 @pytest.mark.parametrize("args, words", [
     (("{dense}",), "--fuse needs two or more index directories"),
     (("{dense}", "{bm25}", "--weights", "0.5,0.2,0.3"), "one weight per member index"),

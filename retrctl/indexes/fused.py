@@ -94,8 +94,16 @@ class FusedIndex(base.Index):
 
     def search(self, queries: list[dict], k: int) -> dict[str, list[tuple[str, float]]]:
         depth = max(k, self.depth)
+        try:
+            weights = fusion.check(len(self.members), self.fusion, self.rrf_k, self.weights, self.norm)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        read = fusion.read_by(weights)
         runs = []
-        for member in self.members:
+        for i, member in enumerate(self.members):
+            if i not in read:  # weighted 0: the fusion leaves its list out, so it is not searched
+                runs.append({})
+                continue
             if self.batch_size is not None and "batch_size" in member.search_knobs:
                 member.batch_size = self.batch_size
             run = member.search(queries, depth + 1 if self.remove_query else depth)
@@ -103,7 +111,7 @@ class FusedIndex(base.Index):
                 run = {q: [(d, s) for d, s in hits if d != q][:depth] for q, hits in run.items()}
             runs.append(run)
         try:
-            return fusion.fuse(runs, method=self.fusion, k=self.rrf_k, weights=self.weights, norm=self.norm, hits=k)
+            return fusion.fuse(runs, method=self.fusion, k=self.rrf_k, weights=weights, norm=self.norm, hits=k)
         except ValueError as e:
             raise UsageError(str(e)) from None
 

@@ -100,14 +100,20 @@ def search(idx, queries: list[dict], k: int) -> tuple[dict[str, list[tuple[str, 
     heads = _searched(idx)
     if _rescoring(idx, heads):
         return _rescore(idx, queries, heads, k)
-    depth = max(k, idx.depth) if len(heads) > 1 else k
-    runs = [idx.held[h].run(idx, queries, depth) for h in heads]
-    if len(runs) == 1:
-        return runs[0], {}
+    if len(heads) == 1:
+        return idx.held[heads[0]].run(idx, queries, k), {}
+    weights = _weights(idx, heads)
+    try:
+        weights = fusion.check(len(heads), idx.fusion, idx.rrf_k, weights, idx.norm)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    read = fusion.read_by(weights)  # a head weighted 0 is not searched: the fusion leaves its list out
+    depth = max(k, idx.depth)
+    runs = [idx.held[h].run(idx, queries, depth) if i in read else {} for i, h in enumerate(heads)]
     if idx.remove_query:  # the query's own doc leaves each list before fusion scales it, as in `fuse` of such runs
         runs = [{q: [(d, s) for d, s in hits if d != q] for q, hits in run.items()} for run in runs]
     try:
-        return fusion.fuse(runs, method=idx.fusion, k=idx.rrf_k, weights=_weights(idx, heads), norm=idx.norm, hits=k), {}
+        return fusion.fuse(runs, method=idx.fusion, k=idx.rrf_k, weights=weights, norm=idx.norm, hits=k), {}
     except ValueError as e:
         raise UsageError(str(e)) from None
 
