@@ -142,7 +142,8 @@ def collection_row(name: str, data: Path, work: Path, against: Path | None = Non
     generated = held_out_generated(w) if audit else None
     ndcg = {r: vs_base[r]["nDCG@10"] for r in vs_base}
     guard = json.loads((w / "model" / "guard.json").read_text())
-    pick = next(c for c in guard["candidates"] if c["alpha"] == guard["pick"])
+    # no candidates where nothing was trained (train --guard-known-items: the base does not read the corpus)
+    pick = next((c for c in guard["candidates"] if c["alpha"] == guard["pick"]), {})
     full = next((c for c in guard["candidates"] if c["alpha"] == 1.0), {})  # absent where GUARD_ALPHAS leaves α = 1 out
     better = "base" if ndcg["base"] >= ndcg["base-hybrid"] else "base-hybrid"
     minutes = work / f"{name}.minutes"
@@ -151,7 +152,7 @@ def collection_row(name: str, data: Path, work: Path, against: Path | None = Non
         "d_base": ndcg["delivered"] - ndcg["base"], "p_base": vs_base["delivered"]["p_value"]["nDCG@10"],
         "d_hybrid": ndcg["delivered"] - ndcg["base-hybrid"], "p_hybrid": vs_hybrid["delivered"]["p_value"]["nDCG@10"],
         "better": better, "p_better": (vs_base if better == "base" else vs_hybrid)["delivered"]["p_value"]["nDCG@10"],
-        "pick": guard["pick"], "pick_gain": pick["gain"], "pick_p": pick["p"], "guard_queries": guard["queries"],
+        "pick": guard["pick"], "pick_gain": pick.get("gain"), "pick_p": pick.get("p"), "guard_queries": guard["queries"],
         "full_gain": full.get("gain"), "full_p": full.get("p"), "full_veto": full.get("veto_gain"),
         "trained_change": ndcg["trained"] - ndcg["base"] if audit else None,
         "trained_p": vs_base["trained"]["p_value"]["nDCG@10"] if audit else None,
@@ -164,6 +165,16 @@ def collection_row(name: str, data: Path, work: Path, against: Path | None = Non
         "planned": json.loads(plan.read_text())["total_s"] / 60 if (plan := w / "plan.json").exists() else None,
         "against": versus(w / "delivered.trec", against / name / "delivered.trec", data) if against else None,
     }
+
+
+def guarded(r: dict) -> str:
+    """The table's two guard columns: the pick and its held-out gain, α = 1's (or why nothing was trained)."""
+    if r["pick_gain"] is None:
+        return "α = 0, nothing trained (the base does not read the corpus) | –"
+    return (f"α = {r['pick']:g}, {r['pick_gain']:+.4f} ({r['pick_p']:.2g}) | "
+            f"{'not a candidate' if r['full_gain'] is None else format(r['full_gain'], '+.4f')} "
+            f"({'–' if r['full_p'] is None else format(r['full_p'], '.2g')}); veto "
+            f"{'–' if r['full_veto'] is None else format(r['full_veto'], '+.4f')}; {r['guard_queries']} queries")
 
 
 def table(rows: list[dict]) -> str:
@@ -188,10 +199,7 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['collection']} | {r['docs']:,} | {r['base']:.4f} | {r['bm25']:.4f} | {r['base-hybrid']:.4f} "
             f"| {r['adapted']:.4f} | {r['delivered']:.4f} | {r['d_base']:+.4f} ({r['p_base']:.2g}) "
-            f"| {r['d_hybrid']:+.4f} ({r['p_hybrid']:.2g}) | α = {r['pick']:g}, {r['pick_gain']:+.4f} "
-            f"({r['pick_p']:.2g}) | {'not a candidate' if r['full_gain'] is None else format(r['full_gain'], '+.4f')} "
-            f"({'–' if r['full_p'] is None else format(r['full_p'], '.2g')}); veto "
-            f"{'–' if r['full_veto'] is None else format(r['full_veto'], '+.4f')}; {r['guard_queries']} queries "
+            f"| {r['d_hybrid']:+.4f} ({r['p_hybrid']:.2g}) | {guarded(r)} "
             f"| {trained} | {minutes} |{versus_other}")
     n = len(rows)
     mean = {k: sum(r[k] for r in rows) / n for k in ("base", "bm25", "base-hybrid", "adapted", "delivered",

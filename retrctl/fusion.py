@@ -50,6 +50,7 @@ checks it against hand-computed cases.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 
 from retrctl.errors import RecordError, UsageError
@@ -154,6 +155,24 @@ def weights_from(path, measure: str = "nDCG@10") -> tuple[list[float], dict]:
     best = max(rows, key=lambda lr: (lr[1][measure], -abs(swept_w(lr[1]["weights"]) - 0.5), -lr[0]))[1]
     swept = best.get("settings") if isinstance(best.get("settings"), dict) else {}
     return [float(w) for w in best["weights"]], {flag: swept[k] for k, flag in SWEPT.items() if k in swept}
+
+
+def known_items_of(path, flag: str = "--known-items") -> dict | None:
+    """The known-item verdict a sweep file records (``eval --sweep --known-items … --json``: the dense side's and
+    the last run's nDCG@10 on known-item queries, and whether the dense side reads the corpus), None when ``path``
+    is not a sweep file; UsageError (naming ``flag``) for a sweep made without ``--known-items``."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        _, first = next(read_jsonl(path))
+    except (RecordError, StopIteration, UnicodeDecodeError):
+        return None
+    if "weights" not in first:
+        return None
+    verdict = (first.get("settings") or {}).get("known_items")
+    if not isinstance(verdict, dict) or not isinstance(verdict.get("reads"), bool):
+        raise UsageError(f"{path} is a sweep made without --known-items: it holds no verdict", flag=flag)
+    return verdict
 
 
 def _number(v) -> bool:

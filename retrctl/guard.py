@@ -237,6 +237,29 @@ def describe(decision: dict) -> str:
             f"threshold p < {decision['threshold']:.3g}{vetoes}")
 
 
+def deliver_base(model_dir: str | Path, base_model: str, known_items: dict, keep: str | Path | None = None) -> dict:
+    """Nothing trained: ``base_model`` as it is, written to ``model_dir`` (and to ``keep``, in place of a trained
+    model) where a known-item verdict (``fusion.known_items_of``) says it does not read the corpus, with guard.json
+    recording that verdict. Pseudo-queries in a language the base cannot read do not teach it the language
+    (bench/RESULTS.md, "Known items": the lists trained there added nothing)."""
+    from retrctl import records
+    from retrctl.models import Encoder
+
+    decision = {"pick": 0.0, "delivered": 0.0, "trained": False, "known_items": known_items, "queries": 0,
+                "candidates": [], "measure": MEASURE, "base_model": str(base_model)}
+    enc = Encoder.load(base_model, device="cpu")
+    if keep is not None:
+        with records.atomic_dir(keep, resume=False) as tmp:
+            enc.save(tmp)
+    with records.atomic_dir(model_dir, resume=False) as tmp:
+        enc.save(tmp)
+        (Path(tmp) / FILE).write_text(json.dumps(decision, indent=1) + "\n", encoding="utf-8")
+    log.info("kept the base model untrained: it does not read the corpus (known items: nDCG@10 %.4f against the "
+             "last run's %.4f over %d queries, below half)", known_items["dense"], known_items["last"],
+             known_items["queries"])
+    return decision
+
+
 def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, dict], *, alphas: list[float],
            seed: int, batch_size: int = 32, level: float = 0.05, veto: Iterable[str] = (),
            keep: str | Path | None = None, passage_index: str | Path | None = None, deliver: str = "pick",

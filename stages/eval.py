@@ -70,7 +70,7 @@ from collections.abc import Iterable, Iterator
 import click
 
 from retrctl import across_collections, fusion, metrics, plots, records
-from retrctl.errors import RecordError, UsageError
+from retrctl.errors import UsageError
 from retrctl.options import QRELS_HELP, options
 from retrctl.stage import stage
 
@@ -156,23 +156,6 @@ def known_items(runs: list[dict], qrels: dict, *, fusion_method: str = fusion.ME
             "reads": scores[0] >= READS_AT * scores[1]}
 
 
-def _verdict_of_sweep(path: str) -> dict | None:
-    """The known-item verdict recorded in a sweep file (``eval --sweep --known-items … --json``), None when
-    ``path`` is not a sweep file (qrels, then); UsageError for a sweep made without --known-items."""
-    if not os.path.isfile(path):
-        return None
-    try:
-        _, first = next(records.read_jsonl(path))
-    except (RecordError, StopIteration, UnicodeDecodeError):
-        return None
-    if "weights" not in first:
-        return None
-    verdict = (first.get("settings") or {}).get("known_items")
-    if not isinstance(verdict, dict) or not isinstance(verdict.get("reads"), bool):
-        raise UsageError(f"{path} is a sweep made without --known-items: it holds no verdict", flag="--known-items")
-    return verdict
-
-
 def weight_columns(n_runs: int) -> list[str]:
     """A sweep table's weight columns, one per run fused: w_a, w_b, …"""
     return [f"w_{chr(ord('a') + i)}" for i in range(n_runs)]
@@ -231,7 +214,7 @@ def _prior(value: str | None) -> tuple[float | None, str | None]:
 def _known_verdict(known_from: str, runs: list[dict], qrels_split: str | None, fusion_settings: dict,
                    ignore_self: bool) -> dict:
     """--known-items' verdict, logged: measured on the sweep's runs (QRELS), or another sweep's (SWEEP)."""
-    verdict = _verdict_of_sweep(known_from)
+    verdict = fusion.known_items_of(known_from)
     if verdict is not None:
         verdict = {**verdict, "from": known_from}
     else:

@@ -21,6 +21,7 @@ LoRA (Hu et al. 2021, arXiv:2106.09685); ZeRO (Rajbhandari et al. 2020, arXiv:19
 | distillation from reranker scores | ``--distill-weight --teacher-temperature`` |
 | distillation from a teacher model: its scores (KL / MarginMSE), its embeddings (MSE, sentence-transformers' model distillation), its token states, last and intermediate layers (TinyBERT); a corpus alone as data | ``--teacher --distill-weight --embed-distill-weight --embed-distill-loss --token-distill-weight --layer-distill-weight --fresh-crops --attention-dropout`` |
 | keep the base unless a paired test on held-out pseudo-queries prefers a trained or WiSE-FT candidate (not a guarantee on real queries) | ``--guard-shards --guard-alphas`` |
+| nothing trained where a known-item verdict says the base cannot read the corpus (retrctl's addition) | ``--guard-known-items`` |
 | query side only over a frozen index's passage vectors (LightRetriever's asymmetric towers) | ``--passage-index`` |
 | LightRetriever's token-lookup query encoder | ``--query-encoder token-lookup --lookup-kl-weight`` |
 | SPLADE sparse head (FLOPS λ, quadratic warm-up) | ``--heads dense,sparse --flops-weight --flops-warmup --sparse-query --sparse-top-k`` |
@@ -91,7 +92,7 @@ from pathlib import Path
 
 import click
 
-from retrctl import distributed, records
+from retrctl import distributed, fusion, records
 from retrctl.distributed import RaySettings
 from retrctl.errors import UsageError
 from retrctl.models.config import ENCODER_FLAGS
@@ -124,6 +125,14 @@ def train(groups=None, *, output, corpus=None, config: TrainConfig | None = None
     cfg = (config or TrainConfig()).replace(**settings)
     # never train onto the groups, the corpus or the teacher
     records.check_outputs([output], [groups, corpus, cfg.teacher], dir_output=True)
+    if cfg.guard_known_items:
+        verdict = _known_items(cfg.guard_known_items)
+        if cfg.guard_shards and not verdict["reads"]:  # nothing to train: the settings and the output checked first
+            from retrctl import guard
+
+            (QuerySideTrainer if cfg.passage_index else Trainer).check(cfg, output)
+            guard.deliver_base(output, cfg.model, verdict, keep=cfg.guard_keep or None)
+            return Path(output)
     if ray is not None:
         from retrctl.train.on_ray import train_on_ray
 
@@ -150,6 +159,15 @@ def train(groups=None, *, output, corpus=None, config: TrainConfig | None = None
 def _train_in_worker(groups, output, corpus, cfg: TrainConfig, on_step, resume: bool) -> Path:
     """One Ray Train worker's part of ``train(..., ray=...)``: this process is one of the run's ranks."""
     return train(groups, output=output, corpus=corpus, config=dataclasses.replace(cfg, resume=resume), on_step=on_step)
+
+
+def _known_items(path: str) -> dict:
+    """--guard-known-items' verdict (exit 2 for a file that is not a sweep made with --known-items)."""
+    verdict = fusion.known_items_of(path, flag="--guard-known-items")
+    if verdict is None:
+        raise UsageError(f"{path}: not a sweep file (`retrctl eval --sweep … --known-items … --json`)",
+                         flag="--guard-known-items")
+    return verdict
 
 
 def _guarded(groups, docs, cfg: TrainConfig):

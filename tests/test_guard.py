@@ -178,6 +178,44 @@ def test_guard_veto_names_the_queries_that_may_refuse(tiny_bert, tmp_path, runne
     assert r.exit_code == 2 and "q1.jsonl" in r.output and not (tmp_path / "m2").exists()
 
 
+def _sweep(path, **settings):
+    """A one-row sweep file as `eval --sweep --json` writes it, with ``settings``."""
+    return write_jsonl(path, [{"run": "linear:0,1", "nDCG@10": 0.5, "weights": [0.0, 1.0], "settings": settings}])
+
+
+def test_a_base_the_known_items_say_cannot_read_the_corpus_is_delivered_untrained(tiny_bert, tmp_path, runner,
+                                                                                  monkeypatch):
+    from retrctl.train.loop import Trainer
+
+    docs = corpus()
+    corpus_file = write_jsonl(tmp_path / "corpus.jsonl", [{"_id": d, **v} for d, v in docs.items()])
+    flags = [write_jsonl(tmp_path / "groups.jsonl", groups(16)), "--corpus", corpus_file, "--model", tiny_bert,
+             "--max-steps", 1, "--guard-shards", 3, *(f"--{k.replace('_', '-')}={v}" for k, v in FAST.items())]
+    unread = {"dense": 0.1, "last": 1.0, "queries": 8, "reads": False, "qrels": "dev-crops.jsonl"}
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "fit", lambda self: pytest.fail("trained"))
+        r = runner("train", *flags, "-o", tmp_path / "m", "--guard-keep", tmp_path / "kept",
+                   "--guard-known-items", _sweep(tmp_path / "unread.jsonl", known_items=unread))
+    assert r.exit_code == 0, r.output
+    record = json.loads((tmp_path / "m" / "guard.json").read_text())
+    assert record["known_items"] == unread and record["trained"] is False and record["delivered"] == 0.0
+    assert "does not read the corpus" in r.stderr
+    base = _state(tiny_bert)
+    for out in ("m", "kept"):
+        assert all(torch.equal(_state(tmp_path / out)[k], base[k]) for k in base), out
+    reads = {**unread, "dense": 0.9, "reads": True}  # a base that reads: trained and guarded as without the flag
+    r = runner("train", *flags, "-o", tmp_path / "m2", "--guard-known-items", _sweep(tmp_path / "reads.jsonl", known_items=reads))
+    assert r.exit_code == 0, r.output
+    assert [c["alpha"] for c in json.loads((tmp_path / "m2" / "guard.json").read_text())["candidates"]][0] == 0.0
+    for bad, words in ((_sweep(tmp_path / "plain.jsonl", fusion="linear"), "a sweep made without --known-items"),
+                       (corpus_file, "not a sweep file")):
+        r = runner("train", *flags, "-o", tmp_path / "m3", "--guard-known-items", bad)
+        assert r.exit_code == 2 and words in r.output and "--guard-known-items" in r.output, r.output
+    r = runner("train", *flags[:5], "-o", tmp_path / "m3", "--guard-known-items", tmp_path / "unread.jsonl")
+    assert r.exit_code == 2 and "only applies with --guard-shards" in r.output
+    assert not (tmp_path / "m3").exists()
+
+
 def test_guard_keep_needs_the_guard(tiny_bert, tmp_path, runner):
     groups_file = write_jsonl(tmp_path / "groups.jsonl", groups(4))
     r = runner("train", groups_file, "--model", tiny_bert, "-o", tmp_path / "m", "--guard-keep", tmp_path / "t")

@@ -299,6 +299,8 @@ def test_recipe_with_one_training_delivers_as_make_would_run_it(tiny_bert, tmp_p
         assert out.returncode == 0, out.stderr[-3000:]
         printed = commands(out)
         assert any(" train " in ln and train_flag in ln for ln in printed), adapt
+        trainings = [ln for ln in printed if " train " in ln]  # nothing trained where the base does not read
+        assert trainings and all(f"--guard-known-items {work}/sweep-base.jsonl" in ln for ln in trainings), adapt
         runs = " ".join(f"{work}/dev-{m}.trec" for m in ("base", second, "bm25"))
         assert any(f"eval {work}/dev-base.trec {work}/dev-bm25.trec --qrels {work}/dev.jsonl --sweep 0:1:0.1 "
                    f"--sweep-prior 0.7 --known-items {work}/dev-crops.jsonl" in ln for ln in printed), adapt

@@ -167,6 +167,11 @@ class TrainConfig:
                                "base index): the guard scores the base model (α = 0) on its stored vectors, and "
                                "searches them for a pool of the base's top hits, instead of encoding the pool again "
                                "(one pool encode saved; the other candidates encode it).")
+    guard_known_items: str = _f("", "With --guard-shards: a sweep made with `retrctl eval --sweep --known-items` "
+                                "(its verdict on --model: whether it finds known items' documents at least half as "
+                                "well as BM25). Where it says --model does not read the corpus, nothing is trained: "
+                                "the guard delivers --model as it is (and --guard-keep receives it), guard.json says "
+                                "why.")
     guard_deliver: str = _f("pick", "With --guard-shards: what a passing candidate delivers: pick (the candidate) or "
                             "trained (the trained model, α = 1, for an ensemble with the base model: the output-space "
                             "counterpart of the interpolation the guard passed). The base when none passes.")
@@ -299,6 +304,7 @@ class TrainConfig:
             raise UsageError(f"--guard-deliver must be one of {', '.join(GUARD_DELIVERS)}, got {self.guard_deliver!r}")
         for flag, value in (("--guard-keep", self.guard_keep), ("--guard-veto", self.guard_veto),
                             ("--guard-pool-runs", self.guard_pool_runs), ("--guard-base-index", self.guard_base_index),
+                            ("--guard-known-items", self.guard_known_items),
                             ("--guard-deliver", "" if self.guard_deliver == "pick" else self.guard_deliver)):
             if value and not self.guard_shards:
                 raise UsageError(f"{flag} only applies with --guard-shards")
