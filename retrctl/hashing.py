@@ -97,6 +97,28 @@ def weight_files(root: str | os.PathLike) -> list[list]:
     return [[str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
 
 
+def weights_hex(path: str | os.PathLike, size: int = 16) -> str:
+    """Hex blake2b of a model's weights as stored: a model dir's config.json and every weight file under it (their
+    relative names and bytes; optimizer checkpoints, ``.pt``, left out), or one weight file (an ONNX graph). Unlike
+    ``weights_fingerprint`` it reads the bytes, so a model trained again into the same dir gets another value (what
+    an index's manifest records: an update then sees the new weights)."""
+    path = Path(path)
+    h = hashlib.blake2b(digest_size=size)
+    if path.is_file():
+        files = [(path.name, path)]
+    else:
+        files = [("config.json", path / "config.json")] if (path / "config.json").is_file() else []
+        files += [(name, path / name) for name, _, _ in weight_files(path)
+                  if not name.endswith(".pt") and "checkpoints" not in Path(name).parts]
+        files += [(p.name, p) for p in sorted(path.glob("*.onnx*")) if p.is_file()]
+    for name, file in files:
+        h.update(name.encode() + b"\x1f")
+        with open(file, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()
+
+
 def weights_fingerprint(root: str | os.PathLike) -> str:
     """What identifies a model dir's weights across machines (qgen/rerank manifests and checkpoints): config.json
     content plus the names and sizes (not mtimes: a copy is the same model) of its top-level weight files."""

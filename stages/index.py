@@ -38,7 +38,8 @@ how `search` fuses the heads by default.
 Updates (pyserini#1964, faiss#3339): run again on an existing IDX and it is brought in line with the corpus by
 content hash — new docs are added, changed docs re-encoded, docs no longer in the corpus deleted (`--no-delete`
 keeps them); nothing is rewritten when nothing changed. Changing a setting that the stored data depends on
-(model or its settings, index type, BM25 settings) rebuilds from scratch, with a warning; `--rebuild` forces it
+(model or its settings, or the model's weights: the manifest keeps a hash of its weight files, so a model dir
+trained again under the same path is noticed; index type, BM25 settings) rebuilds from scratch, with a warning; `--rebuild` forces it
 (also the way out of a damaged index: a missing or truncated file is named, exit 2).
 
 Search defaults on an index already built: `retrctl index --copy-from IDX --weights 0.6 -o NEW` publishes IDX's
@@ -261,6 +262,8 @@ def _reuse(output: Path, old: dict | None, fresh, rebuild: bool, load):
     want = {"backend": fresh.name, **fresh.content_settings(fresh.manifest())}
     backend = BACKENDS.get(old.get("backend"))
     have = {"backend": old.get("backend"), **(backend.content_settings(old) if backend else old.get("settings", {}))}
+    if "encoder.weights" not in have:  # written before the weights were hashed: kept, as an update kept it then
+        want.pop("encoder.weights", None)
     if want != have:
         diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
         log.warning("%s was built with other settings (%s): rebuilding from scratch", output,

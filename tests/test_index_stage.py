@@ -72,6 +72,43 @@ def test_changed_settings_rebuild(tiny_bert, tmp_path, caplog):
     assert json.loads((out / "index.json").read_text())["settings"]["index_type"] == "HNSW32"
 
 
+def test_a_model_trained_again_under_the_same_path_is_encoded_again(tiny_bert, tmp_path, caplog):
+    """An index records a hash of its model's weights: an update with the same --model path rebuilds once the weights
+    there changed (a pipeline's model/ trained again) and is up to date while they did not; an index written before
+    the hash (no "weights" in its manifest) keeps its vectors, as an update kept them then."""
+    import shutil
+
+    import torch
+
+    from retrctl.models import Encoder
+
+    def train_again(model):  # other weights, the same dir
+        enc = Encoder.load(model, device="cpu")
+        with torch.no_grad():
+            for p in enc.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        enc.save(model)
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert, model)
+    out = tmp_path / "idx"
+    index(DOCS, out, model=str(model))
+    first = json.loads((out / "index.json").read_text())["encoder"]["weights"]
+    assert index(DOCS, out, model=str(model))["written"] is False
+    train_again(model)
+    stats = index(DOCS, out, model=str(model))
+    assert stats["rebuilt"] and stats["encoded"] == len(DOCS) and "encoder.weights" in caplog.text
+    assert json.loads((out / "index.json").read_text())["encoder"]["weights"] != first
+    index(DOCS, tmp_path / "fresh", model=str(model))
+    assert_same(results(out), results(tmp_path / "fresh"))
+    for manifest in (out / "index.json", current(out) / "index.json"):  # as written before the hash
+        m = json.loads(manifest.read_text())
+        del m["encoder"]["weights"]
+        manifest.write_text(json.dumps(m))
+    train_again(model)
+    assert index(DOCS, out, model=str(model))["rebuilt"] is False
+
+
 def test_dense_without_model_is_a_usage_error(tmp_path):
     with pytest.raises(SettingsError, match="--model"):
         index(DOCS, tmp_path / "idx")

@@ -327,10 +327,31 @@ def manifest_model(model: str) -> str:
 
 
 def describe(encoder) -> dict:
-    """The encoder's description for a manifest, a local model path made absolute."""
+    """The encoder's description for a manifest, a local model path made absolute, and ``weights``: a hash of the
+    weights it was loaded from (``weights_of``), so that an update sees a model trained again under the same path."""
     desc = dict(encoder.describe())
     desc["model"] = manifest_model(desc.get("model", ""))
+    weights = weights_of(encoder)
+    if weights is not None:
+        desc["weights"] = weights
     return desc
+
+
+def weights_of(encoder) -> str | None:
+    """``hashing.weights_hex`` of the files ``encoder`` was loaded from (a model dir, a shipped model's, an ONNX
+    graph); None when it names none."""
+    from retrctl.hashing import weights_hex
+    from retrctl.models.loading import resolve
+
+    source = str(getattr(encoder, "source", "") or "")
+    if not source:
+        return None
+    if Path(source).is_file() and Path(source).suffix == ".onnx":
+        return weights_hex(source)
+    try:
+        return weights_hex(resolve(source))
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def same_encoder(desc: dict) -> dict:
