@@ -29,6 +29,9 @@ _UNIT = regex.compile(rf"[{_IDEO}]|(?:(?=[{_NOSPACE}])\X){{1,4}}|[^\s{_IDEO}{_NO
 _WORDLIKE = regex.compile(r"[\p{L}\p{N}]")
 _UNSPACED = regex.compile(rf"[{_IDEO}{_NOSPACE}]")
 _TOKEN = re.compile(r"\S+")  # str.split()'s tokens
+_CHAR_UNIT = regex.compile(rf"[{_IDEO}{_NOSPACE}]|[^\s{_IDEO}{_NOSPACE}]+")
+_NOSPACE_CHAR = regex.compile(rf"[{_NOSPACE}]")
+NOSPACE_WORD = 4  # grapheme clusters of Thai and the like that make one word (``_UNIT``)
 _STRIP = " \t\r\n\f\v\u00a0\u200b\u200c\u200d\u2060\ufeff\u3000"
 
 
@@ -83,6 +86,20 @@ def word_spans(text: str) -> list[tuple[int, int]]:
     out = []
     for m in _TOKEN.finditer(text):
         out.extend(units(text, m.start(), m.end()) if _UNSPACED.search(m.group()) else [m.span()])
+    return out
+
+
+def char_units(text: str) -> list[tuple[str, float]]:
+    """``text``'s whitespace tokens, a token holding a script written without spaces split into its characters (and
+    runs of the others), each with its share of a word as ``word_spans`` counts words: 1, or 1/NOSPACE_WORD for a
+    character of Thai and the like. On text in spaced scripts: ``text.split()``'s tokens, 1 each. What qgen's copy
+    checks compare: a run copied from the middle of an unspaced sentence is found in it character by character."""
+    out = []
+    for token in text.split():
+        if not _UNSPACED.search(token):
+            out.append((token, 1.0))
+            continue
+        out.extend((u, 1 / NOSPACE_WORD if _NOSPACE_CHAR.fullmatch(u) else 1.0) for u in _CHAR_UNIT.findall(token))
     return out
 
 

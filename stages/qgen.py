@@ -45,7 +45,8 @@ disagreed and nobody could tell which setting made the data).
 Deviations: InPars keeps a fixed number of pairs (10k of 100k); we keep a fraction, which works at any corpus
 size. Small models often echo the document instead of writing a query, and a copy has a high log-prob, so the score
 filter would favour it: queries that are a verbatim run of >= 6 words of their document are dropped as copies
-(crop makes such queries on purpose; `--keep-copies` keeps them). SmolLM2 also answers its user instead of
+(crop makes such queries on purpose; `--keep-copies` keeps them; in a script written without spaces the run is
+compared character by character, a Han or kana character one word, four letters of Thai and the like one). SmolLM2 also answers its user instead of
 writing a query ("i am sure that the document is here.", "here is the answer to your question.") or copies a
 passage and runs on: `--drop-chatter` drops outputs that open with Sure/Here/Okay/Thanks/Answer, name "the document"
 (text, passage, article) or "your question", hold a URL, or hold a verbatim run of >= 10 words of their document
@@ -71,7 +72,7 @@ from pathlib import Path
 import click
 
 from retrctl import distributed, records
-from retrctl.crops import count_words, cut_words
+from retrctl.crops import char_units, count_words, cut_words
 from retrctl.errors import UsageError
 from retrctl.hashing import sample as sample_docs
 from retrctl.hashing import stable_int
@@ -133,6 +134,24 @@ def _norm(text: str) -> str:
     return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
 
 
+def _joined(units: list[tuple[str, float]]) -> str:
+    return f" {' '.join(u for u, _ in units)} "
+
+
+def _holds_a_run(units: list[tuple[str, float]], doc: str, words: int) -> bool:
+    """Whether ``doc`` (``char_units`` joined by spaces, padded) holds a run of the query's ``units`` at least
+    ``words`` words long (``char_units``' shares): the shortest such run from each start is enough."""
+    for i in range(len(units)):
+        total, j = 0.0, i
+        while j < len(units) and total < words:
+            total, j = total + units[j][1], j + 1
+        if total < words:
+            return False
+        if _joined(units[i:j]) in doc:
+            return True
+    return False
+
+
 def qgen(docs: Iterable[dict], llm: LLM | str = "smollm2", *, per_doc: int = 1, examples: list[dict] | None = None,
          shots: int = 3, prompt_style: str = "auto", temperature: float = 0.8, top_p: float = 0.9,
          max_new_tokens: int = 32, seed: int = 0, batch_size: int = 8, doc_max_words: int = 256, min_words: int = 2,
@@ -187,10 +206,10 @@ def qgen(docs: Iterable[dict], llm: LLM | str = "smollm2", *, per_doc: int = 1, 
         rows = [{"query_id": f"{d['docid']}#qgen{i}", "query_text": clean(o["text"]), "source_docid": d["docid"],
                  "score": o["logprob"], "tokens": o["tokens"]} for (d, _, i), o in zip(jobs, outs, strict=True)]
         for r, (d, _, _) in zip(rows, jobs, strict=True):
-            q = _norm(r["query_text"])
-            doc, words = f" {_norm(d['title'] + ' ' + d['text'])} ", q.split()
-            r["copied"] = len(words) >= COPY_WORDS and f" {q} " in doc
-            r["span"] = any(f" {' '.join(words[i:i + SPAN_WORDS])} " in doc for i in range(len(words) - SPAN_WORDS + 1))
+            units = char_units(_norm(r["query_text"]))
+            doc = f" {' '.join(u for u, _ in char_units(_norm(d['title'] + ' ' + d['text'])))} "
+            r["copied"] = sum(w for _, w in units) >= COPY_WORDS and _joined(units) in doc
+            r["span"] = _holds_a_run(units, doc, SPAN_WORDS)
         n_new += len(batch)
         return rows
 

@@ -112,6 +112,24 @@ def test_chatter_filter_drops_outputs_that_talk_to_the_user_or_copy_a_passage():
     assert len(kept) == 8
 
 
+def test_copies_and_copied_passages_are_found_in_scripts_written_without_spaces():
+    """A Chinese run taken from the middle of its sentence is a copy (six characters, six words), five characters
+    are not; a Thai run counts four letters a word (27 letters, its marks aside: a copy); a query holding a ten-word run of its document copied a passage."""
+    zh = {"docid": "z1", "title": "茶", "text": "绿茶是未经发酵的茶，保留了鲜叶的天然物质。"}
+    th = {"docid": "t1", "title": "ชา", "text": "ชาเขียวเป็นชาที่ไม่ผ่านการหมักและยังคงรักษาสารธรรมชาติของใบชาสดไว้"}
+    zh_long = {"docid": "z2", "title": "史", "text": "一七九四年至一八零九年之间发生了许多重要的历史事件。"}
+    answers = {"茶": [("未经发酵的茶", -1.0)], "ชา": [("การหมักและยังคงรักษาสารธรรมชาติ", -1.0)],
+               "史": [("一七九四年至一八零九年之间发生了什么", -1.0)]}
+    stats = {}
+    rows = list(qgen([zh, th, zh_long], ScriptLLM(answers), min_words=1, max_words=64, drop_chatter=False, stats=stats))
+    assert stats["counts"]["copied"] == 2 and [r["source_docid"] for r in rows] == ["z2"]
+    stats = {}
+    rows = list(qgen([zh_long], ScriptLLM(answers), min_words=1, max_words=64, stats=stats))
+    assert rows == [] and stats["counts"]["chatter"] == 1  # twelve characters of its sentence, then a question
+    short = {"茶": [("发酵的茶", -1.0)], "ชา": [("การหมักและ", -1.0)]}
+    assert len(list(qgen([zh, th], ScriptLLM(short), min_words=1, max_words=64))) == 2  # four words; nine letters
+
+
 def test_sample_generates_for_the_sampled_docs_only():
     from retrctl.hashing import sample
 
