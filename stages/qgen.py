@@ -70,6 +70,7 @@ from operator import itemgetter
 from pathlib import Path
 
 import click
+import regex
 
 from retrctl import distributed, records
 from retrctl.crops import char_units, count_words, cut_words
@@ -95,6 +96,7 @@ SPAN_WORDS = 10  # a query holding a verbatim run of this many words of its doc 
 # what a small chat model writes when it talks to its user or describes the document instead of asking for it
 CHATTER = re.compile(r"^(?:sure|here|okay|ok|certainly|thanks|thank you|answer)\b|\b(?:the|this|that) "
                      r"(?:document|text|passage|article)\b|\byour (?:question|query|request)\b|https?://|www\.", re.I)
+_PUNCT = regex.compile(r"[^\w\p{M}\s]")
 _QUOTES = "\"'“”‘’«»`"
 
 
@@ -131,7 +133,9 @@ def _seed(seed: int, docid: str, i: int) -> int:
 
 
 def _norm(text: str) -> str:
-    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
+    """Lower case, punctuation made spaces; combining marks (Devanagari's and Thai's vowel signs) kept inside their
+    words, which a plain word class would split into fragments."""
+    return " ".join(_PUNCT.sub(" ", text.lower()).split())
 
 
 def _joined(units: list[tuple[str, float]]) -> str:

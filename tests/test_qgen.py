@@ -130,6 +130,15 @@ def test_copies_and_copied_passages_are_found_in_scripts_written_without_spaces(
     assert len(list(qgen([zh, th], ScriptLLM(short), min_words=1, max_words=64))) == 2  # four words; nine letters
 
 
+def test_a_word_keeps_its_combining_marks_in_the_copy_checks():
+    """Devanagari's vowel signs are marks: dropped as punctuation, a four-word Hindi run of its document would be
+    fourteen fragments, a copy of six words and more; kept, it is four words, a query."""
+    doc = {"docid": "h1", "title": "History", "text": "ब्रैंडेनबर्ग के निर्वाचक फ्रेडरिक विलियम ने शरणार्थियों को बुलाया।"}
+    stats = {}
+    rows = list(qgen([doc], ScriptLLM({"History": [("ब्रैंडेनबर्ग के निर्वाचक फ्रेडरिक", -1.0)]}), min_words=1, stats=stats))
+    assert stats["counts"]["copied"] == 0 and len(rows) == 1
+
+
 def test_sample_generates_for_the_sampled_docs_only():
     from retrctl.hashing import sample
 
