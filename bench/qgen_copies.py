@@ -18,18 +18,9 @@ import _run  # noqa: F401  (puts the checkout on sys.path)
 from recipe_suite import COLLECTIONS, folder
 
 
-def flags(query: str, doc: dict) -> dict:
-    from retrctl.crops import char_units
-    from stages.qgen import COPY_WORDS, SPAN_WORDS, _holds_a_run, _joined, _norm
-
-    units = char_units(_norm(query))
-    text = f" {' '.join(u for u, _ in char_units(_norm(doc.get('title', '') + ' ' + doc['text'])))} "
-    return {"copied": sum(w for _, w in units) >= COPY_WORDS and _joined(units) in text,
-            "span": _holds_a_run(units, text, SPAN_WORDS)}
-
-
 def main(works: list[Path]) -> None:
     from retrctl import records
+    from stages.qgen import copy_flags
 
     corpora: dict[str, dict] = {}
     for f in sorted(f for w in works for f in w.glob("*/*qgen.jsonl.candidates.jsonl")):
@@ -41,7 +32,7 @@ def main(works: list[Path]) -> None:
         rows = [json.loads(line) for line in f.open()][1:]  # the first line is the checkpoint's settings
         differ = {"copied": [], "span": []}
         for r in rows:
-            for k, v in flags(r["query_text"], corpora[name][r["source_docid"]]).items():
+            for k, v in copy_flags(r["query_text"], corpora[name][r["source_docid"]]).items():
                 if bool(r.get(k)) != v:
                     differ[k].append(r["query_text"][:60])
         shown = [q for qs in differ.values() for q in qs][:4]

@@ -142,6 +142,15 @@ def _joined(units: list[tuple[str, float]]) -> str:
     return f" {' '.join(u for u, _ in units)} "
 
 
+def copy_flags(query: str, doc: dict) -> dict[str, bool]:
+    """``copied``: the query is a verbatim run of COPY_WORDS or more words of its document; ``span``: it holds one
+    of SPAN_WORDS (a copied passage, whatever follows). Compared as ``char_units`` of the normalised texts."""
+    units = char_units(_norm(query))
+    text = _joined(char_units(_norm(doc.get("title", "") + " " + doc["text"])))
+    return {"copied": sum(w for _, w in units) >= COPY_WORDS and _joined(units) in text,
+            "span": _holds_a_run(units, text, SPAN_WORDS)}
+
+
 def _holds_a_run(units: list[tuple[str, float]], doc: str, words: int) -> bool:
     """Whether ``doc`` (``char_units`` joined by spaces, padded) holds a run of the query's ``units`` at least
     ``words`` words long (``char_units``' shares): the shortest such run from each start is enough."""
@@ -210,10 +219,7 @@ def qgen(docs: Iterable[dict], llm: LLM | str = "smollm2", *, per_doc: int = 1, 
         rows = [{"query_id": f"{d['docid']}#qgen{i}", "query_text": clean(o["text"]), "source_docid": d["docid"],
                  "score": o["logprob"], "tokens": o["tokens"]} for (d, _, i), o in zip(jobs, outs, strict=True)]
         for r, (d, _, _) in zip(rows, jobs, strict=True):
-            units = char_units(_norm(r["query_text"]))
-            doc = f" {' '.join(u for u, _ in char_units(_norm(d['title'] + ' ' + d['text'])))} "
-            r["copied"] = sum(w for _, w in units) >= COPY_WORDS and _joined(units) in doc
-            r["span"] = _holds_a_run(units, doc, SPAN_WORDS)
+            r.update(copy_flags(r["query_text"], d))
         n_new += len(batch)
         return rows
 

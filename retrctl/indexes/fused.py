@@ -94,10 +94,7 @@ class FusedIndex(base.Index):
 
     def search(self, queries: list[dict], k: int) -> dict[str, list[tuple[str, float]]]:
         depth = max(k, self.depth)
-        try:
-            weights = fusion.check(len(self.members), self.fusion, self.rrf_k, self.weights, self.norm)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
+        weights = fusion.check(len(self.members), self.fusion, self.rrf_k, self.weights, self.norm)  # UsageError
         read = fusion.read_by(weights)
         runs = []
         for i, member in enumerate(self.members):

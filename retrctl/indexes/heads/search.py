@@ -102,11 +102,7 @@ def search(idx, queries: list[dict], k: int) -> tuple[dict[str, list[tuple[str, 
         return _rescore(idx, queries, heads, k)
     if len(heads) == 1:
         return idx.held[heads[0]].run(idx, queries, k), {}
-    weights = _weights(idx, heads)
-    try:
-        weights = fusion.check(len(heads), idx.fusion, idx.rrf_k, weights, idx.norm)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    weights = fusion.check(len(heads), idx.fusion, idx.rrf_k, _weights(idx, heads), idx.norm)  # UsageError
     read = fusion.read_by(weights)  # a head weighted 0 is not searched: the fusion leaves its list out
     depth = max(k, idx.depth)
     runs = [idx.held[h].run(idx, queries, depth) if i in read else {} for i, h in enumerate(heads)]
