@@ -1,6 +1,7 @@
 """`retrctl index`: the Python function and the CLI — build, incremental update, shards + merge, bad input."""
 
 import json
+import os
 
 import pytest
 from conftest import DOCS, QUERIES
@@ -197,6 +198,42 @@ def test_cli_a_range_of_shards_merges_with_the_rest_to_the_whole_corpus(runner, 
     assert_same(results(tmp_path / "merged"), results(tmp_path / "whole"))
     r = runner("index", "--merge", tmp_path / "s1-2", tmp_path / "whole", "-o", tmp_path / "part")
     assert "merging shards [1, 2] of 3" in r.stderr, r.stderr
+
+
+def test_cli_merge_takes_a_shard_indexed_before_the_weights_hash_and_refuses_other_weights(runner, tiny_bert,
+                                                                                            corpus_file, tmp_path):
+    """Shards agree on their model by name and, where both recorded it, by its weights' hash: a shard whose manifest
+    predates the hash merges with one that has it; a shard of other weights under the same name is refused."""
+    import shutil
+
+    import torch
+
+    from retrctl.models import Encoder
+
+    for s in range(2):
+        r = runner("index", corpus_file, "--model", tiny_bert, "--shard-id", s, "--shard-num", 2, "-o", tmp_path / f"s{s}")
+        assert r.exit_code == 0, r.stderr
+    for manifest in (tmp_path / "s0" / "index.json", current(tmp_path / "s0") / "index.json"):  # as written before
+        m = json.loads(manifest.read_text())
+        del m["encoder"]["weights"]
+        manifest.write_text(json.dumps(m))
+    r = runner("index", "--merge", tmp_path / "s0", tmp_path / "s1", "-o", tmp_path / "merged")
+    assert r.exit_code == 0, r.stderr
+    assert runner("index", corpus_file, "--model", tiny_bert, "-o", tmp_path / "whole").exit_code == 0
+    assert_same(results(tmp_path / "merged"), results(tmp_path / "whole"))
+
+    other = tmp_path / "elsewhere" / os.path.basename(tiny_bert)  # the same name, other weights
+    shutil.copytree(tiny_bert, other)
+    enc = Encoder.load(other, device="cpu")
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    enc.save(other)
+    r = runner("index", corpus_file, "--model", other, "--shard-id", 0, "--shard-num", 2, "-o", tmp_path / "t0")
+    assert r.exit_code == 0, r.stderr
+    r = runner("index", "--merge", tmp_path / "t0", tmp_path / "s1", "-o", tmp_path / "mixed")
+    assert r.exit_code == 2 and "different encoders" in r.stderr, r.stderr
+    assert not (tmp_path / "mixed").exists()
 
 
 def test_cli_merge_refuses_overlapping_or_mixed_inputs(runner, tiny_bert, corpus_file, tmp_path):

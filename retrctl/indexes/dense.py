@@ -290,7 +290,7 @@ class DenseIndex(EncodedIndex):
                 raise ValueError(f"cannot merge indexes whose {name} heads differ ({head.merge_key()} vs "
                                  f"{other.merge_key()})")
         for p in parts[1:]:
-            if p.config()["index_type"] != first.index_type or same_encoder(p.encoder_desc) != same_encoder(first.encoder_desc):
+            if p.config()["index_type"] != first.index_type or not same_encoder(p.encoder_desc, first.encoder_desc):
                 raise ValueError("cannot merge indexes built with different encoders or index types")
         if any(p.query_desc != first.query_desc for p in parts):
             raise ValueError("cannot merge indexes whose queries are encoded by different query models (index --query-model)")

@@ -354,6 +354,11 @@ def weights_of(encoder) -> str | None:
         return None
 
 
-def same_encoder(desc: dict) -> dict:
-    """What must agree between shards: every setting, and the model by name (paths differ across machines)."""
-    return {**desc, "model": Path(str(desc.get("model", ""))).name}
+def same_encoder(a: dict | None, b: dict | None) -> bool:
+    """Whether two shards' encoders agree: every setting, the model by name (paths differ across machines), and its
+    weights where both shards recorded them (a shard indexed before the weights were hashed has no hash)."""
+    keys = [{**(d or {}), "model": Path(str((d or {}).get("model", ""))).name} for d in (a, b)]
+    if not all("weights" in k for k in keys):
+        for k in keys:
+            k.pop("weights", None)
+    return keys[0] == keys[1]

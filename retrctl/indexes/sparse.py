@@ -384,7 +384,7 @@ class SparseIndex(EncodedIndex):
     def merge(cls, parts: list[SparseIndex]) -> SparseIndex:
         first = parts[0]
         for p in parts[1:]:
-            if p.top_k != first.top_k or same_encoder(p.encoder_desc) != same_encoder(first.encoder_desc):
+            if p.top_k != first.top_k or not same_encoder(p.encoder_desc, first.encoder_desc):
                 raise ValueError("cannot merge sparse indexes built with different encoders or top-k")
         out = cls(first.encoder, **{k: v for k, v in first.config().items() if k != "top_k"}, top_k=first.top_k)
         out.encoder_desc = first.encoder_desc or (describe(first.encoder) if first.encoder is not None else None)
