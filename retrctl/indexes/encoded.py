@@ -356,9 +356,9 @@ def weights_of(encoder) -> str | None:
 
 def same_encoder(a: dict | None, b: dict | None) -> bool:
     """Whether two shards' encoders agree: every setting, the model by name (paths differ across machines), and its
-    weights where both shards recorded them (a shard indexed before the weights were hashed has no hash)."""
+    weights where both shards recorded them (a shard indexed before the weights were hashed has none)."""
     keys = [{**(d or {}), "model": Path(str((d or {}).get("model", ""))).name} for d in (a, b)]
-    if not all("weights" in k for k in keys):
+    if not all(k.get("weights") for k in keys):
         for k in keys:
             k.pop("weights", None)
     return keys[0] == keys[1]
