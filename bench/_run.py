@@ -6,7 +6,8 @@
   ``encode_and_search``: an exact-search run from vectors or from an encoder, without an index.
 - ``run_measured``: a child process's seconds and peak RSS; ``peak_bytes``: this process's high-water mark.
 - ``machine``: the one line naming the hardware and software a table was measured on.
-- ``work_and_collections``: the command line of a benchmark over the collections of ../shared/data (WORK, --only).
+- ``work_and_collections``: the command line of a benchmark over the collections of ../shared/data (WORK, --only);
+  ``recipe_value``: a variable of examples/beir/Makefile as the recipe sets it.
 
 Importing it also puts the checkout on sys.path, for the benchmarks that call the Python API in-process."""
 
@@ -59,6 +60,16 @@ def work_and_collections(doc: str, collections) -> tuple[Path, list[str]]:
     ap.add_argument("--only", action="append", choices=list(collections), help="these collections only")
     a = ap.parse_args()
     return a.work.resolve(), a.only or list(collections)
+
+
+def recipe_value(expr: str, corpus: Path, work: Path | None = None) -> str:
+    """``expr`` expanded by examples/beir/Makefile as the recipe sets it for ``corpus`` (and work dir ``work``):
+    "$(MODEL)", "--model $(MODEL) $(FULL_FLAGS)" and the like."""
+    show = f"show: ; @echo {expr}"
+    out = subprocess.run(["make", "-s", "--no-print-directory", "-C", str(ROOT / "examples" / "beir"), f"DATA={corpus}",
+                          f"PY={sys.executable}", *([f"W={work}"] if work else []), f"--eval={show}", "show"],
+                         check=True, capture_output=True, text=True)
+    return out.stdout.strip()
 
 
 def subcorpus(n_docs: int, n_queries: int):

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
-from _run import ROOT, machine
+from _run import ROOT, machine, recipe_value
 
 sys.path.insert(0, str(ROOT / "examples" / "beir"))
 from plan import timed_steps  # noqa: E402  (the recipe's cost plan times its steps the same way)
@@ -36,11 +35,8 @@ def recipe_flags(corpus: Path, work: Path | None = None) -> list[str]:
     """The recipe's whole-model `retrctl train` flags for ``corpus``, as examples/beir/Makefile writes them; with
     ``work`` (a recipe work dir holding idx-base) the query tower's."""
     steps = "$(QUERY_FLAGS)" if work else "$(FULL_FLAGS)"
-    show = f"train-flags: ; @echo --model $(MODEL) --train-batch-size $(BATCH) {steps} $(DISTILL_FLAGS) --seed $(SEED)"
-    out = subprocess.run(["make", "-s", "--no-print-directory", "-C", str(ROOT / "examples" / "beir"), f"DATA={corpus}",
-                          f"PY={sys.executable}", *([f"W={work}"] if work else []), f"--eval={show}", "train-flags"],
-                         check=True, capture_output=True, text=True)
-    return shlex.split(out.stdout)
+    return shlex.split(recipe_value(f"--model $(MODEL) --train-batch-size $(BATCH) {steps} $(DISTILL_FLAGS) --seed $(SEED)",
+                                    corpus, work))
 
 
 def step_seconds(groups: Path, corpus: Path, flags: list[str], steps: int, dropout: float,

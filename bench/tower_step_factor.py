@@ -1,0 +1,64 @@
+"""The cost plan's STEP_FACTOR measured from finished recipe runs: the query tower's training seconds over the
+encode of its queries (examples/beir/plan.py: a query-side step costs STEP_FACTOR × batch × the encode of a crop).
+
+    python bench/tower_step_factor.py WORK [--only NAME …]     # WORK: a bench/recipe_suite.py work dir
+
+For each collection of WORK whose `ADAPT=both` tower (WORK/NAME/tower) or `ADAPT=query` model (WORK/NAME/model,
+without a guard's whole-model training) trained, reads the training's steps and seconds from its metrics.jsonl and
+times the encode of a crop as plan.py does (its sample of the collection's documents, cut to CROP_WORDS, with the
+recipe's MODEL), and prints steps, seconds a step, the crop's encode and their ratio over the batch, then the mean.
+Run it on an otherwise idle machine, the one the runs were measured on."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from _run import ROOT, machine, recipe_value, work_and_collections
+from recipe_suite import COLLECTIONS, folder
+
+sys.path.insert(0, str(ROOT / "examples" / "beir"))
+from plan import SAMPLE, crop, per_text  # noqa: E402  (the factor is plan.py's: its crop encode, timed as it times it)
+
+
+def tower_metrics(w: Path) -> list[dict] | None:
+    for sub in ("tower", "model"):
+        path = w / sub / "metrics.jsonl"
+        if path.exists() and (sub == "tower" or not (w / "tower").exists()):
+            return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return None
+
+
+def main() -> int:
+    from retrctl import records
+    from retrctl.hashing import sample
+    from retrctl.models import Encoder
+
+    work, names = work_and_collections(__doc__, COLLECTIONS)
+    rows, encoders = [], {}
+    print("| collection | steps | s a step | a crop's encode (ms) | factor |\n|---|---:|---:|---:|---:|")
+    for name in names:
+        metrics = tower_metrics(work / name)
+        if not metrics:
+            continue
+        data = folder(name, work)
+        model, batch = recipe_value("MODEL", data), int(recipe_value("BATCH", data))
+        crop_words = int(recipe_value("CROP_WORDS", data))
+        enc = encoders.setdefault(model, Encoder.load(model, device="cpu"))
+        docs = list(records.read(data, "doc"))
+        t_crop = per_text(enc, [crop(d, crop_words) for d in sample(docs, SAMPLE, 1, "docid")], "query")
+        seconds = metrics[-1]["elapsed_s"]
+        factor = seconds / (len(metrics) * batch * t_crop)
+        rows.append(factor)
+        print(f"| {name} | {len(metrics)} | {seconds / len(metrics):.3f} | {1000 * t_crop:.2f} | {factor:.2f} |")
+    if not rows:
+        raise SystemExit(f"tower_step_factor.py: no trained query tower under {work}")
+    print(f"| mean of {len(rows)} | | | | {statistics.mean(rows):.2f} |")
+    print(f"\n{machine()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
