@@ -371,7 +371,7 @@ def native_dtype() -> str:
 def test_recipe_runs_the_whole_models_steps_fused_and_in_bf16_where_the_cpu_computes_it(tiny_bert, tmp_path):
     """The whole model's steps run without attention dropout (CPU attention's fused kernel), in bf16 mixed precision
     where /proc/cpuinfo shows AVX512-BF16 or AMX and fp32 elsewhere, or as TRAIN_DTYPE says; the query tower's steps
-    keep the model's dropout and fp32 (neither flag)."""
+    run without the dropout too, in chunks of 8 queries, in fp32 whatever TRAIN_DTYPE says."""
     data, work = folder(tmp_path / "notes", 4), tmp_path / "w"
     for given, dtype in (((), native_dtype()), (("TRAIN_DTYPE=fp32",), "fp32"), (("TRAIN_DTYPE=bf16",), "bf16")):
         out = make(data, work, tiny_bert, "-n", str(work / "model"), str(work / "tower"), "LLM=none", *given)
@@ -381,7 +381,7 @@ def test_recipe_runs_the_whole_models_steps_fused_and_in_bf16_where_the_cpu_comp
         tower = [ln for ln in train if "--passage-index" in ln]
         assert len(whole) == len(tower) == 1, train
         assert f"--attention-dropout 0 --dtype {dtype}" in whole[0], (given, whole[0])
-        assert "--dtype" not in tower[0] and "--attention-dropout" not in tower[0]
+        assert "--dtype" not in tower[0] and "--attention-dropout 0 --chunk-size 8" in tower[0], tower[0]
 
 
 def test_plan_counts_no_more_generated_queries_than_the_shards_hold(tiny_bert, tmp_path, monkeypatch):
