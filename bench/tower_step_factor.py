@@ -5,7 +5,7 @@ encode of its queries (examples/beir/plan.py: a query-side step costs STEP_FACTO
 
 For each collection of WORK whose `ADAPT=both` tower (WORK/NAME/tower) or `ADAPT=query` model (WORK/NAME/model,
 without a guard's whole-model training) trained, reads the training's steps and seconds from its metrics.jsonl and
-times the encode of a crop as plan.py does (its sample of the collection's documents, cut to CROP_WORDS, with the
+times the encode of a crop as plan.py does (the median of ROUNDS timings of its sample of the collection's documents, cut to CROP_WORDS, with the
 recipe's MODEL), and prints steps, seconds a step, the crop's encode and their ratio over the batch, then the mean.
 Run it on an otherwise idle machine, the one the runs were measured on."""
 
@@ -21,6 +21,8 @@ from recipe_suite import COLLECTIONS, folder
 
 sys.path.insert(0, str(ROOT / "examples" / "beir"))
 from plan import SAMPLE, crop, per_text  # noqa: E402  (the factor is plan.py's: its crop encode, timed as it times it)
+
+ROUNDS = 5  # the crop encode's median of this many timings: one timing, as plan.py makes it, varies by a fifth
 
 
 def tower_metrics(w: Path) -> list[dict] | None:
@@ -44,11 +46,12 @@ def main() -> int:
         if not metrics:
             continue
         data = folder(name, work)
-        model, batch = recipe_value("MODEL", data), int(recipe_value("BATCH", data))
-        crop_words = int(recipe_value("CROP_WORDS", data))
+        model, batch = recipe_value("$(MODEL)", data), int(recipe_value("$(BATCH)", data))
+        crop_words = int(recipe_value("$(CROP_WORDS)", data))
         enc = encoders.setdefault(model, Encoder.load(model, device="cpu"))
         docs = list(records.read(data, "doc"))
-        t_crop = per_text(enc, [crop(d, crop_words) for d in sample(docs, SAMPLE, 1, "docid")], "query")
+        crops = [crop(d, crop_words) for d in sample(docs, SAMPLE, 1, "docid")]
+        t_crop = statistics.median(per_text(enc, crops, "query") for _ in range(ROUNDS))
         seconds = metrics[-1]["elapsed_s"]
         factor = seconds / (len(metrics) * batch * t_crop)
         rows.append(factor)

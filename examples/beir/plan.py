@@ -33,9 +33,9 @@ from retrctl.guard import MAX_POOL, MAX_QUERIES
 from retrctl.hashing import in_shard, sample
 
 SAMPLE = 48
-# ADAPT=query's step over its queries' encode: measured on the six dev collections' query-side training (the Intel
-# 2-core box: 0.33 to 0.60 of a first guess of 6.5, mean 0.48); it varies with the queries' lengths
-STEP_FACTOR = 3.1
+# the query tower's step over its queries' encode: measured on the seven dev collections' tower training with the
+# recipe's flags (AMD 2-core box, bench/tower_step_factor.py: 1.3 to 4.8, mean 2.9); it varies with the queries' lengths
+STEP_FACTOR = 2.9
 STEPS_TIMED = 3
 LLM_DOC = 1.6  # seconds a generated query (prompt processing of its document, then generation)
 QLM_DOC = 8 / 3  # seconds of query likelihood a generated query's group (TEACHER=qlm)
