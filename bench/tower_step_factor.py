@@ -5,9 +5,9 @@ encode of its queries (examples/beir/plan.py: a query-side step costs STEP_FACTO
 
 For each collection of WORK whose `ADAPT=both` tower (WORK/NAME/tower) or `ADAPT=query` model (WORK/NAME/model,
 without a guard's whole-model training) trained, reads the training's steps and seconds from its metrics.jsonl and
-times the encode of a crop as plan.py does (the median of ROUNDS timings of its sample of the collection's documents, cut to CROP_WORDS, with the
-recipe's MODEL), and prints steps, seconds a step, the crop's encode and their ratio over the batch, then the mean.
-Run it on an otherwise idle machine, the one the runs were measured on."""
+times the encode of a crop as plan.py does (its sample of the collection's documents cut to CROP_WORDS, the recipe's
+MODEL; the median of ROUNDS timings), and prints steps, seconds a step, the crop's encode and their ratio over the
+batch, then the mean. Run it on an otherwise idle machine, the one the runs were measured on."""
 
 from __future__ import annotations
 
