@@ -3,11 +3,11 @@ encode of its queries (examples/beir/plan.py: a query-side step costs STEP_FACTO
 
     python bench/tower_step_factor.py WORK [--only NAME …]     # WORK: a bench/recipe_suite.py work dir
 
-For each collection of WORK whose `ADAPT=both` tower (WORK/NAME/tower) or `ADAPT=query` model (WORK/NAME/model,
-without a guard's whole-model training) trained, reads the training's steps and seconds from its metrics.jsonl and
-times the encode of a crop as plan.py does (its sample of the collection's documents cut to CROP_WORDS, the recipe's
-MODEL; the median of ROUNDS timings), and prints steps, seconds a step, the crop's encode and their ratio over the
-batch, then the mean. Run it on an otherwise idle machine, the one the runs were measured on."""
+For each collection of WORK whose `ADAPT=both` tower (WORK/NAME/tower) or `ADAPT=query` model (WORK/NAME/model)
+trained against the base index's vectors (its train_config.json names a passage index), reads the training's steps
+and seconds from its metrics.jsonl and times the encode of a crop as plan.py does (its sample of the collection's
+documents cut to CROP_WORDS, the recipe's MODEL; the median of ROUNDS timings), and prints steps, seconds a step,
+the crop's encode and their ratio over the batch, then the mean. Run it on an otherwise idle machine, the one the runs were measured on."""
 
 from __future__ import annotations
 
@@ -26,10 +26,11 @@ ROUNDS = 5  # the crop encode's median of this many timings: one timing, as plan
 
 
 def tower_metrics(w: Path) -> list[dict] | None:
+    """The metrics of the training in ``w`` that ran against a passage index (the query tower), if one did."""
     for sub in ("tower", "model"):
-        path = w / sub / "metrics.jsonl"
-        if path.exists() and (sub == "tower" or not (w / "tower").exists()):
-            return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        config = w / sub / "train_config.json"
+        if config.exists() and json.loads(config.read_text()).get("passage_index"):
+            return [json.loads(line) for line in (w / sub / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return None
 
 
@@ -46,8 +47,8 @@ def main() -> int:
         if not metrics:
             continue
         data = folder(name, work)
-        model, batch = recipe_value("$(MODEL)", data), int(recipe_value("$(BATCH)", data))
-        crop_words = int(recipe_value("$(CROP_WORDS)", data))
+        model, batch, crop_words = recipe_value("$(MODEL) $(BATCH) $(CROP_WORDS)", data).split()
+        batch, crop_words = int(batch), int(crop_words)
         enc = encoders.setdefault(model, Encoder.load(model, device="cpu"))
         docs = list(records.read(data, "doc"))
         crops = [crop(d, crop_words) for d in sample(docs, SAMPLE, 1, "docid")]
