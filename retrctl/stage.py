@@ -97,7 +97,8 @@ def check_shard(shard_id: int | range, shard_num: int) -> None:
 
 # parameters that name files a command reads (besides its arguments, which are always inputs) or writes:
 # an output may not be, be inside, or contain any of them (records.check_outputs)
-INPUT_OPTIONS = ("corpus", "qrels", "retriever", "queries", "examples", "config_file", "weights_from", "copy_from")
+INPUT_OPTIONS = ("corpus", "qrels", "retriever", "queries", "examples", "config_file", "weights_from", "copy_from",
+                 "vectors_from")
 OUTPUT_OPTIONS = ("output", "candidates")
 
 

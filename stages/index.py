@@ -21,6 +21,7 @@ arXiv:2407.03618). A doc is "title text" in both (BEIR's convention, Thakur et a
 | the search's fusion defaults, recorded in the index | `--fusion`, `--norm`, `--weights` (per head), `--rrf-k`, `--depth` | none (search's own); an update keeps them |
 | those defaults from a sweep's best row      | `--weights-from SWEEP --weights-by nDCG@10` | off |
 | another index's version with other search defaults | `--copy-from IDX` (+ the fusion flags) | off |
+| a new index from another's vectors where its model has the same weights (only changed docs encoded) | `--vectors-from IDX` | off |
 | indexes of one corpus searched as one, their lists fused (an ensemble of models; a model and BM25) | `--fuse IDX1 IDX2 …` (+ the fusion flags: `--weights` one per member) | off |
 | a query tower for the stored vectors (train `--passage-index`), recorded in the index | `--query-model` | the index's model; an update keeps it |
 | dense resume checkpoint interval (docs)    | `--checkpoint-every`                    | 4096 |
@@ -137,7 +138,7 @@ class BackendChoice(click.Choice):
 def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None = None, method: str | None = None,
           batch_size: int = 32, delete: bool = True, rebuild: bool = False, keep: int = KEEP, meta: dict | None = None,
           encoder_settings: dict | None = None, search_defaults: dict | None = None, ray: RaySettings | None = None,
-          query_model: str | None = None, **backend_options) -> dict:
+          query_model: str | None = None, vectors_from: str | os.PathLike | None = None, **backend_options) -> dict:
     """Build the index at ``output`` from doc records, or bring an existing one in line with them.
 
     ``backend_options``: the flags the registered backends declare (``retrctl.indexes.declared_flags``); the
@@ -150,6 +151,8 @@ def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None 
     searches (``Index.record_search_defaults``); those not given keep the updated index's recorded ones.
     ``query_model``: a query tower trained against the index's vectors (train --passage-index), recorded so that
     every search encodes queries with it (an update keeps a recorded one; a rebuild drops it).
+    ``vectors_from``: another index whose stored vectors a new ``output`` starts from where they are this model's
+    (``_seeded``): only the docs it lacks, or holds with another text, are encoded.
     Returns the counts {"added", "updated", "unchanged", "removed"}, "encoded" (docs run through the encoder,
     dense) and "rebuilt"/"written" flags.
     """
@@ -168,11 +171,11 @@ def index(docs: Iterable[dict], output: str | os.PathLike, *, model: str | None 
     with store.writer(output) as target:
         return _index(docs, output, target, model=model, method=method, delete=delete, rebuild=rebuild, keep=keep, meta=meta,
                       encoder_settings=encoder_settings, options=options, search_defaults=search_defaults or {}, ray=ray,
-                      query_model=query_model)
+                      query_model=query_model, vectors_from=vectors_from)
 
 
 def _index(docs, output: Path, target: Path, *, model, method, delete, rebuild, keep, meta, encoder_settings, options,
-           search_defaults, ray, query_model=None) -> dict:
+           search_defaults, ray, query_model=None, vectors_from=None) -> dict:
     """``target``: where store.writer has ``output`` written (itself, or for a new index a private sibling that is
     renamed to ``output`` when the writer's block ends)."""
     from retrctl.indexes import open_index
@@ -200,7 +203,14 @@ def _index(docs, output: Path, target: Path, *, model, method, delete, rebuild, 
     if old_manifest and old_manifest.get("backend") == method and not rebuild:
         options = backend.update_options(old_manifest, options)
     fresh = backend.create(encoder, **options)
-    idx = _reuse(output, old_manifest, fresh, rebuild, lambda: open_index(old, encoder=encoder))
+    seeded = None
+    if vectors_from is not None and old is not None:
+        log.warning("--vectors-from %s: %s exists, and an update starts from its own vectors", vectors_from, output)
+    elif vectors_from is not None and not backend.needs_encoder:
+        raise SettingsError(f"--vectors-from: a {method} index stores no vectors")
+    elif vectors_from is not None:
+        seeded = _seeded(vectors_from, fresh, encoder)
+    idx = seeded or _reuse(output, old_manifest, fresh, rebuild, lambda: open_index(old, encoder=encoder))
     idx.prepare_update(workdir, **options)
     recorded = dict(idx.search_defaults)
     if idx is fresh and old_manifest and old_manifest.get("search_defaults") and not search_defaults:
@@ -220,7 +230,7 @@ def _index(docs, output: Path, target: Path, *, model, method, delete, rebuild, 
     with distributed.workers(ray, encoder, "encode") as pool, idx.on_workers(pool):
         stats = idx.sync(docs, delete=delete) if idx is not fresh else idx.build(docs)
     idx.meta = {**idx.meta, **meta}
-    changed = (stats["added"] or stats["updated"] or stats["removed"] or idx is fresh or idx.meta != before
+    changed = (stats["added"] or stats["updated"] or stats["removed"] or idx is fresh or seeded or idx.meta != before
                or idx.search_defaults != recorded or getattr(idx, "query_desc", None) != recorded_query)
     log.info("%s index %s: %d docs (%d added, %d updated, %d unchanged, %d removed)", method, output, len(idx),
              stats["added"], stats["updated"], stats["unchanged"], stats["removed"])
@@ -232,6 +242,44 @@ def _index(docs, output: Path, target: Path, *, model, method, delete, rebuild, 
         log.info("%s is up to date; left as it is", output)
     shutil.rmtree(workdir, ignore_errors=True)
     return {**stats, "encoded": idx.encoded, "rebuilt": idx is fresh, "written": bool(changed)}
+
+
+def _seeded(source: str | os.PathLike, fresh, encoder):
+    """The index ``source`` opened as the start of a new one, where its stored data is what ``fresh`` would store:
+    the same backend and settings but for the model's path and weight files, and a model whose weights equal
+    ``encoder``'s tensor for tensor (``encoded.same_weights``: a model saved again elsewhere, as the guard saves the
+    base it keeps). Its search defaults and query tower are not carried over. None, with the reason logged, where
+    it cannot stand for ``encoder``'s vectors: the new index is then encoded in full."""
+    from retrctl.indexes import open_index, store
+    from retrctl.indexes.encoded import describe, encoder_from_manifest, same_weights
+    from retrctl.models.config import PASSAGE_KEYS
+
+    if not (Path(source) / store.MANIFEST).is_file():
+        raise UsageError(f"{source}: not an index (no {store.MANIFEST})", flag="--vectors-from")
+    version = store.resolve(source)
+    backend = BACKENDS.get(version.manifest.get("backend"))
+    have = {"backend": version.manifest.get("backend"),
+            **(backend.content_settings(version.manifest) if backend else version.manifest.get("settings", {}))}
+    want = {"backend": fresh.name, **fresh.content_settings(fresh.manifest())}
+    # the encoder's settings that its passage vectors depend on; its path, weight files, query side and score scale
+    # (the temperature train records) do not
+    vectors = {f"encoder.{k}" for k in (*PASSAGE_KEYS, "dim", "sparse", "colbert")}
+    diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k)
+                  and (k in vectors or not k.startswith("encoder.")))
+    if diff:
+        why = ", ".join(f"{k}: {have.get(k)!r} there, {want.get(k)!r} here" for k in diff)
+    elif not same_weights(encoder_from_manifest(version.manifest, device="cpu"), encoder):
+        why = f"its model ({version.manifest['encoder'].get('model')}) has other weights"
+    else:
+        idx = open_index(version, encoder=encoder)
+        idx.encoder_desc, idx.meta, idx.search_defaults = describe(encoder), {}, {}
+        if getattr(idx, "query_desc", None) is not None:
+            idx.drop_query_model()
+        log.info("starting from %s's vectors (version %s): its model has the same weights", source,
+                 version.name or "flat")
+        return idx
+    log.info("--vectors-from %s: encoding every doc, its vectors are not this model's (%s)", source, why)
+    return None
 
 
 def _current_or_none(output: Path, rebuild: bool):
@@ -357,6 +405,9 @@ def backend_options() -> list[click.Option]:
               "order; --weights-from, --fusion, --norm recorded as its defaults). Files shared, no model loaded.")
 @click.option("--copy-from", metavar="IDX", help="Publish IDX's current version as -o's new version with the fusion flags "
               "given as its search defaults: its files shared (hard links), no corpus read, no model loaded.")
+@click.option("--vectors-from", metavar="IDX", help="A new index starts from IDX's stored vectors where IDX's model "
+              "has the same weights as --model (tensor for tensor; same settings): only docs IDX lacks or holds with "
+              "another text are encoded. Otherwise every doc is encoded, and the log says why.")
 @click.option("--query-model", help="A query tower trained against this index's vectors (train --passage-index): "
               "searches encode queries with it, the docs stay the index model's. Dense (+ bm25) indexes.")
 def command(inputs, output, merge_, fuse_, shard_id, shard_num, input_format, weights_from, weights_by, copy_from, **opts):

@@ -110,6 +110,48 @@ def test_a_model_trained_again_under_the_same_path_is_encoded_again(tiny_bert, t
     assert index(DOCS, out, model=str(model))["rebuilt"] is False
 
 
+def test_vectors_from_an_index_of_the_same_weights_encode_only_what_it_lacks(tiny_bert, tmp_path, caplog):
+    """--vectors-from: a model saved again under another path (as the guard saves the base it keeps) starts from
+    the base index's vectors, encodes only the docs that index lacks or holds with another text, records itself,
+    not the source's query tower or search defaults, and searches as a full build would; a model with other
+    weights encodes every doc, saying why."""
+    import logging
+
+    import torch
+
+    from retrctl.models import Encoder
+
+    caplog.set_level(logging.INFO, logger="retrctl.index")
+    base = tmp_path / "idx-base"
+    index(DOCS[:4], base, model=str(tiny_bert), heads="dense,bm25", search_defaults={"weights": [0.6, 0.4]})
+    index(DOCS[:4], base, query_model=str(tiny_bert))  # a query tower recorded: not carried over
+    same = tmp_path / "same"
+    enc = Encoder.load(tiny_bert, device="cpu")
+    enc.config.temperature = 0.05  # recorded by train: a score scale, not what the vectors are
+    enc.save(same)
+    corpus = [{**DOCS[0], "text": "Cats sleep a lot."}, *DOCS[2:]]  # d1 changed, d2 gone, d5 and d6 new
+    stats = index(corpus, tmp_path / "tuned", model=str(same), heads="dense,bm25", vectors_from=base)
+    assert stats["encoded"] == 3 and (stats["unchanged"], stats["updated"], stats["removed"]) == (2, 1, 1)
+    manifest = json.loads((tmp_path / "tuned" / "index.json").read_text())
+    assert manifest["encoder"]["model"] == str(same.resolve()) and manifest["encoder"]["temperature"] == 0.05
+    assert "query_model" not in manifest and "search_defaults" not in manifest
+    index(corpus, tmp_path / "fresh", model=str(same), heads="dense,bm25")
+    assert_same(results(tmp_path / "tuned"), results(tmp_path / "fresh"))
+
+    other = tmp_path / "other"
+    enc = Encoder.load(tiny_bert, device="cpu")
+    with torch.no_grad():
+        next(enc.parameters()).add_(1e-3)
+    enc.save(other)
+    stats = index(corpus, tmp_path / "retrained", model=str(other), heads="dense,bm25", vectors_from=base)
+    assert stats["encoded"] == len(corpus) and "has other weights" in caplog.text
+    caplog.clear()
+    stats = index(corpus, tmp_path / "flat", model=str(same), vectors_from=base)  # no bm25 head: other settings
+    assert stats["encoded"] == len(corpus) and "heads: " in caplog.text and "other weights" not in caplog.text
+    with pytest.raises(SettingsError, match="stores no vectors"):
+        index(corpus, tmp_path / "bm", method="bm25", vectors_from=base)
+
+
 def test_dense_without_model_is_a_usage_error(tmp_path):
     with pytest.raises(SettingsError, match="--model"):
         index(DOCS, tmp_path / "idx")
@@ -129,6 +171,16 @@ def test_cli_builds_dense_index_with_manifest(runner, tiny_bert, corpus_file, tm
     assert m["encoder"]["query_prompt"] == "query: " and m["encoder"]["pooling"] == "mean" and m["dim"] == 32
     assert m["source"] == str(corpus_file)
     assert {p.name for p in current(out).iterdir()} == {"index.json", "index.faiss", "docids.parquet"}
+
+
+def test_cli_vectors_from_reuses_the_source_and_names_a_bad_one(runner, tiny_bert, corpus_file, tmp_path):
+    base, out = tmp_path / "base", tmp_path / "again"
+    assert runner("index", corpus_file, "--model", tiny_bert, "-o", base).exit_code == 0
+    r = runner("index", corpus_file, "--model", tiny_bert, "--vectors-from", base, "-o", out)
+    assert r.exit_code == 0, r.stderr
+    assert "starting from" in r.stderr and "6 docs (0 added, 0 updated, 6 unchanged" in r.stderr
+    r = runner("index", corpus_file, "--model", tiny_bert, "--vectors-from", corpus_file, "-o", tmp_path / "bad")
+    assert r.exit_code == 2 and "not an index" in r.stderr and not (tmp_path / "bad").exists()
 
 
 def test_cli_reports_truncated_passages(runner, tiny_bert, corpus_file, tmp_path):

@@ -273,6 +273,8 @@ def test_recipe_by_default_fuses_the_trained_tower_and_the_whole_models_pick(tin
     tower, tuned = delivered_ensemble(work)
     assert Path(tower["query_model"]["model"]) == (work / "tower").resolve()
     assert Path(tuned["encoder"]["model"]).resolve() == (work / "model").resolve() and "query_model" not in tuned
+    kept_base = json.loads((work / "model" / "guard.json").read_text())["delivered"] == 0.0
+    assert holds_the_base_vectors(work / "idx-tuned") == kept_base  # the base kept: idx-base's vectors, not encoded
     assert json.loads((work / "tower-guard" / "guard.json").read_text())["queries"] >= 2
     assert delivered_is_fuse_of(work, data, tmp_path, ("tower", "tuned", "bm25"))
     for run in ("base", "bm25", "base-hybrid", "adapted", "delivered"):
@@ -281,7 +283,7 @@ def test_recipe_by_default_fuses_the_trained_tower_and_the_whole_models_pick(tin
     judgements_arrive(data, work, tiny_bert, "EPOCHS=2")
     shutil.rmtree(work / "model")  # deleted by hand: made again, and everything made from it with it
     remade = "\n".join(commands(make(data, work, tiny_bert, "EPOCHS=2", "-n")))
-    assert f"-o {work}/model" in remade and f"--model {work}/model -o {work}/idx-tuned" in remade
+    assert f"-o {work}/model" in remade and f"--model {work}/model --vectors-from {work}/idx-base -o {work}/idx-tuned" in remade
     assert f"--weights-from {work}/sweep-adapted.jsonl --fusion linear --norm minmax -o {work}/delivered" in remade
     assert f"-o {work}/delivered.trec" in remade and f"> {work}/eval.txt" in remade
 

@@ -175,6 +175,10 @@ class DenseIndex(EncodedIndex):
                              f"{bool(self.normalized)})")
         self.query_desc, self._query_side = desc, encoder
 
+    def drop_query_model(self) -> None:
+        """Encode queries with the index's own model again (a recorded query tower forgotten)."""
+        self.query_desc, self._query_side = None, None
+
     def _query_encoder(self):
         """The recorded query tower (loaded on first use), else the index's model."""
         if self.query_desc is not None and self._query_side is None:

@@ -354,6 +354,20 @@ def weights_of(encoder) -> str | None:
         return None
 
 
+def same_weights(a, b) -> bool:
+    """Whether two loaded encoders hold the same weights, tensor for tensor (torch modules only: an ONNX graph or a
+    token-lookup table is never taken for another's). Models saved under other paths, or in other file formats,
+    compare by what they compute with, not by their files."""
+    import torch
+
+    if not (isinstance(a, torch.nn.Module) and isinstance(b, torch.nn.Module)):
+        return False
+    mine, theirs = a.state_dict(), b.state_dict()
+    return mine.keys() == theirs.keys() and all(
+        mine[k].shape == theirs[k].shape and mine[k].dtype == theirs[k].dtype and torch.equal(mine[k], theirs[k])
+        for k in mine)
+
+
 def same_encoder(a: dict | None, b: dict | None) -> bool:
     """Whether two shards' encoders agree: every setting, the model by name (paths differ across machines), and its
     weights where both shards recorded them (a shard indexed before the weights were hashed has none)."""
