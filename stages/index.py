@@ -257,10 +257,7 @@ def _seeded(source: str | os.PathLike, fresh, encoder):
     if not (Path(source) / store.MANIFEST).is_file():
         raise UsageError(f"{source}: not an index (no {store.MANIFEST})", flag="--vectors-from")
     version = store.resolve(source)
-    backend = BACKENDS.get(version.manifest.get("backend"))
-    have = {"backend": version.manifest.get("backend"),
-            **(backend.content_settings(version.manifest) if backend else version.manifest.get("settings", {}))}
-    want = {"backend": fresh.name, **fresh.content_settings(fresh.manifest())}
+    want, have = _requested_settings(fresh), _held_settings(version.manifest)
     # the encoder's settings that its passage vectors depend on; its path, weight files, query side and score scale
     # (the temperature train records) do not
     vectors = {f"encoder.{k}" for k in (*PASSAGE_KEYS, "dim", "sparse", "colbert")}
@@ -303,13 +300,23 @@ def _current_name(directory: Path) -> str:
     return store.resolve(directory).name or "(flat)"
 
 
+def _requested_settings(fresh) -> dict:
+    """What the stored data of the index ``fresh`` (new, empty) will depend on: its backend's content settings."""
+    return {"backend": fresh.name, **fresh.content_settings(fresh.manifest())}
+
+
+def _held_settings(manifest: dict) -> dict:
+    """What a stored version's data depends on, from its manifest, keyed as ``_requested_settings``."""
+    backend = BACKENDS.get(manifest.get("backend"))
+    return {"backend": manifest.get("backend"),
+            **(backend.content_settings(manifest) if backend else manifest.get("settings", {}))}
+
+
 def _reuse(output: Path, old: dict | None, fresh, rebuild: bool, load):
     """The existing index when its stored settings equal the requested ones; else the fresh one (a rebuild)."""
     if old is None or rebuild:
         return fresh
-    want = {"backend": fresh.name, **fresh.content_settings(fresh.manifest())}
-    backend = BACKENDS.get(old.get("backend"))
-    have = {"backend": old.get("backend"), **(backend.content_settings(old) if backend else old.get("settings", {}))}
+    want, have = _requested_settings(fresh), _held_settings(old)
     if "encoder.weights" not in have:  # written before the weights were hashed: kept, as an update kept it then
         want.pop("encoder.weights", None)
     if want != have:
