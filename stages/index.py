@@ -210,7 +210,9 @@ def _index(docs, output: Path, target: Path, *, model, method, delete, rebuild, 
         raise SettingsError(f"--vectors-from: a {method} index stores no vectors")
     elif vectors_from is not None:
         seeded = _seeded(vectors_from, fresh, encoder)
-    idx = seeded or _reuse(output, old_manifest, fresh, rebuild, lambda: open_index(old, encoder=encoder))
+    # an index with no docs is falsy: None tells a seeded start apart
+    idx = seeded if seeded is not None else _reuse(output, old_manifest, fresh, rebuild,
+                                                   lambda: open_index(old, encoder=encoder))
     idx.prepare_update(workdir, **options)
     recorded = dict(idx.search_defaults)
     if idx is fresh and old_manifest and old_manifest.get("search_defaults") and not search_defaults:
@@ -230,7 +232,7 @@ def _index(docs, output: Path, target: Path, *, model, method, delete, rebuild, 
     with distributed.workers(ray, encoder, "encode") as pool, idx.on_workers(pool):
         stats = idx.sync(docs, delete=delete) if idx is not fresh else idx.build(docs)
     idx.meta = {**idx.meta, **meta}
-    changed = (stats["added"] or stats["updated"] or stats["removed"] or idx is fresh or seeded or idx.meta != before
+    changed = (stats["added"] or stats["updated"] or stats["removed"] or idx is fresh or seeded is not None or idx.meta != before
                or idx.search_defaults != recorded or getattr(idx, "query_desc", None) != recorded_query)
     log.info("%s index %s: %d docs (%d added, %d updated, %d unchanged, %d removed)", method, output, len(idx),
              stats["added"], stats["updated"], stats["unchanged"], stats["removed"])

@@ -122,7 +122,8 @@ def swept_from_the_base_verdict(work: Path) -> tuple[list[dict], float]:
 
 
 def holds_the_base_vectors(index: Path) -> bool:
-    """Whether ``index`` (a copy of idx-base with a query tower recorded) holds the base index's own vectors."""
+    """Whether ``index`` (a copy of idx-base with a query tower recorded, or an index started from its vectors) holds
+    the base index's own vectors."""
     from retrctl.indexes.dense import stored_vectors
 
     _, ids, vectors = stored_vectors(index)
