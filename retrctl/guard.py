@@ -161,20 +161,23 @@ def score_stored(encoder, stored: tuple[list[str], object], queries: list[dict],
 
 
 def base_index_checked(directory: str | Path, base_model: str, corpus: dict[str, dict]) -> None:
-    """``UsageError`` unless ``directory`` is a dense index built by ``base_model`` over ``corpus``'s texts (every
-    doc in it, with the same content hash): what lets the guard read the base's vectors there."""
+    """``UsageError`` unless ``directory`` is a dense index built by a model with ``base_model``'s weights
+    (``encoded.other_weights``) over ``corpus``'s texts (every doc in it, with the same content hash): what lets the
+    guard read the base's vectors there (``select`` compares the settings they were encoded with)."""
     from retrctl import records
     from retrctl.errors import UsageError
     from retrctl.indexes import base, store
-    from retrctl.indexes.encoded import manifest_model
+    from retrctl.indexes.encoded import other_weights
+    from retrctl.models import Encoder
 
     version = store.resolved(directory)
     manifest = version.manifest
     built_by = (manifest.get("encoder") or {}).get("model")
-    if manifest.get("backend") != "dense" or built_by != manifest_model(base_model):
-        what = f"built by {built_by}" if built_by else "with no model"
-        raise UsageError(f"{directory}: a {manifest.get('backend')} index {what}; the guard reads the base's vectors "
-                         f"from a dense index built by --model {base_model}", flag="--guard-base-index")
+    why = (f"a {manifest.get('backend')} index {f'built by {built_by}' if built_by else 'with no model'}"
+           if manifest.get("backend") != "dense" else other_weights(manifest, Encoder.load(base_model, device="cpu")))
+    if why:
+        raise UsageError(f"{directory}: {why}; the guard reads the base's vectors from a dense index built by --model "
+                         f"{base_model}", flag="--guard-base-index")
     held = dict(zip(*base.read_docids(version.path), strict=True))
     for d, doc in corpus.items():
         if held.get(d) != records.content_hash(doc.get("title") or "", doc["text"]):

@@ -248,37 +248,33 @@ def _index(docs, output: Path, target: Path, *, model, method, delete, rebuild, 
 
 def _seeded(source: str | os.PathLike, fresh, encoder):
     """The index ``source`` opened as the start of a new one, where its stored data is what ``fresh`` would store:
-    the same backend and settings but for the model's path and weight files, and a model whose weights equal
-    ``encoder``'s tensor for tensor (``encoded.same_weights``: a model saved again elsewhere, as the guard saves the
-    base it keeps). Its search defaults and query tower are not carried over. None, with the reason logged, where
-    it cannot stand for ``encoder``'s vectors: the new index is then encoded in full."""
+    the same backend and settings but for the model's path and weight files, and a model with ``encoder``'s weights
+    (``encoded.other_weights``: also a model saved again elsewhere, as the guard saves the base it keeps). Its search
+    defaults and query tower are not carried over. None, with the reason logged, where it cannot stand for
+    ``encoder``'s vectors: the new index is then encoded in full."""
     from retrctl.indexes import open_index, store
-    from retrctl.indexes.encoded import describe, encoder_from_manifest, same_weights
-    from retrctl.models.config import PASSAGE_KEYS
+    from retrctl.indexes.encoded import describe, other_weights
+    from retrctl.models.config import passage_differences
 
     if not (Path(source) / store.MANIFEST).is_file():
         raise UsageError(f"{source}: not an index (no {store.MANIFEST})", flag="--vectors-from")
     version = store.resolve(source)
     want, have = _requested_settings(fresh), _held_settings(version.manifest)
-    # the encoder's settings that its passage vectors depend on; its path, weight files, query side and score scale
-    # (the temperature train records) do not
-    vectors = {f"encoder.{k}" for k in (*PASSAGE_KEYS, "dim", "sparse", "colbert")}
-    diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k)
-                  and (k in vectors or not k.startswith("encoder.")))
-    if diff:
-        why = ", ".join(f"{k}: {have.get(k)!r} there, {want.get(k)!r} here" for k in diff)
-    elif not same_weights(encoder_from_manifest(version.manifest, device="cpu"), encoder):
-        why = f"its model ({version.manifest['encoder'].get('model')}) has other weights"
-    else:
-        idx = open_index(version, encoder=encoder)
-        idx.encoder_desc, idx.meta, idx.search_defaults = describe(encoder), {}, {}
-        if getattr(idx, "query_desc", None) is not None:
-            idx.drop_query_model()
-        log.info("starting from %s's vectors (version %s): its model has the same weights", source,
-                 version.name or "flat")
-        return idx
-    log.info("--vectors-from %s: encoding every doc, its vectors are not this model's (%s)", source, why)
-    return None
+    mine = describe(encoder)
+    # the index's own settings (backend, structure, heads), then those of the encoder its vectors depend on
+    diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k) and not k.startswith("encoder."))
+    diff += [f"encoder.{k}" for k in passage_differences(version.manifest.get("encoder") or {}, mine, heads=True)]
+    why = ", ".join(f"{k}: {have.get(k)!r} there, {want.get(k)!r} here" for k in diff) if diff else \
+        other_weights(version.manifest, encoder)
+    if why:
+        log.info("--vectors-from %s: encoding every doc, its vectors are not this model's (%s)", source, why)
+        return None
+    idx = open_index(version, encoder=encoder)
+    idx.encoder_desc, idx.meta, idx.search_defaults = mine, {}, {}
+    if getattr(idx, "query_desc", None) is not None:
+        idx.drop_query_model()
+    log.info("starting from %s's vectors (version %s): its model has the same weights", source, version.name or "flat")
+    return idx
 
 
 def _current_or_none(output: Path, rebuild: bool):

@@ -444,7 +444,25 @@ def test_guard_base_index_is_checked(tiny_bert, tmp_path, runner, monkeypatch):
         r = runner("train", *args, "--guard-shards", 3, *flags)
         assert r.exit_code == 2 and words in r.output and "--guard-base-index" in r.output, r.output
         assert not (tmp_path / "m").exists()
-    r = runner("train", *args, "--guard-shards", 3, "--guard-base-index", idx)
+    from retrctl.models import Encoder
+
+    other = tmp_path / "other-model"  # a model with other weights: its vectors are not the base's
+    enc = Encoder.load(tiny_bert, device="cpu")
+    with torch.no_grad():
+        next(enc.parameters()).add_(1e-3)
+    enc.save(other)
+    _, by_other = _base_index(runner, other, tmp_path, docs, "--passage-max-len", FAST["passage_max_len"],
+                              name="idx-other")
+    r = runner("train", *args, "--guard-shards", 3, "--guard-base-index", by_other)
+    assert r.exit_code == 2 and "has other weights" in r.output and not (tmp_path / "m").exists(), r.output
+    again = tmp_path / "saved-again"  # the base saved again elsewhere: the same weights, so its index serves
+    Encoder.load(tiny_bert, device="cpu").save(again)
+    _, by_again = _base_index(runner, again, tmp_path, docs, "--passage-max-len", FAST["passage_max_len"],
+                              name="idx-again")
+    r = runner("train", *args, "--guard-shards", 3, "--guard-base-index", by_again)
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "m" / "guard.json").read_text())["base_vectors"] == str(by_again)
+    r = runner("train", *args, "--guard-shards", 3, "--guard-base-index", idx, "--overwrite")
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "m" / "guard.json").read_text())["base_vectors"] == str(idx)
     _, longer = _base_index(runner, tiny_bert, tmp_path, docs, name="idx-longer")  # passages cut at 256, not 24

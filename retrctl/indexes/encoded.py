@@ -354,6 +354,21 @@ def weights_of(encoder) -> str | None:
         return None
 
 
+def other_weights(manifest: dict, encoder) -> str | None:
+    """Why the model an index's manifest records does not hold ``encoder``'s weights, or None where it does: the
+    weights hash the manifest recorded equals that of the files ``encoder`` was loaded from (``weights_of``), or, for
+    a model saved again elsewhere or in another format, the recorded model loads with the same tensors
+    (``same_weights``). The settings its vectors were made with are ``passage_differences``'s to compare."""
+    desc = manifest.get("encoder") or {}
+    if desc.get("weights") is not None and desc["weights"] == weights_of(encoder):
+        return None
+    try:
+        theirs = encoder_from_manifest(manifest, device="cpu")
+    except (OSError, ValueError, UsageError) as e:
+        return f"its model ({desc.get('model')}) does not load: {e}"
+    return None if same_weights(theirs, encoder) else f"its model ({desc.get('model')}) has other weights"
+
+
 def same_weights(a, b) -> bool:
     """Whether two loaded encoders hold the same weights, tensor for tensor (torch modules only: an ONNX graph or a
     token-lookup table is never taken for another's). Models saved under other paths, or in other file formats,

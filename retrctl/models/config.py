@@ -91,10 +91,13 @@ SETTING_FLAGS = tuple(f.name for f in dataclasses.fields(EncoderConfig) if f.met
 ENCODER_FLAGS = (*SETTING_FLAGS, *(f.name for f in dataclasses.fields(LoadOptions)))  # the shared encoder flags
 
 
-def passage_differences(a: dict, b: dict) -> list[str]:
-    """The settings passage vectors depend on (``PASSAGE_KEYS``) in which two encoder descriptions differ: vectors
-    made under one stand for the other's only when this is empty."""
-    return [k for k in PASSAGE_KEYS if a.get(k) != b.get(k)]
+def passage_differences(a: dict, b: dict, heads: bool = False) -> list[str]:
+    """The settings passage vectors depend on (``PASSAGE_KEYS`` and the dim; with ``heads``, the sparse and colbert
+    heads' settings too) in which two encoder descriptions differ: vectors made under one stand for the other's only
+    when this is empty (and the weights are the same). The model's path, its query side and its score scale (the
+    temperature train records) are not among them."""
+    keys = (*PASSAGE_KEYS, "dim", *(("sparse", "colbert") if heads else ()))
+    return [k for k in keys if a.get(k) != b.get(k)]
 
 
 def flag_fields() -> list[dataclasses.Field]:
