@@ -145,6 +145,11 @@ def test_vectors_from_an_index_of_the_same_weights_encode_only_what_it_lacks(tin
     enc.save(other)
     stats = index(corpus, tmp_path / "retrained", model=str(other), heads="dense,bm25", vectors_from=base)
     assert stats["encoded"] == len(corpus) and "has other weights" in caplog.text
+    index(corpus, tmp_path / "by-same", model=str(same), heads="dense,bm25")
+    enc.save(same)  # trained again in place: the recorded path loads the new weights, the recorded hash tells
+    caplog.clear()
+    stats = index(corpus, tmp_path / "in-place", model=str(same), heads="dense,bm25", vectors_from=tmp_path / "by-same")
+    assert stats["encoded"] == len(corpus) and "saved again with other weights" in caplog.text
     caplog.clear()
     stats = index(corpus, tmp_path / "flat", model=str(same), vectors_from=base)  # no bm25 head: other settings
     assert stats["encoded"] == len(corpus) and "heads: " in caplog.text and "other weights" not in caplog.text

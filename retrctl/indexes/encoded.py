@@ -355,13 +355,17 @@ def weights_of(encoder) -> str | None:
 
 
 def other_weights(manifest: dict, encoder) -> str | None:
-    """Why the model an index's manifest records does not hold ``encoder``'s weights, or None where it does: the
-    weights hash the manifest recorded equals that of the files ``encoder`` was loaded from (``weights_of``), or, for
-    a model saved again elsewhere or in another format, the recorded model loads with the same tensors
-    (``same_weights``). The settings its vectors were made with are ``passage_differences``'s to compare."""
+    """Why the model an index's manifest records does not hold ``encoder``'s weights, or None where it does. The same
+    model path: the weights hash the manifest recorded against that of the files ``encoder`` was loaded from
+    (``weights_of``; a model trained again in place differs there). Another path (a model saved again elsewhere or in
+    another format): the recorded model loaded, tensor for tensor (``same_weights``). The settings the vectors were
+    made with are ``passage_differences``'s to compare."""
     desc = manifest.get("encoder") or {}
-    if desc.get("weights") is not None and desc["weights"] == weights_of(encoder):
+    held, mine = desc.get("weights"), weights_of(encoder)
+    if held is not None and held == mine:
         return None
+    if desc.get("model") == manifest_model(str(getattr(encoder, "source", "") or "")):
+        return f"its model ({desc.get('model')}) has been saved again with other weights" if held and mine else None
     try:
         theirs = encoder_from_manifest(manifest, device="cpu")
     except (OSError, ValueError, UsageError) as e:
