@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -67,9 +68,20 @@ def run_recipe(name: str, data: Path, work: Path, makevars: list[str]) -> None:
 def recipe_make(data: Path, w: Path, *args: str) -> None:
     """`make -C examples/beir DATA=data W=w ARGS…` (variables and targets), its output on stderr. The collection's
     corpus counts as older than what is made from it: ../shared/data is copied afresh with new dates, and a resumed
-    or derived work dir (bench/tower_alpha.py) remakes only what changed in it."""
-    subprocess.run(["make", "-C", str(ROOT / "examples" / "beir"), "-o", str(data / "corpus.jsonl"),
-                    f"PY={sys.executable}", f"DATA={data}", f"W={w}", *args], check=True, stdout=sys.stderr)
+    or derived work dir (bench/tower_alpha.py) remakes only what changed in it. make runs in its own process group:
+    the suite stopped (Ctrl-C, or SIGTERM: ``main``) stops make and every command it runs, and make deletes the
+    target it was making, so a later run resumes from the last finished one."""
+    proc = subprocess.Popen(["make", "-C", str(ROOT / "examples" / "beir"), "-o", str(data / "corpus.jsonl"),
+                             f"PY={sys.executable}", f"DATA={data}", f"W={w}", *args], stdout=sys.stderr,
+                            start_new_session=True)
+    try:
+        rc = proc.wait()
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
+        raise
+    if rc:
+        raise subprocess.CalledProcessError(rc, proc.args)
 
 
 def scores(w: Path, data: Path, baseline: str, others: list[str]) -> dict[str, dict]:
@@ -226,6 +238,7 @@ def main() -> None:
     ap.add_argument("--table-only", action="store_true", help="print the table of the collections already run")
     ap.add_argument("--against", type=Path, help="another suite's WORK: each delivered run against its, paired")
     a = ap.parse_intermixed_args()  # MAKEVAR=VALUE before or after the options
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # stops the recipe's make too
     work = a.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     names = a.only or SUITE

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -175,6 +176,7 @@ def main(argv=None) -> int:
     ap.add_argument("--crop-words", type=int, default=32)
     ap.add_argument("--record", help="write {part: seconds}, the total and the counts to this JSON file")
     a = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # stopped: its temporary dirs removed
     total, parts, counts = estimate(a.data, a.model, a.train_flags, adapt=a.adapt, epochs=a.epochs, batch=a.batch,
                                     shards=a.shards, alphas=len(a.guard_alphas.split(",")), llm_docs=a.llm_docs,
                                     dev_llm_docs=a.dev_llm_docs, qlm=a.qlm,
