@@ -1,8 +1,7 @@
 """Where training runs: one plain-torch process, or DeepSpeed ZeRO 0-3 over any number of processes.
 
 - ``PlainEngine``: one process, torch AdamW, autocast for bf16. Chosen when neither ``--zero-stage`` nor
-  ``--deepspeed`` is given and there is one process: no distributed init and no JIT-compiled comm extension, so
-  it is the fastest start on a CPU (DeepSpeed's first init compiles a ~40 s extension, cached afterwards).
+  ``--deepspeed`` is given and there is one process: no distributed init, so it is the fastest start.
 - ``DeepSpeedEngine``: ZeRO from a generated config or the user's JSON ('auto' filled in), launched by
   ``torchrun`` or ``deepspeed``, gloo on CPU and nccl on GPUs. We hand DeepSpeed a torch AdamW, so nothing
   (fused Adam) has to be compiled, and the same warmup/decay schedule as the plain engine.
@@ -83,6 +82,16 @@ def import_deepspeed():
     return deepspeed
 
 
+def without_shared_memory_all_reduce(deepspeed) -> None:
+    """Keep DeepSpeed from compiling its shared-memory all-reduce as it starts a process group on CPU (a C++
+    extension, ~40 s of compile on the first run; then loaded from TORCH_EXTENSIONS_DIR). That op serves the
+    all-reduce of tensor-parallel inference only; training's collectives go through torch.distributed (gloo).
+    DeepSpeed builds the op only where its table of compatible ops says it can, so the entry is turned off."""
+    compatible = deepspeed.ops.__compatible_ops__
+    if "deepspeed_shm_comm" in compatible:
+        compatible["deepspeed_shm_comm"] = False
+
+
 def setup_processes(cfg: TrainConfig) -> Dist:
     if importlib.util.find_spec("deepspeed") is not None:  # one process without ZeRO runs without DeepSpeed installed
         import_deepspeed()
@@ -98,6 +107,8 @@ def setup_processes(cfg: TrainConfig) -> Dist:
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
     deepspeed = import_deepspeed()
+    if not device.startswith("cuda"):
+        without_shared_memory_all_reduce(deepspeed)
     if not dist.is_initialized():
         with stdout_to_stderr():
             deepspeed.init_distributed(dist_backend="nccl" if device.startswith("cuda") else "gloo", verbose=False)
