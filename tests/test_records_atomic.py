@@ -86,6 +86,41 @@ def test_failed_second_rename_puts_the_old_dir_back(tmp_path, monkeypatch):
     assert (target / "a").read_text() == "old" and _names(tmp_path) == ["idx"]
 
 
+def test_a_first_build_published_by_another_meanwhile_is_replaced_whole(tmp_path, monkeypatch):
+    """Two first builds at once: the other's directory appears at -o between this one's check and its rename."""
+    target, real, published = tmp_path / "idx", os.replace, []
+
+    def replace(src, dst):
+        if Path(dst) == target and not published:
+            published.append(dst)
+            target.mkdir()
+            (target / "a").write_text("theirs")
+        real(src, dst)
+
+    monkeypatch.setattr(containers.os, "replace", replace)
+    with records.atomic_dir(target, resume=False) as d:
+        (d / "a").write_text("new")
+    monkeypatch.undo()
+    assert (target / "a").read_text() == "new" and _names(tmp_path) == ["idx"]
+
+
+def test_an_index_moved_away_by_another_meanwhile_is_not_an_error(tmp_path, monkeypatch):
+    """Another writer's swap renames -o aside between this one's check and its own rename of -o aside."""
+    target, real = _old(tmp_path), os.replace
+    theirs = tmp_path / ".idx.old-1"
+
+    def replace(src, dst):
+        if Path(src) == target and target.exists() and not theirs.exists():
+            real(target, theirs)
+        real(src, dst)
+
+    monkeypatch.setattr(containers.os, "replace", replace)
+    with records.atomic_dir(target, resume=False) as d:
+        (d / "a").write_text("new")
+    monkeypatch.undo()
+    assert (target / "a").read_text() == "new" and _names(tmp_path) == [".idx.old-1", "idx"]
+
+
 # ---------------------------------------------------------------- killed processes
 
 KILLER = """

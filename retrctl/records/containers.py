@@ -14,6 +14,7 @@ only (``atomic_dir``, the one directory helper; ``sweep_dir`` cleans or repairs 
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import io
 import logging
@@ -298,20 +299,39 @@ def link_tree(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def _swap(src: Path, dst: Path) -> None:
-    """Move the finished directory ``src`` to ``dst``, replacing what is there by renames only."""
-    if dst.exists():
-        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+def _swap(src: Path, dst: Path, attempts: int = 100) -> None:
+    """Move the finished directory ``src`` to ``dst``, replacing what is there by renames only.
+
+    Another process may publish its own ``dst`` between two of these steps (two first builds of one index at once,
+    each in its own work directory): a rename onto a directory that has just appeared fails (ENOTEMPTY), and one of
+    a directory that has just been moved away finds nothing (ENOENT); either starts the swap again, so the later
+    rename wins whole."""
+    old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+    for _ in range(attempts):
+        if not dst.exists():
+            try:
+                os.replace(src, dst)
+                return
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                continue  # published by another meanwhile
         shutil.rmtree(old, ignore_errors=True)
-        os.replace(dst, old)
+        try:
+            os.replace(dst, old)
+        except FileNotFoundError:
+            continue  # moved away by another meanwhile
         try:
             os.replace(src, dst)
-        except BaseException:
+        except BaseException as e:
+            if getattr(e, "errno", None) in (errno.ENOTEMPTY, errno.EEXIST):  # another's arrived meanwhile: newer than old
+                shutil.rmtree(old, ignore_errors=True)
+                continue
             os.replace(old, dst)  # the old directory goes back; a kill right here is sweep_dir's to repair
             raise
         shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(src, dst)
+        return
+    raise OSError(errno.EBUSY, f"other processes kept replacing {dst} while {src} was being moved there")
 
 
 _LEFT = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)(?:-[^/]*)?$")  # atomic_dir's siblings
