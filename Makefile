@@ -10,8 +10,9 @@ STAMP   := $(VENV)/.installed
 TORCH   ?= torch==2.13.0
 # llama.cpp (the llamacpp extra, compiled by pip) for any x86-64 CPU with AVX2 rather than for this one: built native
 # on an Intel CPU with AMX, its AMX kernels fault (SIGSEGV, "general protection") where the kernel has not granted
-# the worker threads AMX state (ggml-org/llama.cpp#26954, open); --no-cache-dir: never a wheel built natively before
-LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
+# the worker threads AMX state (ggml-org/llama.cpp#26954, open); --no-cache-dir: never a wheel built natively before.
+# Without its multimodal library (mtmd, imported only by image chat handlers): 305 s of compile instead of 410 here.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
