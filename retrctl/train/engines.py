@@ -87,8 +87,8 @@ def without_shared_memory_all_reduce(deepspeed) -> None:
     extension, ~40 s of compile on the first run; then loaded from TORCH_EXTENSIONS_DIR). That op serves the
     all-reduce of tensor-parallel inference only; training's collectives go through torch.distributed (gloo).
     DeepSpeed builds the op only where its table of compatible ops says it can, so the entry is turned off."""
-    compatible = deepspeed.ops.__compatible_ops__
-    if "deepspeed_shm_comm" in compatible:
+    compatible = getattr(deepspeed.ops, "__compatible_ops__", None)  # the table, read by comm/torch.py's build_shm_op
+    if isinstance(compatible, dict) and "deepspeed_shm_comm" in compatible:
         compatible["deepspeed_shm_comm"] = False
 
 
