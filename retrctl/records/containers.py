@@ -303,31 +303,24 @@ def _swap(src: Path, dst: Path, attempts: int = 100) -> None:
     """Move the finished directory ``src`` to ``dst``, replacing what is there by renames only.
 
     Another process may publish its own ``dst`` between two of these steps (two first builds of one index at once,
-    each in its own work directory): a rename onto a directory that has just appeared fails (ENOTEMPTY), and one of
-    a directory that has just been moved away finds nothing (ENOENT); either starts the swap again, so the later
-    rename wins whole."""
+    each in its own work directory): a rename onto a directory that has just appeared fails (ENOTEMPTY) and starts
+    the swap again, and a ``dst`` moved away meanwhile is simply not there to move aside, so the later rename wins
+    whole."""
     old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
     for _ in range(attempts):
-        if not dst.exists():
-            try:
-                os.replace(src, dst)
-                return
-            except OSError as e:
-                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                    raise
-                continue  # published by another meanwhile
         shutil.rmtree(old, ignore_errors=True)
         try:
             os.replace(dst, old)
-        except FileNotFoundError:
-            continue  # moved away by another meanwhile
+            moved_aside = True
+        except FileNotFoundError:  # a first build, or moved away by another meanwhile
+            moved_aside = False
         try:
             os.replace(src, dst)
         except BaseException as e:
             if getattr(e, "errno", None) in (errno.ENOTEMPTY, errno.EEXIST):  # another's arrived meanwhile: newer than old
-                shutil.rmtree(old, ignore_errors=True)
                 continue
-            os.replace(old, dst)  # the old directory goes back; a kill right here is sweep_dir's to repair
+            if moved_aside:
+                os.replace(old, dst)  # the old directory goes back; a kill right here is sweep_dir's to repair
             raise
         shutil.rmtree(old, ignore_errors=True)
         return

@@ -104,10 +104,10 @@ def setup_processes(cfg: TrainConfig) -> Dist:
     if "RANK" not in os.environ:  # one process without a launcher
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
+    deepspeed = import_deepspeed()
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
-    deepspeed = import_deepspeed()
-    if not device.startswith("cuda"):
+    else:
         without_shared_memory_all_reduce(deepspeed)
     if not dist.is_initialized():
         with stdout_to_stderr():
