@@ -38,7 +38,10 @@ SAMPLE = 48
 # recipe's flags (AMD 2-core box, bench/tower_step_factor.py: 1.3 to 4.8, mean 2.9); it varies with the queries' lengths
 STEP_FACTOR = 2.9
 STEPS_TIMED = 3
-LLM_DOC = 1.6  # seconds a generated query (prompt processing of its document, then generation)
+# seconds a generated query (prompt processing of its document, then generation), qgen in the recipe's batches of
+# 16: 0.78 to 0.95 measured on the Intel 2-core box (CF, LiveQA-Med, the demo, XQuAD-en), 1.18 and 1.26 on two AMD
+# EPYC boxes (the demo); the slowest, rounded up
+LLM_DOC = 1.3
 QLM_DOC = 8 / 3  # seconds of query likelihood a generated query's group (TEACHER=qlm)
 FIXED = 8.0  # seconds a retrctl command takes to start and load its model
 
