@@ -387,23 +387,30 @@ def test_recipe_runs_the_whole_models_steps_fused_and_in_bf16_where_the_cpu_comp
         assert "--dtype" not in tower[0] and "--attention-dropout 0 --chunk-size 8" in tower[0], tower[0]
 
 
-def test_plan_counts_no_more_generated_queries_than_the_shards_hold(tiny_bert, tmp_path, monkeypatch):
+def test_plan_counts_no_more_generated_queries_than_the_shards_hold(tiny_bert, tiny_llama, tmp_path):
     """qgen samples QGEN_DOCS of shard 1's documents and DEV_QGEN_DOCS of shard 0's: with two shards of a 40-document
-    folder, 100 and 50 asked for are the folder's 40 documents, and the plan counts 40 generations, not 150."""
-    monkeypatch.syspath_prepend(str(ROOT / "examples" / "beir"))
-    from plan import LLM_DOC
-
+    folder, 100 and 50 asked for are the folder's 40 documents, and the plan counts 40 generations, not 150, each at
+    the seconds it timed the LLM at; a qgen command that fails stops the plan with its reason."""
     data = folder(tmp_path / "notes", 40)
-    subprocess.run([sys.executable, str(ROOT / "examples" / "beir" / "plan.py"), str(data), "--model", str(tiny_bert),
-                    "--adapt", "query", "--train-flags", "--max-steps 2 --train-group-size 4", "--shards", "2",
-                    "--llm-docs", "100", "--dev-llm-docs", "50", "--record", str(tmp_path / "plan.json")],
-                   env=recipe_env(), check=True, capture_output=True, timeout=300)
-    parts = json.loads((tmp_path / "plan.json").read_text())["parts_s"]
-    assert parts["query generation"] == pytest.approx(40 * LLM_DOC)
+    qgen = f"{sys.executable} -m retrctl qgen {data} --llm {tiny_llama} --per-doc 1 --seed 1 --batch-size 4"
+    plan = [sys.executable, str(ROOT / "examples" / "beir" / "plan.py"), str(data), "--model", str(tiny_bert),
+            "--adapt", "query", "--train-flags", "--max-steps 2 --train-group-size 4", "--shards", "2",
+            "--llm-docs", "100", "--dev-llm-docs", "50", "--record", str(tmp_path / "plan.json")]
+    subprocess.run([*plan, "--qgen-command", qgen], env=recipe_env(), check=True, capture_output=True, timeout=300)
+    recorded = json.loads((tmp_path / "plan.json").read_text())
+    rate = recorded["rates_s"]["generated query"]
+    assert rate > 0
+    # both figures are recorded rounded: the part to 0.05 s, the rate to 5e-5 s (40 of them: 0.002 s)
+    assert recorded["parts_s"]["query generation"] == pytest.approx(40 * rate, abs=0.05 + 40 * 5e-5)
+    out = subprocess.run([*plan, "--qgen-command", qgen.replace(str(tiny_llama), str(tmp_path / "no-such-llm"))],
+                         env=recipe_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "plan.py: the timed qgen failed" in out.stderr, out.stderr[-2000:]
+    out = subprocess.run(plan, env=recipe_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "need --qgen-command" in out.stderr, out.stderr[-2000:]
 
 
 @pytest.mark.parametrize("qgen_docs", [400, 4])
-def test_recipe_plan_counts_the_generated_queries_shard_1_can_give(tiny_bert, tmp_path, qgen_docs):
+def test_recipe_plan_counts_the_generated_queries_shard_1_can_give(tiny_bert, tiny_llama, tmp_path, qgen_docs):
     """qgen's training sample is QGEN_DOCS of shard 1's documents: with four guard shards of 40 documents, 400 asked
     for are shard 1's ~10, 4 are 4; the plan counts a crop of each of the 30 training documents and a generated query
     for each sampled one, and the query side's steps from them."""
@@ -413,7 +420,8 @@ def test_recipe_plan_counts_the_generated_queries_shard_1_can_give(tiny_bert, tm
     qgen = [c for c in commands(out) if " qgen " in c and "qgen.jsonl" in c]
     assert len(qgen) == 1 and f"--shard-id 1 --shard-num 4 --sample {qgen_docs} " in qgen[0], qgen
     assert "--batch-size 16 " in qgen[0], qgen  # QGEN_BATCH: a cost setting, the queries the same at any size
-    out = make(data, work, tiny_bert, "plan", "GUARD_SHARDS=4", f"QGEN_DOCS={qgen_docs}", "EPOCHS=2", llm="smollm2")
+    out = make(data, work, tiny_bert, "plan", "GUARD_SHARDS=4", f"QGEN_DOCS={qgen_docs}", "EPOCHS=2", llm=str(tiny_llama))
     assert out.returncode == 0, out.stderr[-3000:]
     groups = 30 + min(qgen_docs, sum(in_shard(f"d{i}", 1, 4) for i in range(40)))
     assert f"training groups ~{groups}; query-side steps ~{2 * -(-groups // 4)};" in out.stderr, out.stderr[-2000:]
+    assert ", a generated query " in out.stderr, out.stderr[-2000:]  # the LLM timed with the recipe's qgen command

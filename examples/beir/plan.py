@@ -1,8 +1,8 @@
 """The recipe's cost, printed before it runs: its model timed on a sample of the folder's own texts on this machine.
 
     plan.py DATA --model M --train-flags FLAGS [--adapt full|query|both] [--epochs 3] [--batch 16] [--shards 10]
-            [--guard-alphas 0.5] [--llm-docs N] [--dev-llm-docs N] [--qlm] [--ensemble] [--audit]
-            [--crop-words 32] [--record FILE]
+            [--guard-alphas 0.5] [--llm-docs N --dev-llm-docs N --qgen-command CMD] [--qlm] [--ensemble]
+            [--audit] [--crop-words 32] [--record FILE]
 
 Encodes SAMPLE documents, SAMPLE of the folder's queries and SAMPLE document crops (a stable sample, after a
 warm-up batch) with the model, and scales each of the recipe's steps by the texts it encodes: the corpus encodes,
@@ -10,11 +10,12 @@ the pseudo-queries and the folder's queries searched and the guard's candidates 
 step is timed itself: STEPS_TIMED steps of `retrctl train` with the recipe's own training flags (FLAGS, the Makefile's:
 its --max-steps and --train-group-size included) on groups of the folder's own documents (the first runs at the
 maximum length, as the recipe's first does). ADAPT=query's step, a batch of queries forward and backward, is
-STEP_FACTOR times their encode; ADAPT=both runs both trainings. The LLM's generation is not timed (loading it costs
-more than the estimate is worth): LLM_DOC seconds a document qgen samples (at most the documents of its shard),
-SmolLM2 in process on 2 cores. Prints one line to stderr: the total and its three largest parts, in minutes, the
-training groups expected and the query side's steps; ``--record`` also writes every part's seconds and those counts
-to FILE as JSON (bench/recipe_suite.py prints them beside the minutes measured).
+STEP_FACTOR times their encode; ADAPT=both runs both trainings. The LLM is timed as the recipe runs it: CMD, the
+recipe's qgen command, on QGEN_TIMED of the documents it samples (one of its batches), and its generation
+seconds a document (its manifest's throughput, the model's load not counted) scale each document qgen samples (at
+most the documents of its shard). Prints one line to stderr: the total and its three largest parts, in minutes, the
+training groups expected and the query side's steps; ``--record`` also writes every part's seconds, those counts and
+the timed rates to FILE as JSON (bench/recipe_suite.py prints them beside the minutes measured).
 """
 
 from __future__ import annotations
@@ -38,10 +39,9 @@ SAMPLE = 48
 # recipe's flags (AMD 2-core box, bench/tower_step_factor.py: 1.3 to 4.8, mean 2.9); it varies with the queries' lengths
 STEP_FACTOR = 2.9
 STEPS_TIMED = 3
-# seconds a generated query (prompt processing of its document, then generation), qgen in the recipe's batches of
-# 16: 0.78 to 0.95 measured on the Intel 2-core box (CF, LiveQA-Med, the demo, XQuAD-en), 1.18 and 1.26 on two AMD
-# EPYC boxes (the demo); the slowest, rounded up
-LLM_DOC = 1.3
+# documents the LLM is timed on: one batch of the recipe's qgen (QGEN_BATCH); a generated query's seconds range from
+# 0.8 to 2.8 over the boxes and collections measured (its document's length and the CPU), too wide for a constant
+QGEN_TIMED = 16
 QLM_DOC = 8 / 3  # seconds of query likelihood a generated query's group (TEACHER=qlm)
 FIXED = 8.0  # seconds a retrctl command takes to start and load its model
 
@@ -109,12 +109,29 @@ def timed_steps(groups: Path, corpus: Path, flags: list[str], steps: int) -> tup
     return elapsed[0], (elapsed[-1] - elapsed[0]) / (len(elapsed) - 1)
 
 
+def qgen_seconds(command: str, docs: int, shard: int, shards: int) -> float:
+    """Seconds a generated query takes: ``command`` (the recipe's qgen command) run on ``docs`` of the documents it
+    samples from ``shard`` of ``shards``, its manifest's generation seconds (the LLM's load not counted) over its
+    documents."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "qgen.jsonl"
+        cmd = [*shlex.split(command), "--shard-id", str(shard), "--shard-num", str(shards), "--sample", str(docs),
+               "-o", str(out)]
+        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode:
+            sys.stderr.write(done.stderr[-2000:])
+            raise SystemExit(f"plan.py: the timed qgen failed (exit {done.returncode}): {shlex.join(cmd)}")
+        throughput = json.loads(Path(f"{out}.manifest.json").read_text())["throughput"]
+    return throughput["seconds"] / max(throughput["docs"], 1)
+
+
 def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", epochs: int = 3, batch: int = 16,
-             shards: int = 10, alphas: int = 1, llm_docs: int = 0, dev_llm_docs: int = 0,
+             shards: int = 10, alphas: int = 1, llm_docs: int = 0, dev_llm_docs: int = 0, qgen_command: str = "",
              qlm: bool = False, ensemble: bool = False, audit: bool = False,
-             crop_words: int = 32) -> tuple[float, dict[str, float], dict[str, int]]:
-    """(seconds, {part: seconds}, {count: n}) the recipe is expected to take on ``data`` with ``model`` on this machine,
-    and the training groups and query-side steps it expects."""
+             crop_words: int = 32) -> tuple[float, dict[str, float], dict[str, int], dict[str, float]]:
+    """(seconds, {part: seconds}, {count: n}, {rate: seconds}) the recipe is expected to take on ``data`` with
+    ``model`` on this machine, the training groups and query-side steps it expects, and the seconds a generated query
+    takes (timed with ``qgen_command`` when the recipe generates any)."""
     from retrctl.models import Encoder
 
     docs = list(records.read(data, "doc"))
@@ -127,6 +144,7 @@ def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", ep
     llm_docs = min(llm_docs, sum(in_shard(d["docid"], 1, shards) for d in docs))
     dev_llm_docs = min(dev_llm_docs, sum(in_shard(d["docid"], 0, shards) for d in docs))
     n, generated = len(docs), llm_docs + dev_llm_docs
+    rates = {}
     # a crop of each training document and a generated query for each sampled one (train holds out the held-out ones)
     counts = {"training groups": n * (shards - 1) // shards + llm_docs}
     held_out = n // shards + dev_llm_docs  # the held-out crops and generated queries: the weights' sweeps
@@ -147,9 +165,14 @@ def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", ep
         # the base's vectors of the pool are the base index's (--guard-base-index): the interpolations encode it
         parts["the guard"] += min(n, MAX_POOL) * t_doc * alphas + MAX_QUERIES * t_crop * (1 + alphas)
     if generated:
-        parts["query generation"] = generated * (LLM_DOC + (QLM_DOC if qlm else 0))
+        if not qgen_command:
+            raise ValueError("the recipe generates queries: give the qgen command to time (--qgen-command)")
+        # the first documents of the training sample (shard 1), or of the held-out one where shard 1 has none
+        shard, sampled = (1, llm_docs) if llm_docs else (0, dev_llm_docs)
+        rates["generated query"] = qgen_seconds(qgen_command, min(QGEN_TIMED, sampled), shard, shards)
+        parts["query generation"] = generated * (rates["generated query"] + (QLM_DOC if qlm else 0))
     parts["starting commands"] = 20 * FIXED
-    return sum(parts.values()), parts, counts
+    return sum(parts.values()), parts, counts, rates
 
 
 def _has(data: str, kind: str) -> bool:
@@ -173,25 +196,32 @@ def main(argv=None) -> int:
     ap.add_argument("--guard-alphas", default="0.5", help="the guard's candidates besides the base")
     ap.add_argument("--llm-docs", type=int, default=0, help="training documents the LLM writes a query for (0: no LLM)")
     ap.add_argument("--dev-llm-docs", type=int, default=0, help="held-out documents the LLM writes a query for")
+    ap.add_argument("--qgen-command", default="",
+                    help="the recipe's qgen command (its shard, --sample and -o added): timed on "
+                    f"{QGEN_TIMED} documents when --llm-docs or --dev-llm-docs is given")
     ap.add_argument("--qlm", action="store_true", help="the LLM also scores the generated queries' groups")
     ap.add_argument("--ensemble", action="store_true")
     ap.add_argument("--audit", action="store_true")
     ap.add_argument("--crop-words", type=int, default=32)
-    ap.add_argument("--record", help="write {part: seconds}, the total and the counts to this JSON file")
+    ap.add_argument("--record", help="write {part: seconds}, the total, the counts and the timed rates to this JSON file")
     a = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # stopped: its temporary dirs removed
-    total, parts, counts = estimate(a.data, a.model, a.train_flags, adapt=a.adapt, epochs=a.epochs, batch=a.batch,
-                                    shards=a.shards, alphas=len(a.guard_alphas.split(",")), llm_docs=a.llm_docs,
-                                    dev_llm_docs=a.dev_llm_docs, qlm=a.qlm,
-                                    ensemble=a.ensemble, audit=a.audit, crop_words=a.crop_words)
+    if (a.llm_docs or a.dev_llm_docs) and not a.qgen_command:
+        ap.error("--llm-docs and --dev-llm-docs need --qgen-command: the LLM is timed as the recipe runs it")
+    total, parts, counts, rates = estimate(
+        a.data, a.model, a.train_flags, adapt=a.adapt, epochs=a.epochs, batch=a.batch, shards=a.shards,
+        alphas=len(a.guard_alphas.split(",")), llm_docs=a.llm_docs, dev_llm_docs=a.dev_llm_docs,
+        qgen_command=a.qgen_command, qlm=a.qlm, ensemble=a.ensemble, audit=a.audit, crop_words=a.crop_words)
     largest = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
     print(f"estimated on this machine: {total / 60:.0f} min ("
           + ", ".join(f"{k} {v / 60:.0f}" for k, v in largest)
           + "".join(f"; {k} ~{v}" for k, v in counts.items())
-          + f"; {a.model} timed on {SAMPLE} of the folder's texts)", file=sys.stderr)
+          + f"; {a.model} timed on {SAMPLE} of the folder's texts"
+          + "".join(f", a {k} {v:.2f} s" for k, v in rates.items()) + ")", file=sys.stderr)
     if a.record:
         with records.atomic_path(a.record) as tmp:
-            plan = {"total_s": round(total, 1), "parts_s": {k: round(v, 1) for k, v in parts.items()}, "counts": counts}
+            plan = {"total_s": round(total, 1), "parts_s": {k: round(v, 1) for k, v in parts.items()}, "counts": counts,
+                    "rates_s": {k: round(v, 4) for k, v in rates.items()}}
             Path(tmp).write_text(json.dumps(plan) + "\n")
     return 0
 
