@@ -94,16 +94,21 @@ def step_times(model: str, docs: list[dict], flags: str, *, batch: int, group: i
                            STEPS_TIMED)
 
 
+def run_timed(cmd: list[str], what: str) -> None:
+    """Run ``cmd``, one of the recipe's commands timed on this machine; where it fails, its stderr's tail and exit."""
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        sys.stderr.write(done.stderr[-2000:])
+        raise SystemExit(f"plan.py: the timed {what} failed (exit {done.returncode}): {shlex.join(cmd)}")
+
+
 def timed_steps(groups: Path, corpus: Path, flags: list[str], steps: int) -> tuple[float, float]:
     """(the first step's seconds, the mean of the later ones) of ``steps`` steps of ``retrctl train`` on ``groups``
     with ``flags`` (its --max-steps overridden: click keeps an option's last value), from the run's metrics.jsonl."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "retrctl", "train", str(groups), "--corpus", str(corpus), *map(str, flags),
                "--max-steps", str(steps), "-o", str(Path(tmp) / "m")]
-        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        if done.returncode:
-            sys.stderr.write(done.stderr[-2000:])
-            raise SystemExit(f"plan.py: the timed training steps failed (exit {done.returncode}): {shlex.join(cmd)}")
+        run_timed(cmd, "training steps")
         metrics = (Path(tmp) / "m" / "metrics.jsonl").read_text().splitlines()
         elapsed = [json.loads(line)["elapsed_s"] for line in metrics]
     return elapsed[0], (elapsed[-1] - elapsed[0]) / (len(elapsed) - 1)
@@ -117,10 +122,7 @@ def qgen_seconds(command: str, docs: int, shard: int, shards: int) -> float:
         out = Path(tmp) / "qgen.jsonl"
         cmd = [*shlex.split(command), "--shard-id", str(shard), "--shard-num", str(shards), "--sample", str(docs),
                "-o", str(out)]
-        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        if done.returncode:
-            sys.stderr.write(done.stderr[-2000:])
-            raise SystemExit(f"plan.py: the timed qgen failed (exit {done.returncode}): {shlex.join(cmd)}")
+        run_timed(cmd, "qgen")
         throughput = json.loads(Path(f"{out}.manifest.json").read_text())["throughput"]
     return throughput["seconds"] / max(throughput["docs"], 1)
 
@@ -131,7 +133,7 @@ def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", ep
              crop_words: int = 32) -> tuple[float, dict[str, float], dict[str, int], dict[str, float]]:
     """(seconds, {part: seconds}, {count: n}, {rate: seconds}) the recipe is expected to take on ``data`` with
     ``model`` on this machine, the training groups and query-side steps it expects, and the seconds a generated query
-    takes (timed with ``qgen_command`` when the recipe generates any)."""
+    takes (timed with ``qgen_command``, which the recipe needs when it generates any)."""
     from retrctl.models import Encoder
 
     docs = list(records.read(data, "doc"))
@@ -165,8 +167,6 @@ def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", ep
         # the base's vectors of the pool are the base index's (--guard-base-index): the interpolations encode it
         parts["the guard"] += min(n, MAX_POOL) * t_doc * alphas + MAX_QUERIES * t_crop * (1 + alphas)
     if generated:
-        if not qgen_command:
-            raise ValueError("the recipe generates queries: give the qgen command to time (--qgen-command)")
         # the first documents of the training sample (shard 1), or of the held-out one where shard 1 has none
         shard, sampled = (1, llm_docs) if llm_docs else (0, dev_llm_docs)
         rates["generated query"] = qgen_seconds(qgen_command, min(QGEN_TIMED, sampled), shard, shards)
