@@ -18,6 +18,11 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# under pytest-xdist (make test: -n auto) each worker's torch, and every process it starts, gets its share of the
+# CPUs: tiny models gain nothing from a second thread, and workers that each take every core slow one another
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS",
+                          str(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 if "RETRCTL_DATA" in os.environ:
@@ -59,7 +64,15 @@ def with_large_gaps(model, std: float = 0.4):
     return model
 
 
+# the modules holding the longest tests (the recipe end to end, kill -9 loops, llama.cpp's server), collected first:
+# pytest-xdist deals the first tests out in turn, so these start on every worker at once rather than one of them
+# running alone at the end
+LONGEST_FIRST = ("test_recipe.py", "test_index_store.py", "test_llamacpp.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: LONGEST_FIRST.index(item.path.name) if item.path.name in LONGEST_FIRST
+               else len(LONGEST_FIRST))  # stable: each module's tests keep their order
     if os.environ.get("RETRCTL_SLOW", "") not in ("1", "true"):
         skip = pytest.mark.skip(reason="slow: set RETRCTL_SLOW=1 (make test-all)")
         for item in items:
