@@ -97,10 +97,11 @@ def planned_and_guarded(out: subprocess.CompletedProcess, data: Path, work: Path
 
 def judgements_arrive(data: Path, work: Path, model: Path, *variables: str) -> None:
     """Qrels added to a folder the recipe has run on: the same make makes only the table, nothing retrained or
-    re-encoded."""
+    re-encoded, and the plan's steps are not timed again."""
     judge(data)
     again = make(data, work, model, *variables)
     assert again.returncode == 0, again.stderr[-3000:]
+    assert "nothing left to time" in again.stderr and "estimated on this machine" not in again.stderr
     assert " train " not in again.stdout and " index " not in again.stdout and " eval " in again.stdout
     table = (work / "eval.txt").read_text()
     for run in ("base.trec", "bm25.trec", "base-hybrid.trec", "adapted.trec", "delivered.trec"):
