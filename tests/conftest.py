@@ -18,11 +18,11 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# under pytest-xdist (make test: -n auto) each worker's torch, and every process it starts, gets its share of the
+# under pytest-xdist (make test: a worker a CPU) each worker's torch, and every process it starts, gets its share of the
 # CPUs: tiny models gain nothing from a second thread, and workers that each take every core slow one another
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
-    os.environ.setdefault("OMP_NUM_THREADS",
-                          str(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cpus // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 if "RETRCTL_DATA" in os.environ:
