@@ -35,11 +35,10 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 
 # CI subset: unit tests on tiny models plus the real-model tests marked `real` that are not `slow`. One pytest-xdist
-# worker a core (tests/conftest.py gives each its share of the threads), then the Ray tests alone: beside another
-# worker, Ray Train's placement-group cleaner now and then prints a traceback into the bad-input test's stderr
-# (bench/RESULTS.md, "make test's minutes": 15.6 min against 21 in one process on a 2-core AMD Zen 1 box)
-# (the CPUs this process may run on: pytest-xdist's -n auto counts physical cores, a container's host's where psutil
-# is installed)
+# worker for each CPU this process may run on (nproc; xdist's -n auto counts physical cores, a container host's where
+# psutil is installed), tests/conftest.py giving each its share of the threads; then the Ray tests alone: beside
+# another worker, Ray Train's placement-group cleaner now and then prints a traceback into the bad-input test's
+# stderr (bench/RESULTS.md, "make test's minutes": 15.6 min against 21 in one process on a 2-core AMD Zen 1 box)
 TEST_WORKERS ?= $(shell nproc)
 RAY_TESTS := tests/test_ray.py tests/test_ray_train.py
 test: $(STAMP) lint
