@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -388,25 +389,60 @@ def test_recipe_runs_the_whole_models_steps_fused_and_in_bf16_where_the_cpu_comp
         assert "--dtype" not in tower[0] and "--attention-dropout 0 --chunk-size 8" in tower[0], tower[0]
 
 
-def test_plan_counts_no_more_generated_queries_than_the_shards_hold(tiny_bert, tiny_llama, tmp_path):
-    """qgen samples QGEN_DOCS of shard 1's documents and DEV_QGEN_DOCS of shard 0's: with two shards of a 40-document
-    folder, 100 and 50 asked for are the folder's 40 documents, and the plan counts 40 generations, not 150, each at
-    the seconds it timed the LLM at; a qgen command that fails stops the plan with its reason."""
-    data = folder(tmp_path / "notes", 40)
+def test_plan_times_the_llm_on_the_next_documents_and_keeps_its_queries_in_qgens_checkpoint(tiny_bert, tiny_llama,
+                                                                                          tmp_path, monkeypatch):
+    """qgen samples QGEN_DOCS of shard 1's documents: 100 asked for of a 60-document folder in two shards are shard 1's
+    31, each counted at the seconds the plan timed the LLM at. With the recipe's qgen checkpoints the plan's timed
+    batch (QGEN_TIMED documents) is written to the training qgen's checkpoint, and qgen resumes past it: the queries
+    it writes are those of a run without the plan. A plan run again times the next documents (the held-out sample's
+    once the training sample is done) and counts only the documents no checkpoint holds; with every document
+    generated it times nothing. A qgen command that fails stops the plan with its reason."""
+    monkeypatch.syspath_prepend(str(ROOT / "examples" / "beir"))
+    from plan import QGEN_TIMED
+
+    data = folder(tmp_path / "notes", 60)
+    train_docs = sum(in_shard(f"d{i}", 1, 2) for i in range(60))
+    assert QGEN_TIMED < train_docs  # the plan times QGEN_TIMED of them, qgen generates the rest
     qgen = f"{sys.executable} -m retrctl qgen {data} --llm {tiny_llama} --per-doc 1 --seed 1 --batch-size 4"
+    work = tmp_path / "w"
+    work.mkdir()
+    cands = [work / "qgen.jsonl.candidates.jsonl", work / "dev-qgen.jsonl.candidates.jsonl"]
     plan = [sys.executable, str(ROOT / "examples" / "beir" / "plan.py"), str(data), "--model", str(tiny_bert),
             "--adapt", "query", "--train-flags", "--max-steps 2 --train-group-size 4", "--shards", "2",
-            "--llm-docs", "100", "--dev-llm-docs", "50", "--record", str(tmp_path / "plan.json")]
-    subprocess.run([*plan, "--qgen-command", qgen], env=recipe_env(), check=True, capture_output=True, timeout=300)
-    recorded = json.loads((tmp_path / "plan.json").read_text())
-    rate = recorded["rates_s"]["generated query"]
-    assert rate > 0
-    # both figures are recorded rounded: the part to 0.05 s, the rate to 5e-5 s (40 of them: 0.002 s)
-    assert recorded["parts_s"]["query generation"] == pytest.approx(40 * rate, abs=0.05 + 40 * 5e-5)
-    out = subprocess.run([*plan, "--qgen-command", qgen.replace(str(tiny_llama), str(tmp_path / "no-such-llm"))],
+            "--llm-docs", "100", "--dev-llm-docs", str(QGEN_TIMED), "--qgen-command", qgen,
+            "--candidates-file", str(cands[0]), "--dev-candidates-file", str(cands[1]), "--record", str(work / "plan.json")]
+
+    def planned() -> tuple[float, float | None, list[int]]:
+        subprocess.run(plan, env=recipe_env(), check=True, capture_output=True, timeout=300)
+        recorded = json.loads((work / "plan.json").read_text())
+        held = [len({json.loads(r)["source_docid"] for r in c.read_text().splitlines()[1:]}) if c.exists() else 0
+                for c in cands]
+        return recorded["parts_s"]["query generation"], recorded["rates_s"].get("generated query"), held
+
+    part, rate, held = planned()
+    assert held == [QGEN_TIMED, 0] and rate > 0
+    assert part == pytest.approx(train_docs * rate, abs=0.05 + 60 * 5e-5)  # rounded as recorded
+
+    # the recipe's qgen resumes past the plan's documents and writes what a run without the plan writes
+    args = ["--shard-id", "1", "--shard-num", "2", "--sample", "100", "-o"]
+    out = subprocess.run([*shlex.split(qgen), *args, str(work / "qgen.jsonl")], env=recipe_env(), capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and f"resumed: {QGEN_TIMED} of {train_docs} docs" in out.stderr, out.stderr[-2000:]
+    subprocess.run([*shlex.split(qgen), *args, str(tmp_path / "alone.jsonl")], env=recipe_env(), check=True,
+                   capture_output=True, timeout=300)
+    assert (work / "qgen.jsonl").read_bytes() == (tmp_path / "alone.jsonl").read_bytes()
+
+    part, rate, held = planned()  # the training sample done: the held-out one's batch, all of it
+    assert held == [train_docs, QGEN_TIMED] and rate > 0 and part == 0
+    part, rate, held = planned()  # every document generated: nothing left to time
+    assert held == [train_docs, QGEN_TIMED] and part == 0 and rate is None
+
+    cands[0].unlink()
+    out = subprocess.run([*plan[:-2], "--qgen-command", qgen.replace(str(tiny_llama), str(tmp_path / "no-such-llm"))],
                          env=recipe_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "plan.py: the timed qgen failed" in out.stderr, out.stderr[-2000:]
-    out = subprocess.run(plan, env=recipe_env(), capture_output=True, text=True, timeout=300)
+    out = subprocess.run([p for p in plan if p not in ("--qgen-command", qgen)], env=recipe_env(), capture_output=True,
+                         text=True, timeout=300)
     assert out.returncode == 2 and "need --qgen-command" in out.stderr, out.stderr[-2000:]
 
 
@@ -426,3 +462,5 @@ def test_recipe_plan_counts_the_generated_queries_shard_1_can_give(tiny_bert, ti
     groups = 30 + min(qgen_docs, sum(in_shard(f"d{i}", 1, 4) for i in range(40)))
     assert f"training groups ~{groups}; query-side steps ~{2 * -(-groups // 4)};" in out.stderr, out.stderr[-2000:]
     assert ", a generated query " in out.stderr, out.stderr[-2000:]  # the LLM timed with the recipe's qgen command
+    lines = (work / "qgen.jsonl.candidates.jsonl").read_text().splitlines()[1:]  # kept for qgen to resume past
+    assert len({json.loads(r)["source_docid"] for r in lines}) == groups - 30

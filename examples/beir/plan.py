@@ -1,8 +1,8 @@
 """The recipe's cost, printed before it runs: its model timed on a sample of the folder's own texts on this machine.
 
     plan.py DATA --model M --train-flags FLAGS [--adapt full|query|both] [--epochs 3] [--batch 16] [--shards 10]
-            [--guard-alphas 0.5] [--llm-docs N --dev-llm-docs N --qgen-command CMD] [--qlm] [--ensemble]
-            [--audit] [--crop-words 32] [--record FILE]
+            [--guard-alphas 0.5] [--llm-docs N --dev-llm-docs N --qgen-command CMD [--candidates-file FILE
+            --dev-candidates-file FILE]] [--qlm] [--ensemble] [--audit] [--crop-words 32] [--record FILE]
 
 Encodes SAMPLE documents, SAMPLE of the folder's queries and SAMPLE document crops (a stable sample, after a
 warm-up batch) with the model, and scales each of the recipe's steps by the texts it encodes: the corpus encodes,
@@ -13,7 +13,11 @@ maximum length, as the recipe's first does). ADAPT=query's step, a batch of quer
 STEP_FACTOR times their encode; ADAPT=both runs both trainings. The LLM is timed as the recipe runs it: CMD, the
 recipe's qgen command, on QGEN_TIMED of the documents it samples (one of its batches), and its generation
 seconds a document (its manifest's throughput, the model's load not counted) scale each document qgen samples (at
-most the documents of its shard). Prints one line to stderr: the total and its three largest parts, in minutes, the
+most the documents of its shard) and has not generated yet. With --candidates-file and --dev-candidates-file
+(the recipe's two qgen checkpoints) the timed batch is written to the training qgen's checkpoint, which qgen then resumes past: its
+documents are generated once, not timed and generated again; a checkpoint that holds documents already moves the
+timed batch to the next ones (or to the held-out sample's, when the training sample is done), and the documents a
+checkpoint holds are not counted. Prints one line to stderr: the total and its three largest parts, in minutes, the
 training groups expected and the query side's steps; ``--record`` also writes every part's seconds, those counts and
 the timed rates to FILE as JSON (bench/recipe_suite.py prints them beside the minutes measured).
 """
@@ -114,26 +118,44 @@ def timed_steps(groups: Path, corpus: Path, flags: list[str], steps: int) -> tup
     return elapsed[0], (elapsed[-1] - elapsed[0]) / (len(elapsed) - 1)
 
 
-def qgen_seconds(command: str, docs: int, shard: int, shards: int) -> float:
-    """Seconds a generated query takes: ``command`` (the recipe's qgen command) run on ``docs`` of the documents it
-    samples from ``shard`` of ``shards``, its manifest's generation seconds (the LLM's load not counted) over its
-    documents."""
+def checkpointed(candidates: str | None) -> int:
+    """Documents a qgen checkpoint (``--candidates-file``) holds a query of: 0 where there is no such file."""
+    if not candidates or not Path(candidates).is_file():
+        return 0
+    docs = set()
+    with open(candidates, encoding="utf-8") as f:
+        next(f, None)  # the settings line
+        for line in f:
+            try:
+                docs.add(json.loads(line)["source_docid"])
+            except (ValueError, KeyError, TypeError):
+                break  # a line torn by a kill is the last one: qgen cuts it and generates its document again
+    return len(docs)
+
+
+def qgen_seconds(command: str, sampled: int, shard: int, shards: int, candidates: str | None = None) -> tuple[float, int]:
+    """(seconds a generated query takes, the documents timed): ``command`` (the recipe's qgen command) run on the
+    next QGEN_TIMED of the ``sampled`` documents it samples from ``shard`` of ``shards``, its manifest's generation
+    seconds (the LLM's load not counted) over the documents it generated. ``candidates``: qgen's checkpoint, where the
+    generated queries are kept for the recipe's qgen (which resumes past them) and whose documents are not timed
+    again; without it the queries are thrown away."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "qgen.jsonl"
-        cmd = [*shlex.split(command), "--shard-id", str(shard), "--shard-num", str(shards), "--sample", str(docs),
-               "-o", str(out)]
-        run_timed(cmd, "qgen")
+        cmd = [*shlex.split(command), "--shard-id", str(shard), "--shard-num", str(shards), "--sample",
+               str(min(sampled, checkpointed(candidates) + QGEN_TIMED)), "-o", str(out)]
+        run_timed([*cmd, *(["--candidates-file", candidates] if candidates else [])], "qgen")
         throughput = json.loads(Path(f"{out}.manifest.json").read_text())["throughput"]
-    return throughput["seconds"] / max(throughput["docs"], 1)
+    return throughput["seconds"] / max(throughput["docs"], 1), throughput["docs"]
 
 
 def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", epochs: int = 3, batch: int = 16,
              shards: int = 10, alphas: int = 1, llm_docs: int = 0, dev_llm_docs: int = 0, qgen_command: str = "",
-             qlm: bool = False, ensemble: bool = False, audit: bool = False,
-             crop_words: int = 32) -> tuple[float, dict[str, float], dict[str, int], dict[str, float]]:
+             candidates: tuple[str | None, str | None] = (None, None), qlm: bool = False, ensemble: bool = False,
+             audit: bool = False, crop_words: int = 32) -> tuple[float, dict[str, float], dict[str, int], dict[str, float]]:
     """(seconds, {part: seconds}, {count: n}, {rate: seconds}) the recipe is expected to take on ``data`` with
     ``model`` on this machine, the training groups and query-side steps it expects, and the seconds a generated query
-    takes (timed with ``qgen_command``, which the recipe needs when it generates any)."""
+    takes (timed with ``qgen_command``, which the recipe needs when it generates any; ``candidates``: the checkpoints
+    of the training and the held-out qgen, ``qgen_seconds``)."""
     from retrctl.models import Encoder
 
     docs = list(records.read(data, "doc"))
@@ -167,10 +189,16 @@ def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", ep
         # the base's vectors of the pool are the base index's (--guard-base-index): the interpolations encode it
         parts["the guard"] += min(n, MAX_POOL) * t_doc * alphas + MAX_QUERIES * t_crop * (1 + alphas)
     if generated:
-        # the first documents of the training sample (shard 1), or of the held-out one where shard 1 has none
-        shard, sampled = (1, llm_docs) if llm_docs else (0, dev_llm_docs)
-        rates["generated query"] = qgen_seconds(qgen_command, min(QGEN_TIMED, sampled), shard, shards)
-        parts["query generation"] = generated * (rates["generated query"] + (QLM_DOC if qlm else 0))
+        # the next documents of the training sample (shard 1), or of the held-out one (shard 0) where the training
+        # sample is empty or generated already
+        samples = ((1, llm_docs, candidates[0]), (0, dev_llm_docs, candidates[1]))
+        for shard, sampled, cands in samples:
+            if sampled > checkpointed(cands) and "generated query" not in rates:
+                rate, timed = qgen_seconds(qgen_command, sampled, shard, shards, cands)
+                if timed:
+                    rates["generated query"] = rate
+        left = sum(max(0, sampled - checkpointed(cands)) for _, sampled, cands in samples)
+        parts["query generation"] = left * rates.get("generated query", 0.0) + generated * (QLM_DOC if qlm else 0)
     parts["starting commands"] = 20 * FIXED
     return sum(parts.values()), parts, counts, rates
 
@@ -199,6 +227,10 @@ def main(argv=None) -> int:
     ap.add_argument("--qgen-command", default="",
                     help="the recipe's qgen command (its shard, --sample and -o added): timed on "
                     f"{QGEN_TIMED} documents when --llm-docs or --dev-llm-docs is given")
+    ap.add_argument("--candidates-file", help="the training qgen's checkpoint (qgen's --candidates-file): the timed "
+                    "batch is kept there for qgen to resume past, and the documents it holds are not counted")
+    ap.add_argument("--dev-candidates-file", help="the held-out qgen's checkpoint: the documents it holds are not "
+                    "counted (the timed batch goes there when the training sample is done)")
     ap.add_argument("--qlm", action="store_true", help="the LLM also scores the generated queries' groups")
     ap.add_argument("--ensemble", action="store_true")
     ap.add_argument("--audit", action="store_true")
@@ -211,7 +243,7 @@ def main(argv=None) -> int:
     total, parts, counts, rates = estimate(
         a.data, a.model, a.train_flags, adapt=a.adapt, epochs=a.epochs, batch=a.batch, shards=a.shards,
         alphas=len(a.guard_alphas.split(",")), llm_docs=a.llm_docs, dev_llm_docs=a.dev_llm_docs,
-        qgen_command=a.qgen_command, qlm=a.qlm, ensemble=a.ensemble, audit=a.audit, crop_words=a.crop_words)
+        qgen_command=a.qgen_command, candidates=(a.candidates_file, a.dev_candidates_file), qlm=a.qlm, ensemble=a.ensemble, audit=a.audit, crop_words=a.crop_words)
     largest = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
     print(f"estimated on this machine: {total / 60:.0f} min ("
           + ", ".join(f"{k} {v / 60:.0f}" for k, v in largest)
