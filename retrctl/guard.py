@@ -32,7 +32,10 @@ of the time when there is no real gain), and a real gain too small for the held-
 ``MAX_POOL`` documents a candidate's own top hits outside BM25's and the base's are not in the pool (finding
 them costs one encode of the corpus per candidate), which can flatter a candidate that ranks such documents high.
 
-One stderr line states the decision and its evidence; ``guard.json`` in the model directory keeps the table.
+One stderr line states the decision and its evidence; ``guard.json`` in the model directory keeps the table. Where
+the guard encoded the pool with the model it delivers, that encode can be kept (``pool_index``: a dense index of the
+pool) for ``retrctl index --vectors-from`` to start the delivered model's index from: the pool's documents are not
+encoded a second time.
 """
 
 from __future__ import annotations
@@ -128,13 +131,16 @@ def queries_and_qrels(dev: list[dict]) -> tuple[list[dict], dict[str, dict[str, 
     return queries, qrels
 
 
-def score(encoder, docs: dict[str, dict], queries: list[dict], qrels: dict, batch_size: int):
-    """metrics.Result of one candidate: the pool indexed exactly (Flat), the queries searched to DEPTH."""
+def score(encoder, docs: dict[str, dict], queries: list[dict], qrels: dict, batch_size: int, built: list | None = None):
+    """metrics.Result of one candidate: the pool indexed exactly (Flat), the queries searched to DEPTH; ``built``
+    receives that index."""
     from retrctl import metrics
     from retrctl.indexes.dense import DenseIndex
 
     idx = DenseIndex(encoder, "Flat", batch_size)
     idx.build({"docid": d, **doc} for d, doc in docs.items())
+    if built is not None:
+        built.append(idx)
     return metrics.evaluate(idx.search(queries, DEPTH), qrels, [MEASURE])
 
 
@@ -240,14 +246,17 @@ def describe(decision: dict) -> str:
             f"threshold p < {decision['threshold']:.3g}{vetoes}")
 
 
-def deliver_base(model_dir: str | Path, base_model: str, known_items: dict, keep: str | Path | None = None) -> dict:
+def deliver_base(model_dir: str | Path, base_model: str, known_items: dict, keep: str | Path | None = None,
+                 pool_index: str | Path | None = None) -> dict:
     """Nothing trained: ``base_model`` as it is, written to ``model_dir`` (and to ``keep``, in place of a trained
     model) where a known-item verdict (``fusion.known_items_of``) says it does not read the corpus, with guard.json
     recording that verdict. Pseudo-queries in a language the base cannot read do not teach it the language
-    (bench/RESULTS.md, "Known items": the lists trained there added nothing)."""
+    (bench/RESULTS.md, "Known items": the lists trained there added nothing). No pool is encoded: a ``pool_index``
+    of an earlier run is removed."""
     from retrctl import records
     from retrctl.models import Encoder
 
+    keep_pool(pool_index, None)
     decision = {"pick": 0.0, "delivered": 0.0, "trained": False, "known_items": known_items, "queries": 0,
                 "candidates": [], "measure": MEASURE, "base_model": str(base_model)}
     enc = Encoder.load(base_model, device="cpu")
@@ -266,7 +275,8 @@ def deliver_base(model_dir: str | Path, base_model: str, known_items: dict, keep
 def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, dict], *, alphas: list[float],
            seed: int, batch_size: int = 32, level: float = 0.05, veto: Iterable[str] = (),
            keep: str | Path | None = None, passage_index: str | Path | None = None, deliver: str = "pick",
-           pool_runs: list[dict] | None = None, base_index: str | Path | None = None) -> dict:
+           pool_runs: list[dict] | None = None, base_index: str | Path | None = None,
+           pool_index: str | Path | None = None) -> dict:
     """Score the base, the trained model in ``model_dir`` and their interpolations on the held-out groups; write
     the pick's weights into ``model_dir`` (unless it is the trained model) and guard.json beside them. ``veto``:
     query ids whose held-out groups may refuse a candidate (``decide``). ``keep``: a directory that receives the
@@ -279,7 +289,10 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     make the pool of a corpus above ``MAX_POOL`` instead of ``rankings`` (a pipeline's own BM25 and base-model runs:
     the same pool without encoding the corpus again). ``base_index``: a dense index of the corpus built by the base
     model (``base_index_checked``): the base (α = 0) is scored on its stored vectors of the pool, and searched there
-    for a pool of its top hits, instead of encoding them again; the other candidates encode the pool as before."""
+    for a pool of its top hits, instead of encoding them again; the other candidates encode the pool as before.
+    ``pool_index``: a directory that receives the delivered candidate's encode of the pool as a dense index
+    (``keep_pool``), where the guard encoded one for it (not a query tower's, nor the base's stored vectors); an
+    earlier run's is removed where it did not."""
     import shutil
 
     import torch
@@ -300,6 +313,7 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     trained = {k: v.detach().clone() for k, v in enc.state_dict().items()}
     base_state = Encoder.load(base_model, device="cpu").state_dict()
     systems, source, base_measure, stored = [], "corpus", None, None
+    built: list = []  # each encode of the pool, kept for pool_index
     if passage_index is not None:  # query towers over the index's stored vectors: the pool is the whole index
         _, docids, vectors = stored_vectors(passage_index)
         docs = dict.fromkeys(docids)
@@ -321,19 +335,21 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
             with torch.inference_mode():
                 systems, source = rankings(corpus, queries, enc, batch_size, stored=stored), "bm25+base top hits"
         docs = pool(dev, corpus, systems, MAX_POOL)
-        measure = functools.partial(score, docs=docs)
+        measure = functools.partial(score, docs=docs, built=built)
         if stored is not None:  # the base's vectors of the pool, as stored: the pool is encoded for the others only
             row = {d: i for i, d in enumerate(stored[0])}
             base_measure = functools.partial(score_stored, stored=(list(docs), stored[1][[row[d] for d in docs]]))
     log.info("%d held-out queries (%d may veto), a pool of %d docs, candidates α = 0%s, %s",
              len(queries), len(veto & qrels.keys()), len(docs), f" (stored in {base_index})" if base_measure else "",
              ", ".join(f"{a:g}" for a in alphas))
-    results = {}
+    results, encoded = {}, {}
     for a in [0.0, *alphas]:
         enc.load_state_dict(interpolate(base_state, trained, a))
         with torch.inference_mode():
             results[a] = (base_measure if a == 0 and base_measure else measure)(enc, queries=queries, qrels=qrels,
                                                                                batch_size=batch_size)
+        if built and not (a == 0 and base_measure):
+            encoded[a] = built.pop()
         log.info("α=%g %s %.4f", a, MEASURE, results[a].mean[MEASURE])
     decision = decide(results, level, veto)
     decision["delivered"] = 1.0 if deliver == "trained" and decision["pick"] > 0 else decision["pick"]
@@ -348,5 +364,25 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
         enc.load_state_dict(interpolate(base_state, trained, decision["delivered"]))
         enc.save(model_dir)
     (Path(model_dir) / FILE).write_text(json.dumps(decision, indent=1) + "\n", encoding="utf-8")
+    keep_pool(pool_index, encoded.get(decision["delivered"]), enc)
     log.info("%s", describe(decision))
     return decision
+
+
+def keep_pool(directory: str | Path | None, idx, encoder=None) -> None:
+    """The delivered model's encode of the pool (``idx``, the dense index ``score`` built with it) published at
+    ``directory``, which ``index --vectors-from`` starts from: its manifest describes ``encoder`` (loaded from the
+    model directory) anew, so that it records the weights of the files now there (the delivered model's, written
+    after ``idx`` was built). An earlier run's is removed first, and none is written without ``idx``."""
+    import shutil
+
+    from retrctl.indexes.encoded import describe as describe_encoder
+
+    if directory is None:
+        return
+    shutil.rmtree(directory, ignore_errors=True)
+    if idx is None:
+        return
+    idx.encoder_desc = describe_encoder(encoder)
+    idx.save(directory)
+    log.info("kept the delivered model's vectors of the pool's %d docs in %s", len(idx), directory)

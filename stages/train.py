@@ -20,7 +20,7 @@ LoRA (Hu et al. 2021, arXiv:2106.09685); ZeRO (Rajbhandari et al. 2020, arXiv:19
 | ZeRO stage | ``--zero-stage`` or ``--deepspeed ds.json`` |
 | distillation from reranker scores | ``--distill-weight --teacher-temperature`` |
 | distillation from a teacher model: its scores (KL / MarginMSE), its embeddings (MSE, sentence-transformers' model distillation), its token states, last and intermediate layers (TinyBERT); a corpus alone as data | ``--teacher --distill-weight --embed-distill-weight --embed-distill-loss --token-distill-weight --layer-distill-weight --fresh-crops --attention-dropout`` |
-| keep the base unless a paired test on held-out pseudo-queries prefers a trained or WiSE-FT candidate (not a guarantee on real queries) | ``--guard-shards --guard-alphas`` |
+| keep the base unless a paired test on held-out pseudo-queries prefers a trained or WiSE-FT candidate (not a guarantee on real queries) | ``--guard-shards --guard-alphas`` (its encode of the pool kept for the index: ``--guard-pool-index``) |
 | nothing trained where a known-item verdict says the base cannot read the corpus (retrctl's addition) | ``--guard-known-items`` |
 | query side only over a frozen index's passage vectors (LightRetriever's asymmetric towers) | ``--passage-index`` |
 | LightRetriever's token-lookup query encoder | ``--query-encoder token-lookup --lookup-kl-weight`` |
@@ -131,7 +131,8 @@ def train(groups=None, *, output, corpus=None, config: TrainConfig | None = None
             from retrctl import guard
 
             (QuerySideTrainer if cfg.passage_index else Trainer).check(cfg, output)
-            guard.deliver_base(output, cfg.model, verdict, keep=cfg.guard_keep or None)
+            guard.deliver_base(output, cfg.model, verdict, keep=cfg.guard_keep or None,
+                               pool_index=cfg.guard_pool_index or None)
             return Path(output)
     if ray is not None:
         from retrctl.train.on_ray import train_on_ray
@@ -178,6 +179,8 @@ def _guarded(groups, docs, cfg: TrainConfig):
         raise UsageError("--guard-shards needs --corpus: held-out queries are searched among corpus documents")
     if cfg.guard_pool_runs and cfg.passage_index:
         raise UsageError("--guard-pool-runs with --passage-index: the guard searches every vector of that index")
+    if cfg.guard_pool_index and cfg.passage_index:
+        raise UsageError("--guard-pool-index with --passage-index: the guard encodes no passage, the index holds them")
     if cfg.guard_base_index and cfg.passage_index:
         raise UsageError("--guard-base-index with --passage-index: the guard scores every candidate on that index's "
                          "vectors already")
@@ -201,7 +204,8 @@ def _guarded(groups, docs, cfg: TrainConfig):
     return kept, lambda model_dir: guard.select(model_dir, cfg.model, dev, docs, alphas=alphas, seed=cfg.seed,
                                                 batch_size=cfg.chunk_size, veto=veto, pool_runs=pool_runs,
                                                 keep=cfg.guard_keep or None, passage_index=cfg.passage_index or None,
-                                                deliver=cfg.guard_deliver, base_index=cfg.guard_base_index or None)
+                                                deliver=cfg.guard_deliver, base_index=cfg.guard_base_index or None,
+                                                pool_index=cfg.guard_pool_index or None)
 
 
 def _pool_runs(paths: str, scored: list[dict]) -> list[dict] | None:

@@ -475,3 +475,50 @@ def test_guard_base_index_is_checked(tiny_bert, tmp_path, runner, monkeypatch):
     assert r.exit_code == 0, r.output
     assert "built with other passage_max_len than the candidates encode with: the base is encoded too" in r.stderr
     assert "base_vectors" not in json.loads((tmp_path / "m" / "guard.json").read_text())
+
+
+@pytest.mark.parametrize("cap", [guard.MAX_POOL, 25])  # the whole corpus the pool; a pool of BM25's and the base's hits
+def test_the_delivered_models_encode_of_the_pool_starts_its_index(tiny_bert, tmp_path, runner, monkeypatch, cap):
+    """``pool_index`` (train --guard-pool-index): the guard's encode of its pool with the model it delivers is a dense
+    index that `index --vectors-from` starts the delivered model's index from, so only the documents outside the pool
+    are encoded, to the vectors an index encoded in full holds. Where the base is kept on its stored vectors the
+    guard encoded no pool with it: nothing is written, and an earlier run's pool index is removed."""
+    from retrctl.indexes.dense import stored_vectors
+
+    monkeypatch.setattr(guard, "MAX_POOL", cap)
+    docs, dev = corpus(), groups(16)
+    corpus_file, base_idx = _base_index(runner, tiny_bert, tmp_path, docs)
+    pick = {"alpha": 0.5}
+    monkeypatch.setattr(guard, "decide", lambda results, level=0.05, veto=(): {
+        "pick": pick["alpha"], "threshold": level, "level": level, "queries": 16, "measure": guard.MEASURE,
+        "candidates": [{"alpha": a, guard.MEASURE: r.mean[guard.MEASURE], "gain": 0.0, "p": 1.0} for a, r in results.items()]})
+    model, pool_index = tmp_path / "model", tmp_path / "guard-pool"
+    decision = guard.select(perturbed(tiny_bert, model), str(tiny_bert), dev, docs, alphas=[0.5, 1.0], seed=0,
+                            batch_size=8, base_index=base_idx, pool_index=pool_index)
+    _, pooled, _ = stored_vectors(pool_index)
+    assert len(pooled) == decision["pool_docs"] == min(cap, len(docs))
+    r = runner("index", corpus_file, "--model", model, "--vectors-from", pool_index, "-o", tmp_path / "seeded")
+    assert r.exit_code == 0 and "its model has the same weights" in r.output, r.output
+    assert f"({len(docs) - len(pooled)} added, 0 updated, {len(pooled)} unchanged, 0 removed)" in r.output, r.output
+    assert runner("index", corpus_file, "--model", model, "-o", tmp_path / "full").exit_code == 0
+    (_, ids, seeded), (_, full_ids, full) = stored_vectors(tmp_path / "seeded"), stored_vectors(tmp_path / "full")
+    row = {d: i for i, d in enumerate(ids)}
+    assert sorted(ids) == sorted(full_ids)
+    # the same model's vectors, encoded in other batches: float32 rounding of unit vectors' components
+    np.testing.assert_allclose(seeded[[row[d] for d in full_ids]], full, rtol=0, atol=1e-5)
+
+    pick["alpha"] = 0.0
+    guard.select(perturbed(tiny_bert, model), str(tiny_bert), dev, docs, alphas=[0.5], seed=0, batch_size=8,
+                 base_index=base_idx, pool_index=pool_index)
+    assert not pool_index.exists()
+
+
+def test_guard_pool_index_is_checked(tiny_bert, tmp_path, runner):
+    gs = groups(16)
+    groups_file = write_jsonl(tmp_path / "groups.jsonl", gs)
+    r = runner("train", groups_file, "--model", tiny_bert, "-o", tmp_path / "m", "--guard-pool-index", tmp_path / "p")
+    assert r.exit_code == 2 and "only applies with --guard-shards" in r.output and not (tmp_path / "m").exists()
+    corpus_file = write_jsonl(tmp_path / "corpus.jsonl", [{"_id": d, **v} for d, v in corpus().items()])
+    r = runner("train", groups_file, "--corpus", corpus_file, "--model", tiny_bert, "-o", tmp_path / "m",
+               "--guard-shards", 3, "--guard-pool-index", tmp_path / "p", "--passage-index", tmp_path / "idx")
+    assert r.exit_code == 2 and "the guard encodes no passage" in r.output and not (tmp_path / "m").exists()

@@ -278,6 +278,9 @@ def test_recipe_by_default_fuses_the_trained_tower_and_the_whole_models_pick(tin
     assert Path(tuned["encoder"]["model"]).resolve() == (work / "model").resolve() and "query_model" not in tuned
     kept_base = json.loads((work / "model" / "guard.json").read_text())["delivered"] == 0.0
     assert holds_the_base_vectors(work / "idx-tuned") == kept_base  # the base kept: idx-base's vectors, not encoded
+    # else the guard's encode of its pool (the whole corpus here) with the model it delivered: nothing encoded again
+    assert (work / "guard-pool").exists() == (not kept_base)
+    assert f"starting from {work / ('idx-base' if kept_base else 'guard-pool')}'s vectors" in out.stderr
     assert json.loads((work / "tower-guard" / "guard.json").read_text())["queries"] >= 2
     assert delivered_is_fuse_of(work, data, tmp_path, ("tower", "tuned", "bm25"))
     for run in ("base", "bm25", "base-hybrid", "adapted", "delivered"):
@@ -286,7 +289,8 @@ def test_recipe_by_default_fuses_the_trained_tower_and_the_whole_models_pick(tin
     judgements_arrive(data, work, tiny_bert, "EPOCHS=2")
     shutil.rmtree(work / "model")  # deleted by hand: made again, and everything made from it with it
     remade = "\n".join(commands(make(data, work, tiny_bert, "EPOCHS=2", "-n")))
-    assert f"-o {work}/model" in remade and f"--model {work}/model --vectors-from {work}/idx-base -o {work}/idx-tuned" in remade
+    source = work / ("idx-base" if kept_base else "guard-pool")  # make -n: the guard's pool index of the run before
+    assert f"-o {work}/model" in remade and f"--model {work}/model --vectors-from {source} -o {work}/idx-tuned" in remade
     assert f"--weights-from {work}/sweep-adapted.jsonl --fusion linear --norm minmax -o {work}/delivered" in remade
     assert f"-o {work}/delivered.trec" in remade and f"> {work}/eval.txt" in remade
 

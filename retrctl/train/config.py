@@ -167,6 +167,11 @@ class TrainConfig:
                                "base index): the guard scores the base model (α = 0) on its stored vectors, and "
                                "searches them for a pool of the base's top hits, instead of encoding the pool again "
                                "(one pool encode saved; the other candidates encode it).")
+    guard_pool_index: str = _f("", "With --guard-shards: write the delivered model's vectors of the guard's pool (the "
+                               "whole corpus up to 2,000 documents) to this directory as a dense index, where the "
+                               "guard encoded the pool with that model; `retrctl index --model OUTPUT --vectors-from "
+                               "DIR` then encodes only the documents outside it. Where it did not (the base kept on "
+                               "--guard-base-index's vectors), an earlier run's directory is removed.")
     guard_known_items: str = _f("", "With --guard-shards: a sweep made with `retrctl eval --sweep --known-items` "
                                 "(its verdict on --model: whether it finds known items' documents at least half as "
                                 "well as BM25). Where it says --model does not read the corpus, nothing is trained: "
@@ -304,6 +309,7 @@ class TrainConfig:
             raise UsageError(f"--guard-deliver must be one of {', '.join(GUARD_DELIVERS)}, got {self.guard_deliver!r}")
         for flag, value in (("--guard-keep", self.guard_keep), ("--guard-veto", self.guard_veto),
                             ("--guard-pool-runs", self.guard_pool_runs), ("--guard-base-index", self.guard_base_index),
+                            ("--guard-pool-index", self.guard_pool_index),
                             ("--guard-known-items", self.guard_known_items),
                             ("--guard-deliver", "" if self.guard_deliver == "pick" else self.guard_deliver)):
             if value and not self.guard_shards:
