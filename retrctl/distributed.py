@@ -49,6 +49,10 @@ TIMEOUT = 600.0  # default no-progress limit, seconds
 # cluster log lines not passed on: Ray Train's placement-group cleaner asks the state API, which needs the dashboard
 # (not started here), about once a second for the whole run, and says each time that it cannot
 LOG_NOISE = ("Failed to query Ray Train Controller actor state",)
+# actors whose lines are not passed on: Ray Train's placement-group cleaner, once the run's controller is gone, ends
+# its monitor thread with ray.actor.exit_actor(), which that thread prints as a traceback (Ray 2.60) when it gets
+# there before the cluster shuts down: after the run's outcome (a bad input's one line, say) has been reported
+QUIET_ACTORS = ("PlacementGroupCleaner",)
 
 
 @dataclass(frozen=True)
@@ -130,8 +134,8 @@ def connect(settings: RaySettings) -> bool:
 
 def _logs_to_stderr() -> None:
     """Ray prints the cluster's log lines (its raylet's, a worker's stdout) on this process's stdout, which carries
-    data here: send them all to stderr, but ``LOG_NOISE``, by replacing the handler ray.init registered (a private
-    hook, so a Ray without it keeps its own)."""
+    data here: send them all to stderr, but those ``shown`` drops, by replacing the handler ray.init registered (a
+    private hook, so a Ray without it keeps its own)."""
     try:
         from ray._private import worker
         from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
@@ -140,13 +144,21 @@ def _logs_to_stderr() -> None:
     name = "ray_print_logs"
 
     def forward(data):
-        lines = [ln for ln in data.get("lines", ()) if not any(noise in ln for noise in LOG_NOISE)]
+        lines = shown(data)
         if lines:
             worker.print_to_stdstream({**data, "lines": lines, "is_err": True}, ignore_prefix=False)
 
     if any(pair[0] == name for pair in getattr(dispatcher, "handlers", ())):
         dispatcher.remove_handler(name)
         dispatcher.add_handler(name, forward)
+
+
+def shown(data: dict) -> list[str]:
+    """The lines of one batch of a cluster process's log (Ray's ``{"lines", "actor_name", "pid", …}``) that reach
+    stderr: none of a ``QUIET_ACTORS`` actor's, none holding ``LOG_NOISE``."""
+    if data.get("actor_name") in QUIET_ACTORS:
+        return []
+    return [ln for ln in data.get("lines", ()) if not any(noise in ln for noise in LOG_NOISE)]
 
 
 class _Worker:

@@ -281,3 +281,14 @@ def test_two_workers_are_faster_and_workers_never_write_to_stdout(cluster, capfd
     out, err = capfd.readouterr()
     assert "worker noise" not in out
     assert "worker noise" in err
+
+
+def test_the_cluster_log_lines_passed_on_leave_out_ray_trains_cleaner_and_the_state_api_noise():
+    """What reaches stderr of a batch of a cluster process's lines (as Ray's log monitor hands them over): a worker's
+    lines, but not the placement-group cleaner's (its monitor thread's exit traceback) nor the state API's noise."""
+    worker = {"pid": 7, "actor_name": "_Worker", "lines": ["worker noise", distributed.LOG_NOISE[0] + " (x)"]}
+    assert distributed.shown(worker) == ["worker noise"]
+    cleaner = {"pid": 8, "actor_name": "PlacementGroupCleaner",
+               "lines": ["Traceback (most recent call last):", '  File "threading.py", line 1045, in _bootstrap_inner']}
+    assert distributed.shown(cleaner) == []
+    assert distributed.shown({"pid": "raylet", "lines": ["a raylet line"]}) == ["a raylet line"]
