@@ -13,11 +13,11 @@ maximum length, as the recipe's first does). ADAPT=query's step, a batch of quer
 STEP_FACTOR times their encode; ADAPT=both runs both trainings. The LLM is timed as the recipe runs it: CMD, the
 recipe's qgen command, on QGEN_TIMED of the documents it samples (one of its batches), and its generation
 seconds a document (its manifest's throughput, the model's load not counted) scale each document qgen samples (at
-most the documents of its shard) and has not generated yet. With --candidates-file and --dev-candidates-file
-(the recipe's two qgen checkpoints) the timed batch is written to the training qgen's checkpoint, which qgen then resumes past: its
-documents are generated once, not timed and generated again; a checkpoint that holds documents already moves the
-timed batch to the next ones (or to the held-out sample's, when the training sample is done), and the documents a
-checkpoint holds are not counted. Prints one line to stderr: the total and its three largest parts, in minutes, the
+most the documents of its shard) and has not generated yet. With --candidates-file and --dev-candidates-file (the
+recipe's two qgen checkpoints) the timed batch is written to the training qgen's checkpoint, which qgen then resumes
+past: its documents are generated once, not timed and generated again; a checkpoint that holds documents already
+moves the timed batch to the next ones (or to the held-out sample's, when the training sample is done), and the
+documents a checkpoint holds are not counted. Prints one line to stderr: the total and its three largest parts, in minutes, the
 training groups expected and the query side's steps; ``--record`` also writes every part's seconds, those counts and
 the timed rates to FILE as JSON (bench/recipe_suite.py prints them beside the minutes measured).
 """
@@ -174,7 +174,9 @@ def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", ep
     held_out = n // shards + dev_llm_docs  # the held-out crops and generated queries: the weights' sweeps
     pseudo = n + generated  # every document's crop and the generated queries, searched by the base model
     dense_lists = 2 if ensemble else 1  # an ensemble's search encodes each query with both of its models
-    parts = {"corpus encodes": n * t_doc * (1 if adapt == "query" else 2 + audit) + n * 0.005,
+    # ADAPT=both's second encode (idx-tuned) starts from the guard's encode of its pool with the model it delivers
+    second = max(0, n - MAX_POOL) if adapt == "both" else n
+    parts = {"corpus encodes": (n if adapt == "query" else n + second + audit * n) * t_doc + n * 0.005,
              "pseudo-queries searched": (pseudo + held_out * (1 + dense_lists)) * t_crop,
              "the folder's queries searched": len(queries) * t_query * (1 + 2 * dense_lists + audit)}
     parts["training"] = parts["the guard"] = 0.0
@@ -243,7 +245,8 @@ def main(argv=None) -> int:
     total, parts, counts, rates = estimate(
         a.data, a.model, a.train_flags, adapt=a.adapt, epochs=a.epochs, batch=a.batch, shards=a.shards,
         alphas=len(a.guard_alphas.split(",")), llm_docs=a.llm_docs, dev_llm_docs=a.dev_llm_docs,
-        qgen_command=a.qgen_command, candidates=(a.candidates_file, a.dev_candidates_file), qlm=a.qlm, ensemble=a.ensemble, audit=a.audit, crop_words=a.crop_words)
+        qgen_command=a.qgen_command, candidates=(a.candidates_file, a.dev_candidates_file), qlm=a.qlm,
+        ensemble=a.ensemble, audit=a.audit, crop_words=a.crop_words)
     largest = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
     print(f"estimated on this machine: {total / 60:.0f} min ("
           + ", ".join(f"{k} {v / 60:.0f}" for k, v in largest)
