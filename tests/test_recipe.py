@@ -425,7 +425,8 @@ def test_plan_times_the_llm_on_the_next_documents_and_keeps_its_queries_in_qgens
 
     part, rate, held = planned()
     assert held == [QGEN_TIMED, 0] and rate > 0
-    assert part == pytest.approx(train_docs * rate, abs=0.05 + 60 * 5e-5)  # rounded as recorded
+    # the training sample's train_docs - QGEN_TIMED left and the held-out sample's QGEN_TIMED, rounded as recorded
+    assert part == pytest.approx(train_docs * rate, abs=0.05 + 60 * 5e-5)
 
     # the recipe's qgen resumes past the plan's documents and writes what a run without the plan writes
     args = ["--shard-id", "1", "--shard-num", "2", "--sample", "100", "-o"]
