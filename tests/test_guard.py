@@ -192,11 +192,13 @@ def test_a_base_the_known_items_say_cannot_read_the_corpus_is_delivered_untraine
     flags = [write_jsonl(tmp_path / "groups.jsonl", groups(16)), "--corpus", corpus_file, "--model", tiny_bert,
              "--max-steps", 1, "--guard-shards", 3, *(f"--{k.replace('_', '-')}={v}" for k, v in FAST.items())]
     unread = {"dense": 0.1, "last": 1.0, "queries": 8, "reads": False, "qrels": "dev-crops.jsonl"}
+    (tmp_path / "pool").mkdir()  # an earlier run's pool index: no pool is encoded now, so it goes
     with monkeypatch.context() as m:
         m.setattr(Trainer, "fit", lambda self: pytest.fail("trained"))
-        r = runner("train", *flags, "-o", tmp_path / "m", "--guard-keep", tmp_path / "kept",
-                   "--guard-known-items", _sweep(tmp_path / "unread.jsonl", known_items=unread))
+        r = runner("train", *flags, "-o", tmp_path / "m", "--guard-keep", tmp_path / "kept", "--guard-pool-index",
+                   tmp_path / "pool", "--guard-known-items", _sweep(tmp_path / "unread.jsonl", known_items=unread))
     assert r.exit_code == 0, r.output
+    assert not (tmp_path / "pool").exists()
     record = json.loads((tmp_path / "m" / "guard.json").read_text())
     assert record["known_items"] == unread and record["trained"] is False and record["delivered"] == 0.0
     assert "does not read the corpus" in r.stderr
