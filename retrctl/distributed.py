@@ -46,12 +46,12 @@ INSTALL_HINT = "pip install 'retrctl[ray]'"
 RESTARTS = 3  # restarts of one actor (and reruns of its unit) before the job fails
 POLL_SECONDS = 1.0  # how often a waiting thread checks the no-progress clock
 TIMEOUT = 600.0  # default no-progress limit, seconds
-# cluster log lines not passed on: Ray Train's placement-group cleaner asks the state API, which needs the dashboard
-# (not started here), about once a second for the whole run, and says each time that it cannot
+# cluster log lines not passed on (``shown``). Ray Train's placement-group cleaner asks the state API, which needs the
+# dashboard (not started here), about once a second for the whole run, and says each time that it cannot (LOG_NOISE,
+# by its text, whichever process says it); once the run's controller is gone it ends its monitor thread with
+# ray.actor.exit_actor(), which that thread prints as a traceback (Ray 2.60) when it gets there before the cluster
+# shuts down, after the run's outcome (a bad input's one line, say) has been reported (QUIET_ACTORS: by the actor)
 LOG_NOISE = ("Failed to query Ray Train Controller actor state",)
-# actors whose lines are not passed on: Ray Train's placement-group cleaner, once the run's controller is gone, ends
-# its monitor thread with ray.actor.exit_actor(), which that thread prints as a traceback (Ray 2.60) when it gets
-# there before the cluster shuts down: after the run's outcome (a bad input's one line, say) has been reported
 QUIET_ACTORS = ("PlacementGroupCleaner",)
 
 
