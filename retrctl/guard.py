@@ -313,7 +313,7 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
     trained = {k: v.detach().clone() for k, v in enc.state_dict().items()}
     base_state = Encoder.load(base_model, device="cpu").state_dict()
     systems, source, base_measure, stored = [], "corpus", None, None
-    built: list = []  # each encode of the pool, kept for pool_index
+    built: list | None = [] if pool_index is not None else None  # each candidate's encode of the pool, for pool_index
     if passage_index is not None:  # query towers over the index's stored vectors: the pool is the whole index
         _, docids, vectors = stored_vectors(passage_index)
         docs = dict.fromkeys(docids)
@@ -348,7 +348,7 @@ def select(model_dir: Path, base_model: str, dev: list[dict], corpus: dict[str, 
         with torch.inference_mode():
             results[a] = (base_measure if a == 0 and base_measure else measure)(enc, queries=queries, qrels=qrels,
                                                                                batch_size=batch_size)
-        if built and not (a == 0 and base_measure):
+        if built:  # empty where the candidate encoded no pool (the base on its stored vectors)
             encoded[a] = built.pop()
         log.info("α=%g %s %.4f", a, MEASURE, results[a].mean[MEASURE])
     decision = decide(results, level, veto)

@@ -133,16 +133,16 @@ def checkpointed(candidates: str | None) -> int:
     return len(docs)
 
 
-def qgen_seconds(command: str, sampled: int, shard: int, shards: int, candidates: str | None = None) -> tuple[float, int]:
-    """(seconds a generated query takes, the documents timed): ``command`` (the recipe's qgen command) run on the
-    next QGEN_TIMED of the ``sampled`` documents it samples from ``shard`` of ``shards``, its manifest's generation
-    seconds (the LLM's load not counted) over the documents it generated. ``candidates``: qgen's checkpoint, where the
-    generated queries are kept for the recipe's qgen (which resumes past them) and whose documents are not timed
-    again; without it the queries are thrown away."""
+def qgen_seconds(command: str, docs: int, shard: int, shards: int, candidates: str | None = None) -> tuple[float, int]:
+    """(seconds a generated query takes, the documents timed): ``command`` (the recipe's qgen command) run on ``docs``
+    of the documents it samples from ``shard`` of ``shards``, its manifest's generation seconds (the LLM's load not
+    counted) over the documents it generated. ``candidates``: qgen's checkpoint, where the generated queries are kept
+    for the recipe's qgen (which resumes past them) and whose documents are not generated again; without it the
+    queries are thrown away."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "qgen.jsonl"
-        cmd = [*shlex.split(command), "--shard-id", str(shard), "--shard-num", str(shards), "--sample",
-               str(min(sampled, checkpointed(candidates) + QGEN_TIMED)), "-o", str(out)]
+        cmd = [*shlex.split(command), "--shard-id", str(shard), "--shard-num", str(shards), "--sample", str(docs),
+               "-o", str(out)]
         run_timed([*cmd, *(["--candidates-file", candidates] if candidates else [])], "qgen")
         throughput = json.loads(Path(f"{out}.manifest.json").read_text())["throughput"]
     return throughput["seconds"] / max(throughput["docs"], 1), throughput["docs"]
@@ -195,8 +195,9 @@ def estimate(data: str, model: str, train_flags: str, *, adapt: str = "full", ep
         # sample is empty or generated already
         samples = ((1, llm_docs, candidates[0]), (0, dev_llm_docs, candidates[1]))
         for shard, sampled, cands in samples:
-            if sampled > checkpointed(cands) and "generated query" not in rates:
-                rate, timed = qgen_seconds(qgen_command, sampled, shard, shards, cands)
+            done = checkpointed(cands)
+            if sampled > done and "generated query" not in rates:
+                rate, timed = qgen_seconds(qgen_command, min(sampled, done + QGEN_TIMED), shard, shards, cands)
                 if timed:
                     rates["generated query"] = rate
         left = sum(max(0, sampled - checkpointed(cands)) for _, sampled, cands in samples)
